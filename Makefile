@@ -1,0 +1,29 @@
+# The two commands: `make demo` and `make test`.  Both run the idempotent
+# setup first (Debian packages, .venv, C build).
+.PHONY: all setup build test test-slow demo fuzz lint clean
+
+all: build
+
+setup:
+	scripts/setup.sh
+
+build: setup
+
+test: setup
+	scripts/test.sh
+
+test-slow: setup
+	CUTPOINT_SLOW=1 scripts/test.sh
+
+demo: setup
+	scripts/demo.sh
+
+fuzz: setup
+	scripts/fuzz.sh $${FUZZ_SECONDS:-60}
+
+lint: setup
+	.venv/bin/ruff check api coordinator agent/client dr-tests
+
+clean:
+	-.venv/bin/cutpoint lab down
+	rm -rf build build-asan build-fuzz

@@ -1,0 +1,1 @@
+"""cutpoint.agentclient: the async Python client of the agent protocol."""

@@ -1,0 +1,1 @@
+"""cutpoint.api: the REST service, its models, jobs and the CLI."""

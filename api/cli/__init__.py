@@ -1,0 +1,1 @@
+"""cutpoint.api.cli: the `cutpoint` command."""

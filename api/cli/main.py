@@ -1,0 +1,41 @@
+"""The `cutpoint` command: one Typer app, one sub-app per concern.
+
+Each sub-app lives in its own module next to this one and is registered
+below; keep this file a table of contents.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cutpoint.api.cli import lab
+
+VERSION = "0.1.0"
+
+app = typer.Typer(
+    name="cutpoint",
+    help="Crash-consistent group snapshots and DR for QEMU/KVM.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(lab.app, name="lab")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cutpoint {VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True,
+        help="Print the version and exit.",
+    ),
+) -> None:
+    """cutpoint: snapshots of VM groups, replicated and drilled."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""cutpoint.coordinator: the two-phase group snapshot protocol."""

@@ -1,0 +1,1 @@
+"""cutpoint.bench: benchmarks (tables and JSON, never timed tests)."""

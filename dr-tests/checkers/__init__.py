@@ -1,0 +1,1 @@
+"""cutpoint.checkers: offline and live recovery checkers for guest workloads."""

@@ -1,0 +1,60 @@
+#!/bin/bash
+# Idempotent setup for a fresh Debian 12 machine, run as root by `make`:
+# Debian packages, the Python .venv, and the C build.  A second run only
+# checks and skips what is already in place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+log() { printf 'setup: %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup: must run as root (the lab needs namespaces, taps and Ceph)" >&2
+    exit 1
+fi
+
+# 1. Debian packages: install only what is missing.
+mapfile -t wanted < <(grep -v '^\s*#' scripts/debian-packages.txt | grep -v '^\s*$')
+missing=()
+for p in "${wanted[@]}"; do
+    st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    [ "$st" = "install ok installed" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${#missing[@]} Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    log "Debian packages: all ${#wanted[@]} present"
+fi
+# Debian starts these from its own units on install; the project starts its
+# own instances on loopback, so stop any stray system copies (no systemd here).
+for svc in redis-server postgresql ceph-mon ceph-osd ceph-mgr; do
+    pkill -x "$svc" 2>/dev/null || true
+done 2>/dev/null
+
+# 2. Python virtualenv, rebuilt only when setup.cfg changes.
+PY=/usr/bin/python3
+stamp=.venv/.setup-cfg.sha256
+want=$(sha256sum setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    $PY -m venv .venv
+fi
+if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
+    log "installing Python packages into .venv"
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e '.[dev]'
+    echo "$want" > $stamp
+else
+    log ".venv: up to date"
+fi
+
+# 3. C build (Meson + Ninja, warnings as errors).  Ninja itself skips
+#    up-to-date targets.
+if [ ! -f build/build.ninja ]; then
+    log "configuring C build in build/"
+    meson setup build --buildtype=debugoptimized >/dev/null
+fi
+ninja -C build >/dev/null
+log "C build: up to date ($(ls build/agent/cutpointd 2>/dev/null || echo 'no agent yet'))"
