@@ -54,7 +54,9 @@ fi
 #    up-to-date targets.
 if [ ! -f build/build.ninja ]; then
     log "configuring C build in build/"
-    meson setup build --buildtype=debugoptimized >/dev/null
+    rm -rf build
+    meson setup build --buildtype=debugoptimized >/dev/null || {
+        rm -rf build; echo "setup: meson setup failed" >&2; exit 1; }
 fi
 ninja -C build >/dev/null
 log "C build: up to date ($(ls build/agent/cutpointd 2>/dev/null || echo 'no agent yet'))"
