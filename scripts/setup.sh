@@ -27,12 +27,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
     log "Debian packages: all ${#wanted[@]} present"
 fi
-# Debian starts these from its own units on install; the project starts its
-# own instances on loopback, so stop any stray system copies (no systemd here).
-for svc in redis-server postgresql ceph-mon ceph-osd ceph-mgr; do
-    pkill -x "$svc" 2>/dev/null || true
-done 2>/dev/null
-
 # 2. Python virtualenv, rebuilt only when setup.cfg changes.
 PY=/usr/bin/python3
 stamp=.venv/.setup-cfg.sha256
