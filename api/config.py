@@ -1,0 +1,98 @@
+"""Settings: one pydantic-settings class, read from the environment and a file.
+
+Sources, highest priority first: keyword arguments, environment variables
+(`CUTPOINT_*`), then the TOML file named by `CUTPOINT_CONFIG` (if set, it must
+exist).  Secrets have no default: a process that needs `token_secret` and
+does not get it stops at start-up with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class ConfigFileError(RuntimeError):
+    pass
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="CUTPOINT_", extra="forbid", validate_default=True,
+    )
+
+    database_url: str = "sqlite:////var/lib/cutpoint/cutpoint.db"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # HMAC key for API token hashes.  No default: a leaked database alone must
+    # not let anyone test guesses offline, and a default would be public.
+    token_secret: SecretStr = Field(min_length=16)
+
+    # Agents: mutual TLS per docs/agent-protocol.md.
+    agent_ca: Path | None = None
+    agent_cert: Path | None = None
+    agent_key: Path | None = None
+    agent_timeout_s: float = Field(default=10.0, gt=0, le=300)
+
+    # Scheduler and jobs.
+    scheduler_tick_s: float = Field(default=1.0, gt=0, le=60)
+    # Extra head start the scheduler gives a capture beyond its measured
+    # duration, so that jitter in beat/worker pickup does not cause misses.
+    scheduler_margin_s: float = Field(default=1.0, ge=0, le=3600)
+    retention_interval_s: float = Field(default=30.0, gt=0)
+    inventory_interval_s: float = Field(default=60.0, gt=0)
+    # A group lock outlives a killed worker by at most this long.
+    group_lock_ttl_s: float = Field(default=30.0, gt=1, le=3600)
+    broker_visibility_timeout_s: int = Field(default=120, ge=10)
+    celery_eager: bool = False
+    worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+
+    page_max: int = Field(default=500, ge=1, le=10000)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_db(cls, v: str) -> str:
+        if not v.startswith(("sqlite://", "postgresql://", "postgresql+psycopg://")):
+            raise ValueError("must be a sqlite:// or postgresql+psycopg:// URL")
+        if v.startswith("postgresql://"):
+            v = "postgresql+psycopg://" + v[len("postgresql://"):]
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("CUTPOINT_CONFIG")
+        if path:
+            if not Path(path).is_file():
+                raise ConfigFileError(f"CUTPOINT_CONFIG={path}: no such file")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()  # type: ignore[call-arg]  # values come from env/file

@@ -1,0 +1,366 @@
+"""The database: SQLAlchemy 2 typed models.
+
+Ownership of rows:
+- sites/hosts are operator-defined; vms/disks mirror agent inventories
+  (`inventory_sync`) and are never edited through the API.
+- a group's disks are materialised in `group_disks`, whose primary key is
+  the disk id: the database itself refuses a disk in two groups.
+- `group_snapshots.inflight_group_id` equals `group_id` while a snapshot is
+  not terminal and NULL afterwards; its UNIQUE constraint is the durable half
+  of "a group never has two snapshots in flight" (the Redis lock is the fast
+  half, and it expires if a worker dies).
+
+Group snapshot states (DESIGN.md, two-phase commit):
+
+    pending --> preparing --> committing --> committed --> deleting --> deleted
+        \\           \\              \\
+         \\           +--> aborting --+--> aborted
+          +--> failed (never started: refused by lock, agent unreachable)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC on the way out, on SQLite as on PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the database")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dt.datetime: UTCDateTime}
+
+
+def _enum(e: type[enum.Enum], name: str) -> Enum:
+    return Enum(e, name=name, native_enum=False, create_constraint=True, length=16,
+                values_callable=lambda x: [m.value for m in x], validate_strings=True)
+
+
+class Role(str, enum.Enum):
+    viewer = "viewer"
+    operator = "operator"
+    admin = "admin"
+
+
+class Quiesce(str, enum.Enum):
+    crash = "crash"
+    fs_freeze = "fs-freeze"
+
+
+class SnapState(str, enum.Enum):
+    pending = "pending"
+    preparing = "preparing"
+    committing = "committing"
+    committed = "committed"
+    aborting = "aborting"
+    aborted = "aborted"
+    failed = "failed"
+    deleting = "deleting"
+    deleted = "deleted"
+
+
+IN_FLIGHT = (SnapState.pending, SnapState.preparing, SnapState.committing, SnapState.aborting)
+TERMINAL = (SnapState.committed, SnapState.aborted, SnapState.failed, SnapState.deleted)
+
+
+class JobState(str, enum.Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class Site(Base):
+    __tablename__ = "sites"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(String(255), default="")
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id", ondelete="RESTRICT"), index=True)
+    address: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer, default=7443)
+    # SHA-256 of the agent's DER certificate, hex; pinned on top of the CA.
+    cert_fingerprint: Mapped[str | None] = mapped_column(String(95), default=None)
+    reachable: Mapped[bool | None] = mapped_column(Boolean, default=None)
+    last_seen_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    agent_version: Mapped[str | None] = mapped_column(String(64), default=None)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    site: Mapped[Site] = relationship(lazy="joined")
+    __table_args__ = (CheckConstraint("port > 0 AND port < 65536", name="port_range"),)
+
+
+class Vm(Base):
+    __tablename__ = "vms"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    driver: Mapped[str] = mapped_column(String(32), default="qemu")
+    state: Mapped[str] = mapped_column(String(16), default="unknown")
+    present: Mapped[bool] = mapped_column(Boolean, default=True)
+    synced_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    host: Mapped[Host] = relationship(lazy="joined")
+    disks: Mapped[list[Disk]] = relationship(back_populates="vm", order_by="Disk.node")
+    __table_args__ = (UniqueConstraint("host_id", "name", name="uq_vms_host_name"),)
+
+
+class Disk(Base):
+    __tablename__ = "disks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    node: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(200))  # "<vm>/<node>", the agent's disk id
+    backend: Mapped[str] = mapped_column(String(16))
+    pool: Mapped[str | None] = mapped_column(String(128), default=None)
+    image: Mapped[str | None] = mapped_column(String(255), default=None)
+    file: Mapped[str | None] = mapped_column(String(1024), default=None)
+    present: Mapped[bool] = mapped_column(Boolean, default=True)
+    vm: Mapped[Vm] = relationship(back_populates="disks")
+    __table_args__ = (UniqueConstraint("vm_id", "node", name="uq_disks_vm_node"),)
+
+
+class Group(Base):
+    __tablename__ = "groups"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(String(255), default="")
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    members: Mapped[list[GroupMember]] = relationship(
+        back_populates="group", cascade="all, delete-orphan", order_by="GroupMember.id")
+    policy: Mapped[Policy] = relationship(
+        back_populates="group", cascade="all, delete-orphan", uselist=False)
+
+
+class GroupMember(Base):
+    """What the operator added: a whole VM (all its disks, now and later) or one disk."""
+
+    __tablename__ = "group_members"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    vm_id: Mapped[int | None] = mapped_column(
+        ForeignKey("vms.id", ondelete="CASCADE"), default=None, unique=True)
+    disk_id: Mapped[int | None] = mapped_column(
+        ForeignKey("disks.id", ondelete="CASCADE"), default=None, unique=True)
+    group: Mapped[Group] = relationship(back_populates="members")
+    vm: Mapped[Vm | None] = relationship(lazy="joined")
+    disk: Mapped[Disk | None] = relationship(lazy="joined")
+    __table_args__ = (
+        CheckConstraint("(vm_id IS NULL) <> (disk_id IS NULL)", name="vm_xor_disk"),
+    )
+
+
+class GroupDisk(Base):
+    """The disks a group snapshots; the primary key makes membership exclusive."""
+
+    __tablename__ = "group_disks"
+    disk_id: Mapped[int] = mapped_column(
+        ForeignKey("disks.id", ondelete="CASCADE"), primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    member_id: Mapped[int] = mapped_column(
+        ForeignKey("group_members.id", ondelete="CASCADE"), index=True)
+    disk: Mapped[Disk] = relationship(lazy="joined")
+
+
+class Policy(Base):
+    __tablename__ = "policies"
+    group_id: Mapped[int] = mapped_column(
+        ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True)
+    rpo_seconds: Mapped[int | None] = mapped_column(Integer, default=None)  # None: no schedule
+    keep_last: Mapped[int] = mapped_column(Integer, default=24)
+    keep_within_seconds: Mapped[int] = mapped_column(Integer, default=0)
+    pause_budget_ms: Mapped[int] = mapped_column(Integer, default=2000)
+    lease_ms: Mapped[int] = mapped_column(Integer, default=5000)
+    replication_target_id: Mapped[int | None] = mapped_column(
+        ForeignKey("sites.id", ondelete="SET NULL"), default=None)
+    quiesce: Mapped[Quiesce] = mapped_column(_enum(Quiesce, "quiesce"), default=Quiesce.crash)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    group: Mapped[Group] = relationship(back_populates="policy")
+    replication_target: Mapped[Site | None] = relationship(lazy="joined")
+    __table_args__ = (
+        CheckConstraint("rpo_seconds IS NULL OR rpo_seconds > 0", name="rpo_positive"),
+        CheckConstraint("keep_last >= 1", name="keep_last_min"),
+        CheckConstraint("keep_within_seconds >= 0", name="keep_within_min"),
+        CheckConstraint("pause_budget_ms > 0", name="budget_positive"),
+        CheckConstraint("lease_ms > 0", name="lease_positive"),
+    )
+
+
+class GroupSnapshot(Base):
+    __tablename__ = "group_snapshots"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    txn: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[SnapState] = mapped_column(_enum(SnapState, "snap_state"),
+                                             default=SnapState.pending)
+    inflight_group_id: Mapped[int | None] = mapped_column(Integer, default=None, unique=True)
+    trigger: Mapped[str] = mapped_column(String(16), default="manual")
+    job_id: Mapped[str | None] = mapped_column(String(36), default=None, index=True)
+    requested_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    # The instant the cut was fixed (every VM paused, COMMITTING written).
+    cut_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    max_pause_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    duration_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    consistency: Mapped[str | None] = mapped_column(String(16), default=None)
+    # Set by replication: a DR recovery point / the base of the next increment.
+    dr_verified_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    replication_base: Mapped[bool] = mapped_column(Boolean, default=False)
+    error_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    members: Mapped[list[MemberSnapshot]] = relationship(
+        back_populates="group_snapshot", cascade="all, delete-orphan",
+        order_by="MemberSnapshot.id")
+    __table_args__ = (
+        Index("ix_group_snapshots_group_state", "group_id", "state"),
+        CheckConstraint("inflight_group_id IS NULL OR inflight_group_id = group_id",
+                        name="inflight_matches"),
+    )
+
+
+class MemberSnapshot(Base):
+    __tablename__ = "member_snapshots"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_snapshot_id: Mapped[int] = mapped_column(
+        ForeignKey("group_snapshots.id", ondelete="CASCADE"), index=True)
+    disk_id: Mapped[int | None] = mapped_column(
+        ForeignKey("disks.id", ondelete="SET NULL"), default=None)
+    host: Mapped[str] = mapped_column(String(64))
+    vm: Mapped[str] = mapped_column(String(128))
+    disk: Mapped[str] = mapped_column(String(200))  # "<vm>/<node>"
+    name: Mapped[str] = mapped_column(String(255))  # cp.<group>.<txn>
+    state: Mapped[str] = mapped_column(String(16), default="planned")  # planned|present|deleted
+    consistency: Mapped[str | None] = mapped_column(String(16), default=None)
+    method: Mapped[str | None] = mapped_column(String(32), default=None)
+    stop_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    barrier_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    snapshot_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    cont_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    paused_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    group_snapshot: Mapped[GroupSnapshot] = relationship(back_populates="members")
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    state: Mapped[JobState] = mapped_column(_enum(JobState, "job_state"), default=JobState.queued)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str] = mapped_column(String(255), default="")
+    group_id: Mapped[int | None] = mapped_column(
+        ForeignKey("groups.id", ondelete="SET NULL"), default=None, index=True)
+    host_id: Mapped[int | None] = mapped_column(
+        ForeignKey("hosts.id", ondelete="SET NULL"), default=None)
+    snapshot_id: Mapped[int | None] = mapped_column(
+        ForeignKey("group_snapshots.id", ondelete="SET NULL"), default=None)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+
+class RpoMiss(Base):
+    __tablename__ = "rpo_misses"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    reason: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[str] = mapped_column(Text, default="")
+    achieved_rpo_s: Mapped[float | None] = mapped_column(Float, default=None)
+    rpo_seconds: Mapped[int] = mapped_column(Integer)
+    snapshot_id: Mapped[int | None] = mapped_column(
+        ForeignKey("group_snapshots.id", ondelete="SET NULL"), default=None)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[Role] = mapped_column(_enum(Role, "role"))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str | None] = mapped_column(String(64), default=None)
+    role: Mapped[str | None] = mapped_column(String(16), default=None)
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(512))
+    status: Mapped[int] = mapped_column(Integer)
+    request_id: Mapped[str] = mapped_column(String(36))
+    remote: Mapped[str | None] = mapped_column(String(64), default=None)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
