@@ -1,0 +1,193 @@
+/* rbdsnap: see rbdsnap.h. */
+#include "rbdsnap.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <rados/librados.h>
+#include <rbd/librbd.h>
+
+struct rbdsnap_cluster {
+    rados_t rados;
+};
+
+struct rbdsnap_image {
+    rados_ioctx_t io;
+    rbd_image_t image;
+    char spec[256];
+};
+
+int
+rbdsnap_connect(const char *conf, const char *id, const char *keyring,
+                struct rbdsnap_cluster **out, char *err, size_t errlen)
+{
+    struct rbdsnap_cluster *c = NULL;
+    int r, ret = -1;
+    const char *op = "rados_create";
+
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if ((r = rados_create(&c->rados, id)) < 0)
+        goto cleanup;
+    op = "rados_conf_read_file";
+    if (conf && (r = rados_conf_read_file(c->rados, conf)) < 0)
+        goto cleanup;
+    op = "rados_conf_set keyring";
+    if (keyring && (r = rados_conf_set(c->rados, "keyring", keyring)) < 0)
+        goto cleanup;
+    /* A dead cluster must not hang agent start forever. */
+    rados_conf_set(c->rados, "client_mount_timeout", "15");
+    rados_conf_set(c->rados, "rados_osd_op_timeout", "30");
+    rados_conf_set(c->rados, "rados_mon_op_timeout", "30");
+    op = "rados_connect";
+    if ((r = rados_connect(c->rados)) < 0)
+        goto cleanup;
+    *out = c;
+    c = NULL;
+    ret = 0;
+cleanup:
+    if (ret < 0)
+        snprintf(err, errlen, "%s: %s", op, strerror(-r));
+    if (c) {
+        if (c->rados)
+            rados_shutdown(c->rados);
+        free(c);
+    }
+    return ret;
+}
+
+void
+rbdsnap_cluster_free(struct rbdsnap_cluster *c)
+{
+    if (!c)
+        return;
+    rados_shutdown(c->rados);
+    free(c);
+}
+
+int
+rbdsnap_open(struct rbdsnap_cluster *c, const char *pool, const char *image,
+             struct rbdsnap_image **out, char *err, size_t errlen)
+{
+    struct rbdsnap_image *img;
+    int r;
+
+    img = calloc(1, sizeof(*img));
+    if (!img) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(img->spec, sizeof(img->spec), "%s/%s", pool, image);
+    if ((r = rados_ioctx_create(c->rados, pool, &img->io)) < 0) {
+        snprintf(err, errlen, "pool %s: %s", pool, strerror(-r));
+        free(img);
+        return -1;
+    }
+    if ((r = rbd_open(img->io, image, &img->image, NULL)) < 0) {
+        snprintf(err, errlen, "rbd_open %s: %s", img->spec, strerror(-r));
+        rados_ioctx_destroy(img->io);
+        free(img);
+        return -1;
+    }
+    *out = img;
+    return 0;
+}
+
+void
+rbdsnap_image_free(struct rbdsnap_image *img)
+{
+    if (!img)
+        return;
+    rbd_close(img->image);
+    rados_ioctx_destroy(img->io);
+    free(img);
+}
+
+static int
+no_progress(uint64_t a, uint64_t b, void *arg)
+{
+    (void)a;
+    (void)b;
+    (void)arg;
+    return 0;
+}
+
+int
+rbdsnap_create(struct rbdsnap_image *img, const char *name, char *err,
+               size_t errlen)
+{
+    int r;
+
+    /* SKIP_QUIESCE: the VM is already stopped and drained by QMP `stop`;
+     * quiesce notifications would only wait on watchers (QEMU ignores them). */
+    r = rbd_snap_create2(img->image, name, RBD_SNAP_CREATE_SKIP_QUIESCE,
+                         no_progress, NULL);
+    if (r == -EEXIST)
+        return 0;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_snap_create %s@%s: %s", img->spec, name,
+                 strerror(-r));
+        return -1;
+    }
+    return 0;
+}
+
+int
+rbdsnap_remove(struct rbdsnap_image *img, const char *name, char *err,
+               size_t errlen)
+{
+    int r = rbd_snap_remove(img->image, name);
+
+    if (r == -ENOENT)
+        return RBDSNAP_ENOENT;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_snap_remove %s@%s: %s", img->spec, name,
+                 strerror(-r));
+        return -1;
+    }
+    return 0;
+}
+
+int
+rbdsnap_list(struct rbdsnap_image *img, json_t **out, char *err,
+             size_t errlen)
+{
+    rbd_snap_info_t *snaps = NULL;
+    int max = 16, n, i, ret = -1;
+    json_t *arr = NULL;
+
+    for (;;) {
+        snaps = calloc((size_t)max, sizeof(*snaps));
+        if (!snaps) {
+            snprintf(err, errlen, "out of memory");
+            goto cleanup;
+        }
+        n = rbd_snap_list(img->image, snaps, &max);
+        if (n != -ERANGE)
+            break;
+        free(snaps);
+        snaps = NULL;
+    }
+    if (n < 0) {
+        snprintf(err, errlen, "rbd_snap_list %s: %s", img->spec, strerror(-n));
+        goto cleanup;
+    }
+    arr = json_array();
+    for (i = 0; i < n; i++)
+        json_array_append_new(arr, json_pack("{s:s,s:I,s:I}", "name",
+                                             snaps[i].name, "id",
+                                             (json_int_t)snaps[i].id, "size",
+                                             (json_int_t)snaps[i].size));
+    rbd_snap_list_end(snaps);
+    *out = arr;
+    arr = NULL;
+    ret = 0;
+cleanup:
+    free(snaps);
+    json_decref(arr);
+    return ret;
+}

@@ -1,0 +1,47 @@
+/*
+ * rbdsnap: RBD member snapshots through librbd, on images opened once at
+ * agent start so that the pause window holds no cluster connect or image
+ * open (design "Coordinator latency").
+ *
+ * QEMU owns the image's exclusive lock while the VM runs.  librbd then
+ * forwards snapshot create/remove to the lock owner over the image's
+ * watch/notify channel; the owner (QEMU's librbd, whose threads keep running
+ * while the vCPUs are stopped) performs it.  We never break the lock.
+ *
+ * Functions return 0 on success, -1 on error with a message in err.
+ * Handles are thread-safe: one VM's disks are snapshotted from parallel
+ * threads.
+ */
+#ifndef CP_RBDSNAP_H
+#define CP_RBDSNAP_H
+
+#include <stddef.h>
+#include <jansson.h>
+
+#define RBDSNAP_ENOENT (-2)   /* rbdsnap_remove: no such snapshot */
+
+struct rbdsnap_cluster;
+struct rbdsnap_image;
+
+int rbdsnap_connect(const char *conf, const char *id, const char *keyring,
+                    struct rbdsnap_cluster **out, char *err, size_t errlen);
+void rbdsnap_cluster_free(struct rbdsnap_cluster *c);
+
+/* The image keeps a reference to the cluster; free images first. */
+int rbdsnap_open(struct rbdsnap_cluster *c, const char *pool,
+                 const char *image, struct rbdsnap_image **out,
+                 char *err, size_t errlen);
+void rbdsnap_image_free(struct rbdsnap_image *img);
+
+/* Creates snapshot name; an existing snapshot of that name is success
+ * (commit is idempotent, agent-protocol §4.4). */
+int rbdsnap_create(struct rbdsnap_image *img, const char *name,
+                   char *err, size_t errlen);
+/* Returns 0 when removed, RBDSNAP_ENOENT when absent, -1 on error. */
+int rbdsnap_remove(struct rbdsnap_image *img, const char *name,
+                   char *err, size_t errlen);
+/* *out: new JSON array of {"name", "id", "size"}. */
+int rbdsnap_list(struct rbdsnap_image *img, json_t **out,
+                 char *err, size_t errlen);
+
+#endif
