@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Records real QMP exchanges into agent/tests/qmp-replies/*.txt fixtures.
+
+Starts qemu-system-x86_64 (TCG, no guest OS needed) with a qcow2 disk on a
+blockdev node named disk0, talks raw QMP over its UNIX socket and writes each
+scenario as lines:  `> {json sent}` and `< {json received}` (verbatim).
+The C test test_qmp.c replays the `<` lines over a socketpair.
+
+Usage: record_qmp.py OUTDIR   (needs qemu-system-x86_64 and qemu-img)
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class Raw:
+    def __init__(self, path: str) -> None:
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.connect(path)
+        self.f = self.s.makefile("rb")
+        self.log: list[str] = []
+
+    def recv(self) -> dict:
+        line = self.f.readline().decode().rstrip("\r\n")
+        if not line:
+            raise EOFError("QMP closed")
+        self.log.append("< " + line)
+        return json.loads(line)
+
+    def send(self, obj: dict) -> None:
+        line = json.dumps(obj)
+        self.log.append("> " + line)
+        self.s.sendall(line.encode() + b"\n")
+
+    def call(self, obj: dict) -> dict:
+        self.send(obj)
+        while True:
+            m = self.recv()
+            if "return" in m or "error" in m:
+                return m
+
+    def dump(self, path: Path) -> None:
+        path.write_text("\n".join(self.log) + "\n")
+        self.log = []
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="cp-qmp-rec-"))
+    disk = tmp / "d0.qcow2"
+    disk1 = tmp / "d1.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk1), "16M"], check=True)
+    sock = tmp / "qmp.sock"
+    q = subprocess.Popen([
+        "qemu-system-x86_64", "-machine", "accel=tcg", "-nographic", "-nodefaults",
+        "-m", "64", "-display", "none", "-serial", "null",
+        "-qmp", f"unix:{sock},server=on,wait=off",
+        "-blockdev", f"driver=file,filename={disk},node-name=disk0-file",
+        "-blockdev", "driver=qcow2,file=disk0-file,node-name=disk0",
+        "-device", "virtio-blk-pci,drive=disk0",
+        "-blockdev", f"driver=file,filename={disk1},node-name=disk1-file",
+        "-blockdev", "driver=qcow2,file=disk1-file,node-name=disk1",
+        "-device", "virtio-blk-pci,drive=disk1",
+    ])
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        c = Raw(str(sock))
+        c.recv()
+        c.dump(out / "greeting.txt")
+        c.call({"execute": "qmp_capabilities", "id": 1})
+        c.dump(out / "capabilities.txt")
+        c.call({"execute": "query-status", "id": 2})
+        c.dump(out / "query-status-running.txt")
+        # stop: the reply and the STOP event; the event usually comes first.
+        c.call({"execute": "stop", "id": 3})
+        time.sleep(0.2)
+        c.call({"execute": "query-status", "id": 4})
+        c.dump(out / "stop-with-event.txt")
+        c.call({"execute": "cont", "id": 5})
+        time.sleep(0.2)
+        c.call({"execute": "query-status", "id": 6})
+        c.dump(out / "cont-with-event.txt")
+        c.call({"execute": "no-such-command", "id": 7})
+        c.dump(out / "error-unknown-command.txt")
+        c.call({"execute": "transaction", "id": 8, "arguments": {"actions": [
+            {"type": "blockdev-snapshot-internal-sync",
+             "data": {"device": "nodisk", "name": "s1"}}]}})
+        c.dump(out / "error-bad-device.txt")
+        c.call({"execute": "stop", "id": 9})
+        c.call({"execute": "transaction", "id": 10, "arguments": {"actions": [
+            {"type": "blockdev-snapshot-internal-sync",
+             "data": {"device": d, "name": "cp.g.t1"}} for d in ("disk0", "disk1")]}})
+        c.call({"execute": "cont", "id": 11})
+        c.dump(out / "transaction-snapshot.txt")
+        c.call({"execute": "query-block", "id": 12})
+        c.dump(out / "query-block-snapshots.txt")
+        c.call({"execute": "blockdev-snapshot-delete-internal-sync", "id": 13,
+                "arguments": {"device": "disk0", "name": "nosuch"}})
+        c.dump(out / "error-snapshot-delete-absent.txt")
+        c.call({"execute": "quit", "id": 14})
+        try:
+            while True:
+                c.recv()
+        except (EOFError, OSError):
+            pass
+        c.dump(out / "quit.txt")
+    finally:
+        try:
+            q.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            q.kill()
+            q.wait()
+        for p in tmp.iterdir():
+            p.unlink()
+        tmp.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

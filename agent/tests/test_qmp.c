@@ -1,0 +1,320 @@
+/*
+ * cmocka tests of qmp.c, replaying replies recorded from the real QEMU
+ * (tests/qmp-replies/NAME.txt, made by tests/record_qmp.py) over a socketpair.
+ * A fixture line "> {...}" is a request the client must send (its
+ * "execute" is checked); "< {...}" is sent verbatim, except that a reply's
+ * "id" is replaced by the id of the last request, as QEMU echoes ids.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "mono.h"
+#include "qmp.h"
+
+struct replay {
+    int fd;
+    char *lines[64];
+    int n;
+    int chunk;          /* >0: send replies in pieces of this size */
+    int hang_after;     /* stop replying after this many requests (-1 off) */
+    int mismatches;
+};
+
+static void
+load(struct replay *r, const char *name)
+{
+    char path[1024], line[65536];
+    const char *dir = getenv("QMP_FIXTURES");
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/%s", dir ? dir : "qmp-replies", name);
+    f = fopen(path, "r");
+    if (!f)
+        fail_msg("cannot open fixture %s", path);
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '<' || line[0] == '>')
+            r->lines[r->n++] = strdup(line);
+    }
+    fclose(f);
+}
+
+static int
+read_req(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+
+    while (n + 1 < cap) {
+        ssize_t k = read(fd, buf + n, 1);
+        if (k <= 0)
+            return -1;
+        if (buf[n] == '\n')
+            break;
+        n++;
+    }
+    buf[n] = '\0';
+    return 0;
+}
+
+static void *
+serve(void *arg)
+{
+    struct replay *r = arg;
+    json_int_t last_id = 0;
+    int requests = 0;
+    char buf[65536];
+
+    for (int i = 0; i < r->n; i++) {
+        const char *l = r->lines[i] + 2;
+        if (r->lines[i][0] == '>') {
+            json_t *want = json_loads(l, 0, NULL), *got;
+            if (read_req(r->fd, buf, sizeof(buf)) < 0) {
+                json_decref(want);
+                break;
+            }
+            got = json_loads(buf, 0, NULL);
+            if (!got || strcmp(json_string_value(json_object_get(got, "execute")),
+                               json_string_value(json_object_get(want, "execute"))))
+                r->mismatches++;
+            last_id = json_integer_value(json_object_get(got, "id"));
+            json_decref(want);
+            json_decref(got);
+            if (r->hang_after >= 0 && ++requests > r->hang_after) {
+                sleep(1);   /* a hung QEMU: read, never answer */
+                break;
+            }
+        } else {
+            json_t *m = json_loads(l, 0, NULL);
+            char *s;
+            size_t len, off = 0;
+            if (json_object_get(m, "id"))
+                json_object_set_new(m, "id", json_integer(last_id));
+            s = json_dumps(m, JSON_COMPACT);
+            len = strlen(s);
+            s = realloc(s, len + 3);
+            strcpy(s + len, "\r\n");   /* QEMU ends lines with CRLF */
+            len += 2;
+            while (off < len) {
+                size_t n = r->chunk > 0 && (size_t)r->chunk < len - off ?
+                    (size_t)r->chunk : len - off;
+                if (write(r->fd, s + off, n) < 0)
+                    break;
+                off += n;
+            }
+            free(s);
+            json_decref(m);
+        }
+    }
+    return NULL;
+}
+
+struct fixture {
+    struct replay r;
+    pthread_t th;
+    struct qmp_conn *q;
+    int cfd;
+    int events_stop, events_resume;
+};
+
+static void
+on_event(const char *ev, json_t *msg, void *opaque)
+{
+    struct fixture *f = opaque;
+
+    assert_non_null(json_object_get(msg, "timestamp"));
+    if (strcmp(ev, "STOP") == 0)
+        f->events_stop++;
+    if (strcmp(ev, "RESUME") == 0)
+        f->events_resume++;
+}
+
+static void
+start(struct fixture *f, const char **files, int chunk, int hang_after)
+{
+    int sv[2];
+
+    memset(f, 0, sizeof(*f));
+    for (; *files; files++)
+        load(&f->r, *files);
+    f->r.chunk = chunk;
+    f->r.hang_after = hang_after;
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    f->r.fd = sv[1];
+    f->cfd = sv[0];
+    pthread_create(&f->th, NULL, serve, &f->r);
+    f->q = qmp_new("replay");
+    qmp_set_event_cb(f->q, on_event, f);
+}
+
+static void
+finish(struct fixture *f)
+{
+    qmp_free(f->q);     /* closes cfd, so a blocked server returns */
+    pthread_join(f->th, NULL);
+    close(f->r.fd);
+    assert_int_equal(f->r.mismatches, 0);
+    for (int i = 0; i < f->r.n; i++)
+        free(f->r.lines[i]);
+}
+
+static void
+test_greeting_and_stop_event(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "stop-with-event.txt", "cont-with-event.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+    json_t *ret = NULL;
+
+    (void)state;
+    start(&f, files, 0, -1);
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    assert_int_equal(qmp_call(f.q, "stop", NULL, 2000, NULL, &err), 0);
+    assert_int_equal(f.events_stop, 1);
+    assert_int_equal(qmp_call(f.q, "query-status", NULL, 2000, &ret, &err), 0);
+    assert_string_equal(json_string_value(json_object_get(ret, "status")),
+                        "paused");
+    json_decref(ret);
+    assert_int_equal(qmp_call(f.q, "cont", NULL, 2000, NULL, &err), 0);
+    assert_int_equal(qmp_call(f.q, "query-status", NULL, 2000, &ret, &err), 0);
+    assert_true(json_is_true(json_object_get(ret, "running")));
+    assert_int_equal(f.events_resume, 1);
+    assert_int_equal(qmp_events_seen(f.q), 2);
+    json_decref(ret);
+    finish(&f);
+}
+
+static void
+test_replies_in_pieces(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "transaction-snapshot.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+    json_t *acts;
+
+    (void)state;
+    start(&f, files, 3, -1);
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    assert_int_equal(qmp_call(f.q, "stop", NULL, 2000, NULL, &err), 0);
+    acts = json_pack("{s:[{s:s,s:{s:s,s:s}}]}", "actions", "type",
+                     "blockdev-snapshot-internal-sync", "data", "device",
+                     "disk0", "name", "cp.g.t1");
+    assert_int_equal(qmp_call(f.q, "transaction", acts, 2000, NULL, &err), 0);
+    assert_int_equal(qmp_call(f.q, "cont", NULL, 2000, NULL, &err), 0);
+    assert_int_equal(f.events_stop, 1);
+    assert_int_equal(f.events_resume, 1);
+    finish(&f);
+}
+
+static void
+test_error_unknown_command(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "error-unknown-command.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+
+    (void)state;
+    start(&f, files, 0, -1);
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    assert_int_equal(qmp_call(f.q, "no-such-command", NULL, 2000, NULL, &err),
+                     -1);
+    assert_int_equal(err.kind, QMP_E_ERROR);
+    assert_string_equal(err.cls, "CommandNotFound");
+    assert_non_null(strstr(err.msg, "no-such-command: The command "
+                           "no-such-command has not been found"));
+    /* an error reply leaves the connection usable */
+    assert_true(qmp_connected(f.q));
+    finish(&f);
+}
+
+static void
+test_error_bad_device(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "error-bad-device.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+
+    (void)state;
+    start(&f, files, 0, -1);
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    assert_int_equal(qmp_call(f.q, "transaction", json_object(), 2000, NULL,
+                              &err), -1);
+    assert_int_equal(err.kind, QMP_E_ERROR);
+    assert_string_equal(err.cls, "GenericError");
+    assert_non_null(strstr(err.msg, "nodisk"));
+    finish(&f);
+}
+
+static void
+test_timeout_hung_qemu(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "stop-with-event.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+    double t0, dt;
+
+    (void)state;
+    start(&f, files, 0, 1);     /* answers qmp_capabilities, then hangs */
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    t0 = mono_ms();
+    assert_int_equal(qmp_call(f.q, "stop", NULL, 150, NULL, &err), -1);
+    dt = mono_ms() - t0;
+    assert_int_equal(err.kind, QMP_E_TIMEOUT);
+    assert_true(dt >= 140 && dt < 1000);
+    assert_false(qmp_connected(f.q));   /* dropped: state unknown */
+    finish(&f);
+}
+
+static void
+test_not_qmp_and_eof(void **state)
+{
+    struct qmp_conn *q = qmp_new("x");
+    struct qmp_err err;
+    int sv[2];
+
+    (void)state;
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(write(sv[1], "[1,2]\n", 6), 6);
+    assert_int_equal(qmp_open_fd(q, sv[0], 500, &err), -1);
+    assert_int_equal(err.kind, QMP_E_PROTO);
+    close(sv[1]);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    close(sv[1]);
+    assert_int_equal(qmp_open_fd(q, sv[0], 500, &err), -1);
+    assert_int_equal(err.kind, QMP_E_IO);
+    /* connecting to a missing socket is an I/O error, not a hang */
+    qmp_free(q);
+    q = qmp_new("/nonexistent/qmp.sock");
+    assert_int_equal(qmp_call(q, "stop", NULL, 500, NULL, &err), -1);
+    assert_int_equal(err.kind, QMP_E_IO);
+    qmp_free(q);
+    qmp_free(NULL);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greeting_and_stop_event),
+        cmocka_unit_test(test_replies_in_pieces),
+        cmocka_unit_test(test_error_unknown_command),
+        cmocka_unit_test(test_error_bad_device),
+        cmocka_unit_test(test_timeout_hung_qemu),
+        cmocka_unit_test(test_not_qmp_and_eof),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
