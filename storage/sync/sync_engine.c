@@ -1,0 +1,928 @@
+#include "sync_engine.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <rados/librados.h>
+#include <rbd/librbd.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sync_extents.h"
+#include "sync_progress.h"
+#include "sync_rate.h"
+
+#define HASH_QUEUE 8   /* aio reads in flight while hashing an image */
+
+struct conn {
+    rados_t cluster;
+    rados_ioctx_t io;
+    int connected;
+};
+
+/* State shared by the copy workers; everything below mu is under it. */
+struct copy {
+    const struct sync_opts *o;
+    rbd_image_t src;
+    rbd_image_t dst;
+    const struct sync_extent *items;
+    size_t n;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t next;               /* next item to hand out */
+    unsigned char *done;       /* per item: written and verified */
+    size_t mark;               /* items[0..mark) are all done */
+    uint64_t done_offset;      /* end of items[mark - 1] */
+    uint64_t shipped, zeroed, extents;
+    int active;                /* workers still running */
+    struct sync_rate rate;
+    int fail_code;             /* 0 or a SYNC_E* code */
+    char fail_msg[512];
+};
+
+static void
+seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static void
+logkv(const struct sync_opts *o, const char *level, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+
+    if (o->on_log == NULL)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    o->on_log(level, line, o->arg);
+}
+
+/* Emit one event and drop the reference to obj. */
+static void
+emit(const struct sync_opts *o, json_t *obj)
+{
+    char *s;
+
+    if (obj == NULL)
+        return;
+    if (o->on_event != NULL) {
+        s = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (s != NULL)
+            o->on_event(s, o->arg);
+        free(s);
+    }
+    json_decref(obj);
+}
+
+static uint64_t
+now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void
+sync_opts_init(struct sync_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->chunk = 4u << 20;
+    o->workers = 4;
+    o->progress_ms = 500;
+    o->state_dir = "/var/lib/cutpoint/sync";
+}
+
+static int
+conn_open(const struct sync_site *s, const char *which, struct conn *c,
+          char *err, size_t errlen)
+{
+    int rc;
+
+    memset(c, 0, sizeof(*c));
+    rc = rados_create(&c->cluster, s->id);
+    if (rc < 0) {
+        seterr(err, errlen, "%s: rados_create(id=%s): %s", which, s->id,
+               strerror(-rc));
+        c->cluster = NULL;
+        return -1;
+    }
+    rc = rados_conf_read_file(c->cluster, s->conf);
+    if (rc < 0) {
+        seterr(err, errlen, "%s: read %s: %s", which, s->conf, strerror(-rc));
+        return -1;
+    }
+    if (s->keyring != NULL && s->keyring[0] != '\0' &&
+        (rc = rados_conf_set(c->cluster, "keyring", s->keyring)) < 0) {
+        seterr(err, errlen, "%s: keyring %s: %s", which, s->keyring,
+               strerror(-rc));
+        return -1;
+    }
+    /* The read-back that verifies each extent must come from the OSDs,
+     * not from librbd's writeback cache, or it would prove nothing. */
+    rados_conf_set(c->cluster, "rbd_cache", "false");
+    /* A cluster that is down should fail the run, not hang it for the
+     * default five minutes. */
+    rados_conf_set(c->cluster, "client_mount_timeout", "30");
+    /* Our own key=value lines are the log; keep librados quiet. */
+    rados_conf_set(c->cluster, "log_to_stderr", "false");
+    rados_conf_set(c->cluster, "err_to_stderr", "false");
+    rc = rados_connect(c->cluster);
+    if (rc < 0) {
+        seterr(err, errlen, "%s: connect (conf=%s id=%s): %s", which, s->conf,
+               s->id, strerror(-rc));
+        return -1;
+    }
+    c->connected = 1;
+    rc = rados_ioctx_create(c->cluster, s->pool, &c->io);
+    if (rc < 0) {
+        seterr(err, errlen, "%s: pool %s: %s", which, s->pool, strerror(-rc));
+        c->io = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static void
+conn_close(struct conn *c)
+{
+    if (c->io != NULL)
+        rados_ioctx_destroy(c->io);
+    if (c->cluster != NULL)
+        rados_shutdown(c->cluster);
+    c->io = NULL;
+    c->cluster = NULL;
+}
+
+/* ---- whole-image hash ------------------------------------------------ */
+
+struct hash_job {
+    rbd_image_t img;
+    uint64_t size;
+    uint64_t chunk;
+    unsigned char digest[SYNC_DIGEST_LEN];
+    int rc;
+    char err[256];
+};
+
+/*
+ * SHA-256 of the whole image as the handle sees it (a snapshot), with
+ * HASH_QUEUE reads in flight and the hash fed strictly in offset order.
+ */
+static void *
+hash_image(void *arg)
+{
+    struct hash_job *j = arg;
+    rbd_completion_t comp[HASH_QUEUE] = {0};
+    char *buf[HASH_QUEUE] = {0};
+    uint64_t len[HASH_QUEUE] = {0};
+    struct sync_hash *h = NULL;
+    uint64_t sub = 0, got = 0;     /* bytes submitted / hashed */
+    unsigned head = 0, inflight = 0, k;
+    int rc;
+
+    j->rc = -1;
+    h = sync_hash_new();
+    if (h == NULL) {
+        seterr(j->err, sizeof(j->err), "hash: out of memory");
+        goto cleanup;
+    }
+    for (k = 0; k < HASH_QUEUE; k++) {
+        buf[k] = malloc(j->chunk);
+        if (buf[k] == NULL) {
+            seterr(j->err, sizeof(j->err), "hash: out of memory");
+            goto cleanup;
+        }
+    }
+    while (got < j->size) {
+        while (inflight < HASH_QUEUE && sub < j->size) {
+            k = (head + inflight) % HASH_QUEUE;
+            len[k] = j->size - sub < j->chunk ? j->size - sub : j->chunk;
+            rc = rbd_aio_create_completion(NULL, NULL, &comp[k]);
+            if (rc < 0) {
+                comp[k] = NULL;
+                seterr(j->err, sizeof(j->err), "hash: completion: %s",
+                       strerror(-rc));
+                goto cleanup;
+            }
+            rc = rbd_aio_read(j->img, sub, len[k], buf[k], comp[k]);
+            if (rc < 0) {
+                rbd_aio_release(comp[k]);
+                comp[k] = NULL;
+                seterr(j->err, sizeof(j->err), "hash: read at %" PRIu64
+                       ": %s", sub, strerror(-rc));
+                goto cleanup;
+            }
+            sub += len[k];
+            inflight++;
+        }
+        k = head;
+        rbd_aio_wait_for_complete(comp[k]);
+        rc = (int)rbd_aio_get_return_value(comp[k]);
+        rbd_aio_release(comp[k]);
+        comp[k] = NULL;
+        head = (head + 1) % HASH_QUEUE;
+        inflight--;
+        if (rc < 0 || (uint64_t)rc != len[k]) {
+            seterr(j->err, sizeof(j->err), "hash: read at %" PRIu64 ": %s",
+                   got, rc < 0 ? strerror(-rc) : "short read");
+            goto cleanup;
+        }
+        if (sync_hash_update(h, buf[k], len[k]) < 0) {
+            seterr(j->err, sizeof(j->err), "hash: digest failed");
+            goto cleanup;
+        }
+        got += len[k];
+    }
+    if (sync_hash_final(h, j->digest) < 0) {
+        seterr(j->err, sizeof(j->err), "hash: digest failed");
+        goto cleanup;
+    }
+    j->rc = 0;
+cleanup:
+    /* Reads still in flight write into buf: wait before freeing it. */
+    for (k = 0; k < HASH_QUEUE; k++) {
+        if (comp[k] != NULL) {
+            rbd_aio_wait_for_complete(comp[k]);
+            rbd_aio_release(comp[k]);
+        }
+    }
+    for (k = 0; k < HASH_QUEUE; k++)
+        free(buf[k]);
+    sync_hash_free(h);
+    return NULL;
+}
+
+/* Hash both snapshots at once (one thread each) and compare. */
+static int
+hash_both(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
+          uint64_t size, struct sync_result *r, char *err, size_t errlen)
+{
+    struct hash_job js = {0}, jd = {0};
+    pthread_t t;
+    int started;
+
+    js.img = src;
+    jd.img = dst;
+    js.size = jd.size = size;
+    js.chunk = jd.chunk = o->chunk;
+    started = pthread_create(&t, NULL, hash_image, &js) == 0;
+    hash_image(&jd);
+    if (started)
+        pthread_join(t, NULL);
+    else
+        hash_image(&js);
+    if (js.rc < 0 || jd.rc < 0) {
+        seterr(err, errlen, "%s: %s", js.rc < 0 ? "primary" : "dr",
+               js.rc < 0 ? js.err : jd.err);
+        return SYNC_ERR;
+    }
+    sync_digest_hex(js.digest, r->src_hash);
+    sync_digest_hex(jd.digest, r->dst_hash);
+    if (memcmp(js.digest, jd.digest, SYNC_DIGEST_LEN) != 0) {
+        seterr(err, errlen, "full-image hash mismatch for %s@%s: primary %s,"
+               " dr %s", o->image, o->target, r->src_hash, r->dst_hash);
+        return SYNC_EVERIFY;
+    }
+    r->verified_full = 1;
+    return SYNC_OK;
+}
+
+/* ---- diff ------------------------------------------------------------ */
+
+struct diff_ctx {
+    struct sync_extents *l;
+    int kind;      /* 0: DATA if exists else ZERO; else this kind */
+};
+
+static int
+diff_cb(uint64_t off, size_t len, int exists, void *arg)
+{
+    struct diff_ctx *d = arg;
+    int kind = d->kind ? d->kind : (exists ? SYNC_DATA : SYNC_ZERO);
+
+    return sync_extents_add(d->l, off, len, kind) < 0 ? -ENOMEM : 0;
+}
+
+static int
+collect_diff(rbd_image_t img, const char *from, uint64_t size, int kind,
+             struct sync_extents *l, const char *which, char *err,
+             size_t errlen)
+{
+    struct diff_ctx d = {l, kind};
+    int rc;
+
+    rc = rbd_diff_iterate2(img, from, 0, size, 1, 0, diff_cb, &d);
+    if (rc < 0) {
+        seterr(err, errlen, "%s: diff from %s: %s", which,
+               from ? from : "(start)", strerror(-rc));
+        return -1;
+    }
+    if (sync_extents_normalize(l) < 0) {
+        seterr(err, errlen, "%s: diff reported overlapping extents", which);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- copy workers ---------------------------------------------------- */
+
+static int
+copy_one(struct copy *c, const struct sync_extent *e, char *buf, char *back,
+         char *msg, size_t msglen)
+{
+    unsigned char want[SYNC_DIGEST_LEN], got[SYNC_DIGEST_LEN];
+    uint64_t wait_ns;
+    ssize_t n;
+
+    if (e->kind == SYNC_DATA) {
+        n = rbd_read(c->src, e->off, e->len, buf);
+        if (n < 0 || (uint64_t)n != e->len) {
+            seterr(msg, msglen, "primary read off=%" PRIu64 " len=%" PRIu64
+                   ": %s", e->off, e->len,
+                   n < 0 ? strerror((int)-n) : "short read");
+            return SYNC_ERR;
+        }
+        if (sync_digest_buf(buf, e->len, want) < 0) {
+            seterr(msg, msglen, "digest failed");
+            return SYNC_ERR;
+        }
+        pthread_mutex_lock(&c->mu);
+        wait_ns = sync_rate_take(&c->rate, now_ns(), e->len);
+        pthread_mutex_unlock(&c->mu);
+        if (wait_ns > 0) {
+            struct timespec ts = {(time_t)(wait_ns / 1000000000ULL),
+                                  (long)(wait_ns % 1000000000ULL)};
+
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+        }
+        n = rbd_write(c->dst, e->off, e->len, buf);
+    } else {
+        n = rbd_write_zeroes(c->dst, e->off, e->len, 0, 0);
+    }
+    if (n < 0 || (uint64_t)n != e->len) {
+        seterr(msg, msglen, "dr %s off=%" PRIu64 " len=%" PRIu64 ": %s",
+               e->kind == SYNC_DATA ? "write" : "write-zeroes", e->off,
+               e->len, n < 0 ? strerror((int)-n) : "short write");
+        return SYNC_ERR;
+    }
+    n = rbd_read(c->dst, e->off, e->len, back);
+    if (n < 0 || (uint64_t)n != e->len) {
+        seterr(msg, msglen, "dr read-back off=%" PRIu64 " len=%" PRIu64
+               ": %s", e->off, e->len,
+               n < 0 ? strerror((int)-n) : "short read");
+        return SYNC_ERR;
+    }
+    if (e->kind == SYNC_ZERO) {
+        if (!sync_buf_is_zero(back, e->len)) {
+            seterr(msg, msglen, "dr extent off=%" PRIu64 " len=%" PRIu64
+                   " not zero after write-zeroes", e->off, e->len);
+            return SYNC_EVERIFY;
+        }
+        return SYNC_OK;
+    }
+    if (sync_digest_buf(back, e->len, got) < 0) {
+        seterr(msg, msglen, "digest failed");
+        return SYNC_ERR;
+    }
+    if (memcmp(want, got, SYNC_DIGEST_LEN) != 0) {
+        char hw[SYNC_DIGEST_HEX], hg[SYNC_DIGEST_HEX];
+
+        sync_digest_hex(want, hw);
+        sync_digest_hex(got, hg);
+        seterr(msg, msglen, "checksum mismatch at dr off=%" PRIu64
+               " len=%" PRIu64 ": sent %s, read back %s", e->off, e->len,
+               hw, hg);
+        return SYNC_EVERIFY;
+    }
+    return SYNC_OK;
+}
+
+static void *
+copy_worker(void *arg)
+{
+    struct copy *c = arg;
+    char *buf = malloc(c->o->chunk), *back = malloc(c->o->chunk);
+    char msg[512];
+    size_t i;
+    int rc;
+
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        if (buf == NULL || back == NULL) {
+            if (c->fail_code == 0) {
+                c->fail_code = SYNC_ERR;
+                snprintf(c->fail_msg, sizeof(c->fail_msg), "out of memory");
+            }
+        }
+        if (c->fail_code != 0 || c->next >= c->n) {
+            pthread_mutex_unlock(&c->mu);
+            break;
+        }
+        i = c->next++;
+        pthread_mutex_unlock(&c->mu);
+
+        rc = copy_one(c, &c->items[i], buf, back, msg, sizeof(msg));
+
+        pthread_mutex_lock(&c->mu);
+        if (rc != SYNC_OK) {
+            if (c->fail_code == 0) {
+                c->fail_code = rc;
+                snprintf(c->fail_msg, sizeof(c->fail_msg), "%s", msg);
+            }
+        } else {
+            c->done[i] = 1;
+            c->extents++;
+            if (c->items[i].kind == SYNC_DATA)
+                c->shipped += c->items[i].len;
+            else
+                c->zeroed += c->items[i].len;
+            /* Extents finish out of order; the record may only claim the
+             * contiguous prefix. */
+            while (c->mark < c->n && c->done[c->mark]) {
+                c->done_offset = c->items[c->mark].off +
+                                 c->items[c->mark].len;
+                c->mark++;
+            }
+        }
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->active--;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    free(buf);
+    free(back);
+    return NULL;
+}
+
+static json_t *
+progress_event(uint64_t bytes, uint64_t extents, uint64_t offset,
+               uint64_t total, uint64_t zeroed)
+{
+    return json_pack("{s:s,s:I,s:I,s:I,s:I,s:I}", "event", "progress",
+                     "bytes", (json_int_t)bytes, "extents",
+                     (json_int_t)extents, "offset", (json_int_t)offset,
+                     "total", (json_int_t)total, "zeroed",
+                     (json_int_t)zeroed);
+}
+
+/*
+ * Run the workers over items[0..n) and save progress as the done prefix
+ * grows.  prog holds the record to save (bytes/extents carried over from
+ * earlier runs are in prev_*).
+ */
+static int
+copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
+         const struct sync_extent *items, size_t n, uint64_t total,
+         const char *prog_path, struct sync_progress *prog,
+         struct sync_result *r, char *err, size_t errlen)
+{
+    struct copy c;
+    pthread_t *th = NULL;
+    int nth = 0, i, ret = SYNC_ERR, saved_warned = 0;
+    uint64_t last_saved, prev_bytes = prog->bytes, prev_ext = prog->extents;
+    uint64_t base_done = prog->done_offset;
+    char perr[256];
+
+    memset(&c, 0, sizeof(c));
+    c.o = o;
+    c.src = src;
+    c.dst = dst;
+    c.items = items;
+    c.n = n;
+    c.done_offset = base_done;
+    last_saved = base_done;
+    sync_rate_init(&c.rate, (uint64_t)(o->rate_mbps * 1e6), 0);
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
+    c.done = calloc(n ? n : 1, 1);
+    th = calloc((size_t)o->workers, sizeof(*th));
+    if (c.done == NULL || th == NULL) {
+        seterr(err, errlen, "out of memory");
+        goto cleanup;
+    }
+    pthread_mutex_lock(&c.mu);
+    for (i = 0; i < o->workers; i++) {
+        if (pthread_create(&th[i], NULL, copy_worker, &c) != 0)
+            break;
+        nth++;
+        c.active++;
+    }
+    if (nth == 0) {
+        c.fail_code = SYNC_ERR;
+        snprintf(c.fail_msg, sizeof(c.fail_msg), "cannot start workers");
+    }
+    while (c.active > 0) {
+        struct timespec ts;
+        uint64_t off, bytes, ext, zeroed;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(o->progress_ms % 1000) * 1000000L;
+        ts.tv_sec += o->progress_ms / 1000 + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&c.cv, &c.mu, &ts);
+        off = c.done_offset;
+        bytes = c.shipped;
+        ext = c.extents;
+        zeroed = c.zeroed;
+        pthread_mutex_unlock(&c.mu);
+
+        if (off != last_saved) {
+            prog->done_offset = off;
+            prog->bytes = prev_bytes + bytes;
+            prog->extents = prev_ext + ext;
+            if (sync_progress_save(prog_path, prog, perr, sizeof(perr)) < 0) {
+                /* Losing the record costs a resend after a crash, never
+                 * data: warn once and keep copying. */
+                if (!saved_warned)
+                    logkv(o, "warn", "msg=\"progress record not saved\" "
+                          "error=\"%s\"", perr);
+                saved_warned = 1;
+            } else {
+                last_saved = off;
+            }
+        }
+        emit(o, progress_event(bytes, ext, off, total, zeroed));
+        pthread_mutex_lock(&c.mu);
+    }
+    pthread_mutex_unlock(&c.mu);
+    for (i = 0; i < nth; i++)
+        pthread_join(th[i], NULL);
+    /* Workers may all have finished while the last event was printed:
+     * the final state is always reported. */
+    emit(o, progress_event(c.shipped, c.extents, c.done_offset, total,
+                           c.zeroed));
+    r->bytes_shipped = c.shipped;
+    r->bytes_zeroed = c.zeroed;
+    r->extents = c.extents;
+    r->bytes_shipped_total = prev_bytes + c.shipped;
+    if (c.fail_code != 0) {
+        seterr(err, errlen, "%s", c.fail_msg);
+        ret = c.fail_code;
+        goto cleanup;
+    }
+    ret = SYNC_OK;
+cleanup:
+    pthread_mutex_destroy(&c.mu);
+    pthread_cond_destroy(&c.cv);
+    free(c.done);
+    free(th);
+    return ret;
+}
+
+/* ---- the run --------------------------------------------------------- */
+
+static int
+snap_exists(rbd_image_t img, const char *name, int *out, const char *which,
+            char *err, size_t errlen)
+{
+    bool ex = false;
+    int rc = rbd_snap_exists(img, name, &ex);
+
+    if (rc < 0) {
+        seterr(err, errlen, "%s: snap lookup %s: %s", which, name,
+               strerror(-rc));
+        return -1;
+    }
+    *out = ex ? 1 : 0;
+    return 0;
+}
+
+static json_t *
+done_event(const struct sync_opts *o, const struct sync_result *r)
+{
+    json_t *j = json_pack("{s:s,s:s,s:s?,s:s,s:b,s:b,s:I,s:I,s:I,s:I,s:I,"
+                          "s:I,s:I,s:I,s:I,s:f}",
+                          "event", "done", "image", o->image, "base",
+                          r->full ? NULL : o->base, "target", o->target,
+                          "full", r->full, "already", r->already,
+                          "size", (json_int_t)r->size,
+                          "total", (json_int_t)r->total,
+                          "bytes_changed", (json_int_t)r->bytes_changed,
+                          "bytes_shipped", (json_int_t)r->bytes_shipped,
+                          "bytes_zeroed", (json_int_t)r->bytes_zeroed,
+                          "bytes_repaired", (json_int_t)r->bytes_repaired,
+                          "bytes_shipped_total",
+                          (json_int_t)r->bytes_shipped_total,
+                          "extents", (json_int_t)r->extents,
+                          "resumed_from", (json_int_t)r->resumed_from,
+                          "seconds", r->seconds);
+
+    if (j != NULL && r->src_hash[0] != '\0') {
+        json_object_set_new(j, "verified_full", json_boolean(r->verified_full));
+        json_object_set_new(j, "primary_sha256", json_string(r->src_hash));
+        json_object_set_new(j, "dr_sha256", json_string(r->dst_hash));
+    }
+    return j;
+}
+
+int
+sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
+         size_t errlen)
+{
+    struct conn sc = {0}, dc = {0};
+    rbd_image_t src = NULL, dst = NULL, dsnap = NULL;
+    struct sync_extents diff = {0}, drift = {0}, work = {0}, items = {0};
+    struct sync_progress want, have;
+    char prog_path[4096], perr[512];
+    const char *base = (o->base != NULL && o->base[0] != '\0') ? o->base
+                                                              : NULL;
+    uint64_t t0 = now_ns(), size = 0, dsize = 0;
+    rbd_image_info_t info;
+    size_t first = 0;
+    int ret = SYNC_ERR, rc, ex, full;
+
+    memset(r, 0, sizeof(*r));
+    if (o->image == NULL || o->target == NULL || o->chunk == 0 ||
+        o->workers < 1 || o->rate_mbps < 0) {
+        seterr(err, errlen, "invalid options");
+        return SYNC_ERR;
+    }
+    if (conn_open(&o->src, "primary", &sc, err, errlen) < 0 ||
+        conn_open(&o->dst, "dr", &dc, err, errlen) < 0)
+        goto cleanup;
+
+    /* OPEN: the primary image at the target snapshot. */
+    rc = rbd_open_read_only(sc.io, o->image, &src, NULL);
+    if (rc < 0) {
+        src = NULL;
+        seterr(err, errlen, "primary: image %s/%s: %s", o->src.pool,
+               o->image, strerror(-rc));
+        ret = rc == -ENOENT ? SYNC_ENOSRC : SYNC_ERR;
+        goto cleanup;
+    }
+    if (snap_exists(src, o->target, &ex, "primary", err, errlen) < 0)
+        goto cleanup;
+    if (!ex) {
+        seterr(err, errlen, "primary: snapshot %s@%s does not exist",
+               o->image, o->target);
+        ret = SYNC_ENOSRC;
+        goto cleanup;
+    }
+    if (base != NULL) {
+        if (snap_exists(src, base, &ex, "primary", err, errlen) < 0)
+            goto cleanup;
+        if (!ex) {
+            seterr(err, errlen, "primary: base snapshot %s@%s does not "
+                   "exist", o->image, base);
+            ret = SYNC_ENOSRC;
+            goto cleanup;
+        }
+    }
+    if ((rc = rbd_snap_set(src, o->target)) < 0 ||
+        (rc = rbd_stat(src, &info, sizeof(info))) < 0) {
+        seterr(err, errlen, "primary: open snapshot %s@%s: %s", o->image,
+               o->target, strerror(-rc));
+        goto cleanup;
+    }
+    size = info.size;
+    r->size = size;
+
+    if (o->verify_only) {
+        rc = rbd_open_read_only(dc.io, o->image, &dsnap, o->target);
+        if (rc < 0) {
+            dsnap = NULL;
+            seterr(err, errlen, "dr: snapshot %s@%s: %s", o->image,
+                   o->target, strerror(-rc));
+            goto cleanup;
+        }
+        ret = hash_both(o, src, dsnap, size, r, err, errlen);
+        r->already = 1;
+        goto finish;
+    }
+
+    /* OPEN: the DR image; it is created only for a full copy. */
+    full = base == NULL || o->full_resync;
+    rc = rbd_open(dc.io, o->image, &dst, NULL);
+    if (rc == -ENOENT && !full) {
+        dst = NULL;
+        seterr(err, errlen, "dr: base snapshot %s@%s is missing at DR "
+               "(the image does not exist in pool %s); refusing an "
+               "incremental copy; rerun with --full-resync to copy the "
+               "whole image", o->image, base, o->dst.pool);
+        ret = SYNC_ENOBASE;
+        goto cleanup;
+    }
+    if (rc == -ENOENT) {
+        int order = (int)info.order;
+
+        rc = rbd_create(dc.io, o->image, size, &order);
+        if (rc < 0) {
+            seterr(err, errlen, "dr: create image %s/%s: %s", o->dst.pool,
+                   o->image, strerror(-rc));
+            goto cleanup;
+        }
+        logkv(o, "info", "msg=\"created dr image\" image=%s size=%" PRIu64
+              " order=%d", o->image, size, order);
+        rc = rbd_open(dc.io, o->image, &dst, NULL);
+    }
+    if (rc < 0) {
+        dst = NULL;
+        seterr(err, errlen, "dr: open image %s/%s: %s", o->dst.pool,
+               o->image, strerror(-rc));
+        goto cleanup;
+    }
+    if (snap_exists(dst, o->target, &ex, "dr", err, errlen) < 0)
+        goto cleanup;
+    if (ex) {
+        /* Idempotence: the snapshot is created only after every extent
+         * was verified, so its presence means a completed copy. */
+        r->already = 1;
+        r->full = full;
+        logkv(o, "info", "msg=\"target already at dr\" image=%s target=%s",
+              o->image, o->target);
+        if (sync_progress_path(prog_path, sizeof(prog_path), o->state_dir,
+                               o->dst.pool, o->image) == 0)
+            sync_progress_remove(prog_path, perr, sizeof(perr));
+        if (o->verify_full) {
+            rc = rbd_open_read_only(dc.io, o->image, &dsnap, o->target);
+            if (rc < 0) {
+                dsnap = NULL;
+                seterr(err, errlen, "dr: open %s@%s: %s", o->image,
+                       o->target, strerror(-rc));
+                goto cleanup;
+            }
+            ret = hash_both(o, src, dsnap, size, r, err, errlen);
+            goto finish;
+        }
+        ret = SYNC_OK;
+        goto finish;
+    }
+
+    /* PLAN */
+    if (base != NULL) {
+        if (snap_exists(dst, base, &ex, "dr", err, errlen) < 0)
+            goto cleanup;
+        if (!ex && !o->full_resync) {
+            seterr(err, errlen, "dr: base snapshot %s@%s is missing at DR "
+                   "(pool %s); refusing an incremental copy; rerun with "
+                   "--full-resync to copy the whole image", o->image, base,
+                   o->dst.pool);
+            ret = SYNC_ENOBASE;
+            goto cleanup;
+        }
+        full = !ex;
+    }
+    r->full = full;
+    if ((rc = rbd_get_size(dst, &dsize)) < 0) {
+        seterr(err, errlen, "dr: size of %s: %s", o->image, strerror(-rc));
+        goto cleanup;
+    }
+    if (dsize != size) {
+        rc = rbd_resize(dst, size);
+        if (rc < 0) {
+            seterr(err, errlen, "dr: resize %s to %" PRIu64 ": %s", o->image,
+                   size, strerror(-rc));
+            goto cleanup;
+        }
+        logkv(o, "info", "msg=\"resized dr image\" image=%s from=%" PRIu64
+              " to=%" PRIu64, o->image, dsize, size);
+    }
+    if (collect_diff(src, full ? NULL : base, size, 0, &diff, "primary", err,
+                     errlen) < 0)
+        goto cleanup;
+    r->bytes_changed = sync_extents_bytes(&diff, 0);
+    /*
+     * Whatever changed at DR since the base (an interrupted run of some
+     * other copy, a stray writer) must be put back too: for an
+     * incremental copy the primary's target holds the right bytes there;
+     * for a full copy anything the primary does not have must read as
+     * zeroes.
+     */
+    if (collect_diff(dst, full ? NULL : base, size, SYNC_ZERO, &drift, "dr",
+                     err, errlen) < 0)
+        goto cleanup;
+    if (sync_extents_uncovered(&diff, &drift, full ? SYNC_ZERO : SYNC_DATA,
+                               &work) < 0) {
+        seterr(err, errlen, "out of memory");
+        goto cleanup;
+    }
+    r->bytes_repaired = sync_extents_bytes(&work, 0);
+    for (size_t i = 0; i < diff.n; i++) {
+        if (sync_extents_add(&work, diff.v[i].off, diff.v[i].len,
+                             diff.v[i].kind) < 0) {
+            seterr(err, errlen, "out of memory");
+            goto cleanup;
+        }
+    }
+    if (sync_extents_normalize(&work) < 0 ||
+        sync_extents_split(&work, o->chunk, &items) < 0) {
+        seterr(err, errlen, "cannot build the work list");
+        goto cleanup;
+    }
+    r->total = sync_extents_bytes(&items, 0);
+
+    /* Resume from a record of this very copy, if one survived. */
+    if (sync_progress_path(prog_path, sizeof(prog_path), o->state_dir,
+                           o->dst.pool, o->image) < 0) {
+        seterr(err, errlen, "progress path too long or invalid pool name");
+        goto cleanup;
+    }
+    if (sync_progress_set(&want, o->dst.pool, o->image, full ? "" : base,
+                          o->target, size, err, errlen) < 0)
+        goto cleanup;
+    rc = sync_progress_load(prog_path, &have, perr, sizeof(perr));
+    if (rc == 0 && sync_progress_matches(&have, &want)) {
+        want.done_offset = have.done_offset;
+        want.bytes = have.bytes;
+        want.extents = have.extents;
+        r->resumed_from = have.done_offset;
+        while (first < items.n &&
+               items.v[first].off + items.v[first].len <= have.done_offset)
+            first++;
+        logkv(o, "info", "msg=\"resuming\" image=%s target=%s offset=%"
+              PRIu64 " skipped_extents=%zu", o->image, o->target,
+              have.done_offset, first);
+    } else if (rc == -1) {
+        logkv(o, "warn", "msg=\"ignoring unreadable progress record\" "
+              "path=%s error=\"%s\"", prog_path, perr);
+    }
+    emit(o, json_pack("{s:s,s:s,s:s?,s:s,s:s,s:I,s:I,s:I,s:I,s:I}",
+                      "event", "start", "image", o->image, "base",
+                      full ? NULL : base, "target", o->target, "mode",
+                      full ? "full" : "incremental", "size",
+                      (json_int_t)size, "total", (json_int_t)r->total,
+                      "bytes_changed", (json_int_t)r->bytes_changed,
+                      "extents", (json_int_t)items.n, "resume_offset",
+                      (json_int_t)r->resumed_from));
+
+    /* COPY */
+    ret = copy_all(o, src, dst, items.v + first, items.n - first, r->total,
+                   prog_path, &want, r, err, errlen);
+    if (ret != SYNC_OK)
+        goto cleanup;
+    ret = SYNC_ERR;
+
+    /* SNAP: only now may the DR snapshot exist. */
+    if ((rc = rbd_flush(dst)) < 0) {
+        seterr(err, errlen, "dr: flush %s: %s", o->image, strerror(-rc));
+        goto cleanup;
+    }
+    if ((rc = rbd_snap_create(dst, o->target)) < 0) {
+        seterr(err, errlen, "dr: create snapshot %s@%s: %s", o->image,
+               o->target, strerror(-rc));
+        goto cleanup;
+    }
+
+    /* VERIFY */
+    if (o->verify_full) {
+        rc = rbd_open_read_only(dc.io, o->image, &dsnap, o->target);
+        if (rc < 0) {
+            dsnap = NULL;
+            seterr(err, errlen, "dr: open %s@%s: %s", o->image, o->target,
+                   strerror(-rc));
+            rbd_snap_remove(dst, o->target);
+            goto cleanup;
+        }
+        ret = hash_both(o, src, dsnap, size, r, err, errlen);
+        if (ret != SYNC_OK) {
+            /* Never leave a snapshot at DR that failed verification. */
+            rbd_close(dsnap);
+            dsnap = NULL;
+            rc = rbd_snap_remove(dst, o->target);
+            if (rc < 0)
+                logkv(o, "error", "msg=\"cannot remove unverified dr "
+                      "snapshot\" image=%s target=%s error=\"%s\"", o->image,
+                      o->target, strerror(-rc));
+            goto cleanup;
+        }
+    }
+    if (sync_progress_remove(prog_path, perr, sizeof(perr)) < 0)
+        logkv(o, "warn", "msg=\"progress record not removed\" error=\"%s\"",
+              perr);
+    ret = SYNC_OK;
+finish:
+    r->seconds = (double)(now_ns() - t0) / 1e9;
+    if (ret == SYNC_OK)
+        emit(o, done_event(o, r));
+cleanup:
+    if (dsnap != NULL)
+        rbd_close(dsnap);
+    if (dst != NULL)
+        rbd_close(dst);
+    if (src != NULL)
+        rbd_close(src);
+    conn_close(&dc);
+    conn_close(&sc);
+    sync_extents_clear(&diff);
+    sync_extents_clear(&drift);
+    sync_extents_clear(&work);
+    sync_extents_clear(&items);
+    r->seconds = (double)(now_ns() - t0) / 1e9;
+    return ret;
+}

@@ -1,0 +1,108 @@
+/*
+ * sync_engine: copy one RBD snapshot from the primary cluster to the
+ * same-named image and snapshot on the DR cluster, in one process that
+ * holds a connection to each cluster.
+ *
+ * Phases of one run (each either succeeds or ends the run with an error;
+ * nothing at DR is ever marked complete before VERIFY passes):
+ *
+ *   CONNECT ── both clusters, DR with rbd_cache off so read-back hits OSDs
+ *      │
+ *   OPEN ───── primary image @ target snap (missing → SYNC_ENOSRC)
+ *      │       DR image (created with the primary's size and order when a
+ *      │       full copy is asked for; missing when a base is given →
+ *      │       SYNC_ENOBASE unless full_resync)
+ *      │       DR already has target snap → DONE (already = 1)
+ *   PLAN ───── base snap at DR?  no → SYNC_ENOBASE (or full if full_resync)
+ *      │       resize DR to the target's size
+ *      │       work = diff(base→target) at primary
+ *      │            ∪ ranges that drifted at DR since base (repair)
+ *      │       split at chunk boundaries; a matching progress record
+ *      │       skips every extent below its done_offset (resume)
+ *   COPY ───── N workers: read primary → rate limit → write DR
+ *      │       (data, or write-zeroes for discarded ranges) → read back
+ *      │       from DR → compare SHA-256 (mismatch → SYNC_EVERIFY);
+ *      │       the contiguous done prefix is saved durably as it grows
+ *   SNAP ───── flush DR, create the target snapshot at DR
+ *      │
+ *   VERIFY ─── optional: SHA-256 of both whole snapshots; a mismatch
+ *      │       removes the DR snapshot again → SYNC_EVERIFY
+ *   DONE ───── progress record removed
+ */
+#ifndef CUTPOINT_SYNC_ENGINE_H
+#define CUTPOINT_SYNC_ENGINE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "sync_digest.h"
+
+/* Named failures a caller must tell apart (see docs/replication.md). */
+enum {
+    SYNC_OK = 0,
+    SYNC_ERR = -1,       /* Ceph, I/O or local failure */
+    SYNC_ENOBASE = -2,   /* base snapshot (or image) missing at DR */
+    SYNC_EVERIFY = -3,   /* a checksum or the full-image hash differed */
+    SYNC_ENOSRC = -4,    /* image or snapshot missing at the primary */
+};
+
+struct sync_site {
+    const char *conf;      /* ceph.conf path */
+    const char *id;        /* client id without "client." (e.g. admin) */
+    const char *keyring;   /* NULL: whatever ceph.conf says */
+    const char *pool;
+};
+
+/* Called with one JSON object (no newline) per event; may be NULL. */
+typedef void (*sync_event_fn)(const char *json, void *arg);
+/* Called with a key=value log line body (no newline); may be NULL. */
+typedef void (*sync_log_fn)(const char *level, const char *line, void *arg);
+
+struct sync_opts {
+    struct sync_site src;
+    struct sync_site dst;
+    const char *image;         /* same name at both sites */
+    const char *base;          /* NULL or "": full copy */
+    const char *target;
+    int full_resync;           /* copy everything even if base is missing */
+    int verify_full;           /* hash both whole snapshots at the end */
+    int verify_only;           /* only compare the two existing snapshots */
+    double rate_mbps;          /* MB/s (10^6 bytes); 0 = unlimited */
+    const char *state_dir;     /* where progress records live */
+    uint64_t chunk;            /* work-list piece size, bytes */
+    int workers;               /* concurrent extents in flight */
+    int progress_ms;           /* interval of progress events */
+    sync_event_fn on_event;
+    sync_log_fn on_log;
+    void *arg;
+};
+
+struct sync_result {
+    uint64_t size;             /* target snapshot size */
+    uint64_t total;            /* bytes in the work list */
+    uint64_t bytes_changed;    /* sum of diff(base→target) extents */
+    uint64_t bytes_shipped;    /* data bytes copied by this run */
+    uint64_t bytes_zeroed;     /* bytes zeroed at DR by this run */
+    uint64_t bytes_repaired;   /* DR drift re-copied (part of the above) */
+    uint64_t bytes_shipped_total; /* incl. earlier interrupted runs */
+    uint64_t extents;          /* work-list extents done by this run */
+    uint64_t resumed_from;     /* done_offset of the record used, or 0 */
+    int full;                  /* 1 = full copy, 0 = incremental */
+    int already;               /* DR already had the target snapshot */
+    int verified_full;         /* full hashes compared and equal */
+    double seconds;
+    char src_hash[SYNC_DIGEST_HEX];   /* "" unless hashed */
+    char dst_hash[SYNC_DIGEST_HEX];
+};
+
+/* Fill o with defaults (chunk 4 MiB, 4 workers, 500 ms, state dir). */
+void sync_opts_init(struct sync_opts *o);
+
+/*
+ * Run one copy.  Returns SYNC_OK or one of the negative codes above, with
+ * a message in err.  r is filled as far as the run got.
+ */
+int sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
+             size_t errlen);
+
+#endif
