@@ -1,0 +1,286 @@
+"""The async client of the agent protocol (docs/agent-protocol.md).
+
+One `AgentClient` keeps one TLS connection to one agent open and reuses it
+(§1.3: the pause window must not contain a handshake).  Requests are
+pipelined; a reader task matches replies to requests by `id`, since replies
+may come back in any order.  A lost connection is re-opened on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import ssl
+import time
+from typing import Any, Self
+
+from cutpoint.agentclient import errors
+from cutpoint.agentclient.errors import (
+    AgentClosed,
+    AgentConnectError,
+    AgentError,
+    AgentProtocolError,
+    AgentReplyError,
+    AgentTimeout,
+    FrameError,
+)
+from cutpoint.agentclient.framing import check_reply, encode_frame, read_frame
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 7443
+
+
+class AgentClient:
+    def __init__(self, address: str, port: int = DEFAULT_PORT, *,
+                 ssl_context: ssl.SSLContext, server_name: str | None = None,
+                 connect_timeout: float = 5.0, call_timeout: float = 30.0,
+                 name: str | None = None) -> None:
+        self.address = address
+        self.port = port
+        self.name = name or f"{address}:{port}"
+        self._ssl = ssl_context
+        self._server_name = server_name or address
+        self.connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._pending: dict[int | str, tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = {}
+        self._ids = itertools.count(1)
+        self._connect_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+        self.connects = 0  # how many TLS connections were opened (reuse check)
+
+    # -- connection -----------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def connect(self) -> None:
+        async with self._connect_lock:
+            if self.connected:
+                return
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(
+                        self.address, self.port, ssl=self._ssl,
+                        server_hostname=self._server_name,
+                        ssl_handshake_timeout=self.connect_timeout),
+                    self.connect_timeout)
+            except (TimeoutError, OSError, ssl.SSLError) as exc:
+                what = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+                raise AgentConnectError(
+                    errors.CONNECT,
+                    f"cannot connect to {self.address}:{self.port}: {what}",
+                    agent=self.name) from exc
+            self._reader, self._writer = reader, writer
+            self.connects += 1
+            self._reader_task = asyncio.create_task(
+                self._read_loop(reader), name=f"agent-reader-{self.name}")
+
+    async def close(self) -> None:
+        writer, task = self._writer, self._reader_task
+        self._writer = self._reader = None
+        self._reader_task = None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(TimeoutError, OSError, ssl.SSLError):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+        self._fail_all(AgentClosed(errors.CLOSED, "client closed", agent=self.name))
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _fail_all(self, exc: AgentError) -> None:
+        pending, self._pending = self._pending, {}
+        for sent, fut in pending.values():
+            if not fut.done():
+                exc_i = type(exc)(exc.code, exc.message, sent, exc.received,
+                                  agent=self.name)
+                fut.set_exception(exc_i)
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                try:
+                    reply = await read_frame(reader)
+                    if reply is None:
+                        raise AgentClosed(errors.CLOSED,
+                                          "agent closed the connection",
+                                          agent=self.name)
+                    check_reply(reply)
+                except FrameError as exc:
+                    raise AgentProtocolError(errors.PROTOCOL, str(exc),
+                                             received=exc.data,
+                                             agent=self.name) from exc
+                rid = reply["id"]
+                if rid is None:
+                    # §2.2/§3.2: a reply with id null answers a request the
+                    # agent could not parse; it closes after BAD_FRAME.
+                    err = reply.get("error", {})
+                    raise AgentReplyError(err.get("code", errors.PROTOCOL),
+                                          err.get("message", ""),
+                                          received=reply, agent=self.name)
+                entry = self._pending.pop(rid, None)
+                if entry is None:
+                    # The reply to a request whose caller gave up (timeout).
+                    log.debug("agent=%s late reply id=%r dropped", self.name, rid)
+                    continue
+                if not entry[1].done():
+                    entry[1].set_result(reply)
+        except asyncio.CancelledError:
+            raise
+        except AgentError as exc:
+            self._drop(exc)
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
+            self._drop(AgentClosed(errors.CLOSED, f"connection lost: {exc}",
+                                   agent=self.name))
+
+    def _drop(self, exc: AgentError) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = self._reader = None
+        self._reader_task = None
+        self._fail_all(exc)
+
+    # -- calls ------------------------------------------------------------
+    async def call(self, cmd: str, args: dict[str, Any] | None = None, *,
+                   timeout: float | None = None) -> dict[str, Any]:
+        """Send one request and return its `result`; raise AgentError else.
+
+        `timeout` bounds connect + send + reply.  On timeout the request may
+        still be executed by the agent; callers that care (the coordinator)
+        follow up with an idempotent abort.
+        """
+        deadline = self.call_timeout if timeout is None else timeout
+        request: dict[str, Any] = {"id": next(self._ids), "cmd": cmd,
+                                   "args": args or {}}
+        t0 = time.monotonic()
+        try:
+            return await asyncio.wait_for(self._call(request), deadline)
+        except TimeoutError:
+            self._pending.pop(request["id"], None)
+            raise AgentTimeout(
+                errors.TIMEOUT,
+                f"{cmd}: no reply within {deadline * 1000:.0f} ms",
+                request, None, agent=self.name) from None
+        finally:
+            log.debug("agent=%s cmd=%s ms=%.2f", self.name, cmd,
+                      (time.monotonic() - t0) * 1000)
+
+    async def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        frame = encode_frame(request)
+        await self.connect()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending[request["id"]] = (request, fut)
+        writer = self._writer
+        if writer is None:
+            self._pending.pop(request["id"], None)
+            raise AgentClosed(errors.CLOSED, "connection lost before send",
+                              request, agent=self.name)
+        try:
+            async with self._write_lock:
+                writer.write(frame)
+                await writer.drain()
+        except (OSError, ssl.SSLError) as exc:
+            self._pending.pop(request["id"], None)
+            raise AgentClosed(errors.CLOSED, f"send failed: {exc}", request,
+                              agent=self.name) from exc
+        try:
+            reply = await fut
+        except asyncio.CancelledError:
+            self._pending.pop(request["id"], None)
+            raise
+        if reply["ok"]:
+            result: dict[str, Any] = reply["result"]
+            return result
+        err = reply["error"]
+        raise AgentReplyError(err["code"], err.get("message", ""), request,
+                              reply, agent=self.name)
+
+    # -- commands of agent-protocol §4 -----------------------------------
+    async def hello(self) -> dict[str, Any]:
+        return await self.call("hello")
+
+    async def inventory(self, *, timeout: float | None = None) -> dict[str, Any]:
+        return await self.call("inventory", timeout=timeout)
+
+    async def prepare(self, txn: str, vms: list[str], lease_ms: int, *,
+                      timeout: float | None = None) -> dict[str, Any]:
+        return await self.call("prepare", {"txn": txn, "vms": list(vms),
+                                           "lease_ms": int(lease_ms)},
+                               timeout=timeout)
+
+    async def commit(self, txn: str, snapshots: dict[str, str], budget_ms: int, *,
+                     timeout: float | None = None) -> dict[str, Any]:
+        return await self.call("commit", {"txn": txn, "snapshots": dict(snapshots),
+                                          "budget_ms": int(budget_ms)},
+                               timeout=timeout)
+
+    async def abort(self, txn: str, snapshots: dict[str, str] | None = None, *,
+                    timeout: float | None = None) -> dict[str, Any]:
+        args: dict[str, Any] = {"txn": txn}
+        if snapshots:
+            args["snapshots"] = dict(snapshots)
+        return await self.call("abort", args, timeout=timeout)
+
+    async def resume(self, vms: list[str]) -> dict[str, Any]:
+        return await self.call("resume", {"vms": list(vms)})
+
+    async def snapshot_list(self, disk: str) -> list[str]:
+        res = await self.call("snapshot.list", {"disk": disk})
+        return [s["name"] for s in res.get("snapshots", [])]
+
+    async def snapshot_delete(self, disk: str, name: str) -> bool:
+        res = await self.call("snapshot.delete", {"disk": disk, "name": name})
+        return bool(res.get("deleted"))
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.call("stats")
+
+
+class AgentPool:
+    """Open connections to agents, keyed by (address, port), reused across
+    group snapshots (DESIGN.md: keep connections to agents open)."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, *,
+                 connect_timeout: float = 5.0, call_timeout: float = 30.0) -> None:
+        self.ssl_context = ssl_context
+        self.connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
+        self._clients: dict[tuple[str, int], AgentClient] = {}
+
+    def get(self, address: str, port: int = DEFAULT_PORT, *,
+            name: str | None = None, server_name: str | None = None) -> AgentClient:
+        key = (address, port)
+        client = self._clients.get(key)
+        if client is None:
+            client = AgentClient(address, port, ssl_context=self.ssl_context,
+                                 server_name=server_name,
+                                 connect_timeout=self.connect_timeout,
+                                 call_timeout=self.call_timeout, name=name)
+            self._clients[key] = client
+        return client
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            await c.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

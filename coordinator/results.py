@@ -1,0 +1,98 @@
+"""Results of a group snapshot: state, member snapshots, timings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cutpoint.coordinator.txlog import COMMITTED, TxnRecord
+
+VM_TIMING_FIELDS = ("stop_ms", "barrier_ms", "snapshot_ms", "cont_ms", "paused_ms")
+
+
+@dataclass
+class VMTiming:
+    """One VM's pause window, as measured by its agent (agent-protocol §3.6)."""
+
+    vm: str
+    agent: str
+    stop_ms: float | None = None
+    barrier_ms: float | None = None
+    snapshot_ms: float | None = None
+    cont_ms: float | None = None
+    paused_ms: float | None = None
+    method: str | None = None
+    disks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def overhead_ms(self) -> float | None:
+        """Coordination overhead: the pause minus the backend snapshot time."""
+        if self.paused_ms is None or self.snapshot_ms is None:
+            return None
+        return self.paused_ms - self.snapshot_ms
+
+    def update(self, d: dict[str, Any]) -> None:
+        for k in VM_TIMING_FIELDS:
+            v = d.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                setattr(self, k, float(v))
+        if isinstance(d.get("method"), str):
+            self.method = d["method"]
+        if isinstance(d.get("disks"), list):
+            self.disks = [x for x in d["disks"] if isinstance(x, dict)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["overhead_ms"] = self.overhead_ms
+        return d
+
+
+@dataclass
+class GroupSnapshotResult:
+    txn: str
+    group: str
+    state: str
+    reason: str | None = None
+    snapshots: dict[str, str] = field(default_factory=dict)  # disk id -> name
+    vms: list[VMTiming] = field(default_factory=list)
+    timings: dict[str, float | None] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    from_log: bool = False  # True when returned from the log (idempotent repeat)
+
+    @property
+    def committed(self) -> bool:
+        return self.state == COMMITTED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"txn": self.txn, "group": self.group, "state": self.state,
+                "reason": self.reason, "snapshots": dict(self.snapshots),
+                "vms": [v.to_dict() for v in self.vms],
+                "timings": dict(self.timings), "errors": list(self.errors),
+                "from_log": self.from_log}
+
+    @classmethod
+    def from_record(cls, rec: TxnRecord) -> GroupSnapshotResult:
+        vms = []
+        for v in rec.vms:
+            t = VMTiming(vm=v["vm"], agent=v["agent"])
+            t.update(v)
+            vms.append(t)
+        snaps = {s["disk"]: s["name"] for s in rec.snapshots
+                 if rec.state != COMMITTED or s["state"] == "created"}
+        return cls(txn=rec.txn, group=rec.group, state=rec.state, reason=rec.reason,
+                   snapshots=snaps if rec.state == COMMITTED else {},
+                   vms=vms, timings=dict(rec.timings or {}), errors=list(rec.errors),
+                   from_log=True)
+
+
+def group_timings(vms: list[VMTiming]) -> dict[str, float | None]:
+    """Per-group maxima of the per-VM figures."""
+    def mx(vals: list[float | None]) -> float | None:
+        xs = [x for x in vals if x is not None]
+        return max(xs) if xs else None
+    return {
+        "pause_max_ms": mx([v.paused_ms for v in vms]),
+        "snapshot_max_ms": mx([v.snapshot_ms for v in vms]),
+        "overhead_max_ms": mx([v.overhead_ms for v in vms]),
+        "barrier_max_ms": mx([v.barrier_ms for v in vms]),
+    }

@@ -1,0 +1,205 @@
+"""The group spec: what a group snapshot needs to know, independent of where
+the group is defined (a YAML group file, or the API's database).
+
+One code path serves both: the group file loader and the control plane each
+build a `GroupSpec` and hand it to `take_group_snapshot`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# agent-protocol §4.3/§4.4: txn and snapshot names are 1-128 bytes of this.
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# Lease and budget bounds accepted by the agent (agent-protocol §4.3, §4.4).
+MAX_MS = 600000
+
+
+class SpecError(ValueError):
+    """A group spec is invalid; the message names the field."""
+
+
+@dataclass(frozen=True)
+class TlsSpec:
+    ca: str
+    cert: str
+    key: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"ca": self.ca, "cert": self.cert, "key": self.key}
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    name: str
+    disks: tuple[str, ...]  # node names: disk0, disk1, ... (disk id = vm/node)
+
+    def disk_ids(self) -> list[str]:
+        return [f"{self.name}/{d}" for d in self.disks]
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    address: str
+    port: int = 7443
+    vms: tuple[VMSpec, ...] = ()
+    server_name: str | None = None  # TLS name to verify; default: address
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    name: str
+    agents: tuple[AgentSpec, ...]
+    lease_ms: int = 2000
+    budget_ms: int = 1000
+    # How long the coordinator waits for every PREPARED.  It must be shorter
+    # than the lease, or COMMIT could arrive after the agents gave up.
+    prepare_timeout_ms: int | None = None
+    tls: TlsSpec | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def effective_prepare_timeout_ms(self) -> int:
+        if self.prepare_timeout_ms is not None:
+            return self.prepare_timeout_ms
+        return max(1, self.lease_ms // 2)
+
+    def vms(self) -> list[tuple[AgentSpec, VMSpec]]:
+        return [(a, v) for a in self.agents for v in a.vms]
+
+    def snapshot_name(self, txn: str) -> str:
+        """DESIGN.md: member snapshots are named cp.<group>.<txn>."""
+        return f"cp.{self.name}.{txn}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "lease_ms": self.lease_ms,
+            "budget_ms": self.budget_ms,
+            "prepare_timeout_ms": self.effective_prepare_timeout_ms,
+            "tls": self.tls.to_dict() if self.tls else None,
+            "agents": [{"name": a.name, "address": a.address, "port": a.port,
+                        "server_name": a.server_name,
+                        "vms": [{"name": v.name, "disks": list(v.disks)}
+                                for v in a.vms]}
+                       for a in self.agents],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, base: Path | None = None) -> GroupSpec:
+        """Build from plain data (a parsed group file, or a stored spec).
+
+        Relative TLS paths are resolved against `base` (the group file's
+        folder).  Every error names the offending field.
+        """
+        if not isinstance(d, dict):
+            raise SpecError("group: expected a mapping")
+        known = {"name", "group", "agents", "lease_ms", "budget_ms",
+                 "prepare_timeout_ms", "tls", "certs"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SpecError(f"unknown key(s) {', '.join(unknown)}; allowed: "
+                            f"{', '.join(sorted(known))}")
+        name = d.get("name", d.get("group"))
+        tls_d = d.get("tls", d.get("certs"))
+        tls = None
+        if tls_d is not None:
+            if not isinstance(tls_d, dict) or set(tls_d) != {"ca", "cert", "key"}:
+                raise SpecError("tls: expected a mapping with exactly ca, cert, key")
+            tls = TlsSpec(**{k: _path(str(v), base) for k, v in tls_d.items()})
+        agents_d = d.get("agents")
+        if not isinstance(agents_d, list) or not agents_d:
+            raise SpecError("agents: expected a non-empty list")
+        agents = []
+        for i, a in enumerate(agents_d):
+            where = f"agents[{i}]"
+            if not isinstance(a, dict):
+                raise SpecError(f"{where}: expected a mapping")
+            extra_keys = sorted(set(a) - {"name", "address", "port", "vms", "server_name"})
+            if extra_keys:
+                raise SpecError(f"{where}: unknown key(s) {', '.join(extra_keys)}")
+            vms = []
+            vms_d = a.get("vms")
+            if not isinstance(vms_d, list) or not vms_d:
+                raise SpecError(f"{where}.vms: expected a non-empty list")
+            for j, v in enumerate(vms_d):
+                w2 = f"{where}.vms[{j}]"
+                if not isinstance(v, dict) or set(v) - {"name", "disks"}:
+                    raise SpecError(f"{w2}: expected a mapping with name and disks")
+                disks = v.get("disks")
+                if not isinstance(disks, list):
+                    raise SpecError(f"{w2}.disks: expected a list of node names")
+                vms.append(VMSpec(name=_str(v.get("name"), f"{w2}.name"),
+                                  disks=tuple(_str(x, f"{w2}.disks") for x in disks)))
+            agents.append(AgentSpec(
+                name=_str(a.get("name", a.get("address")), f"{where}.name"),
+                address=_str(a.get("address"), f"{where}.address"),
+                port=_int(a.get("port", 7443), f"{where}.port", 1, 65535),
+                vms=tuple(vms),
+                server_name=a.get("server_name")))
+        return cls(
+            name=_str(name, "name"),
+            agents=tuple(agents),
+            lease_ms=_int(d.get("lease_ms", 2000), "lease_ms", 1, MAX_MS),
+            budget_ms=_int(d.get("budget_ms", 1000), "budget_ms", 1, MAX_MS),
+            prepare_timeout_ms=(None if d.get("prepare_timeout_ms") is None else
+                                _int(d["prepare_timeout_ms"], "prepare_timeout_ms", 1, MAX_MS)),
+            tls=tls)
+
+
+def validate(spec: GroupSpec) -> None:
+    if not isinstance(spec.name, str) or not NAME_RE.match(spec.name):
+        raise SpecError(f"name: {spec.name!r} must be 1-128 characters of [A-Za-z0-9._-]")
+    # The snapshot name cp.<group>.<txn> must itself fit in 128 bytes.
+    if len(spec.name) > 80:
+        raise SpecError(f"name: {spec.name!r} is longer than 80 characters")
+    for label, v in (("lease_ms", spec.lease_ms), ("budget_ms", spec.budget_ms)):
+        if not isinstance(v, int) or not 1 <= v <= MAX_MS:
+            raise SpecError(f"{label}: {v!r} must be an integer in 1..{MAX_MS}")
+    pt = spec.effective_prepare_timeout_ms
+    if not 1 <= pt < spec.lease_ms:
+        raise SpecError(f"prepare_timeout_ms: {pt} must be below lease_ms "
+                        f"({spec.lease_ms}), or COMMIT could arrive after the lease")
+    if not spec.agents:
+        raise SpecError("agents: a group needs at least one agent")
+    seen_vm: set[str] = set()
+    seen_agent: set[tuple[str, int]] = set()
+    for a in spec.agents:
+        if (a.address, a.port) in seen_agent:
+            raise SpecError(f"agents: {a.address}:{a.port} is listed twice")
+        seen_agent.add((a.address, a.port))
+        if not a.vms:
+            raise SpecError(f"agents[{a.name}].vms: an agent needs at least one VM")
+        for v in a.vms:
+            if v.name in seen_vm:
+                raise SpecError(f"vms: {v.name!r} is listed twice")
+            seen_vm.add(v.name)
+            if not v.disks:
+                raise SpecError(f"vms[{v.name}].disks: a VM needs at least one disk")
+            if len(set(v.disks)) != len(v.disks):
+                raise SpecError(f"vms[{v.name}].disks: duplicate node name")
+
+
+def _str(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise SpecError(f"{where}: expected a non-empty string, got {v!r}")
+    return v
+
+
+def _int(v: Any, where: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise SpecError(f"{where}: expected an integer in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def _path(p: str, base: Path | None) -> str:
+    path = Path(p).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return str(path)

@@ -1,0 +1,64 @@
+"""Fixtures for coordinator tests against in-process agent-protocol peers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from cutpoint.agentclient.testing import AgentPeer, make_pki
+from cutpoint.coordinator import AgentSpec, GroupSpec, TlsSpec, TxLog, VMSpec
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    return make_pki(tmp_path_factory.mktemp("pki"),
+                    {"agent": ["127.0.0.1"], "coordinator": [], "stranger": []})
+
+
+@pytest.fixture
+def txlog(tmp_path: Path) -> TxLog:
+    log = TxLog(f"sqlite:///{tmp_path}/coordinator.db")
+    yield log
+    log.dispose()
+
+
+PeerFactory = Callable[[str, dict[str, list[str]]], Awaitable[AgentPeer]]
+
+
+@pytest.fixture
+async def peers(pki: dict[str, dict[str, str]]) -> AsyncIterator[PeerFactory]:
+    started: list[AgentPeer] = []
+
+    async def make(host: str, vms: dict[str, list[str]]) -> AgentPeer:
+        p = AgentPeer(host, vms, ca=pki["ca"]["cert"], cert=pki["agent"]["cert"],
+                      key=pki["agent"]["key"])
+        await p.start()
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        await p.stop()
+
+
+@pytest.fixture
+def make_spec(pki: dict[str, dict[str, str]]) -> Callable[..., GroupSpec]:
+    def make(agents: list[AgentPeer], **kw: object) -> GroupSpec:
+        return spec_for(pki, agents, **kw)  # type: ignore[arg-type]
+    return make
+
+
+def spec_for(pki: dict[str, dict[str, str]], agents: list[AgentPeer], *,
+             group: str = "g1", lease_ms: int = 2000, budget_ms: int = 1000,
+             prepare_timeout_ms: int | None = None) -> GroupSpec:
+    return GroupSpec(
+        name=group, lease_ms=lease_ms, budget_ms=budget_ms,
+        prepare_timeout_ms=prepare_timeout_ms,
+        tls=TlsSpec(ca=pki["ca"]["cert"], cert=pki["coordinator"]["cert"],
+                    key=pki["coordinator"]["key"]),
+        agents=tuple(AgentSpec(name=p.host, address=p.address, port=p.port,
+                               vms=tuple(VMSpec(v.name, tuple(v.disks))
+                                         for v in p.vms.values()))
+                     for p in agents))
