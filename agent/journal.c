@@ -1,0 +1,193 @@
+/* journal: see journal.h. */
+#include "journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct journal {
+    char *path;
+    pthread_mutex_t mu;
+    struct journal_entry *e;
+    int n, cap;
+};
+
+static int
+persist(struct journal *j, char *err, size_t errlen)
+{
+    char tmp[4096], dir[4096];
+    const char *err_op = "open";
+    FILE *f = NULL;
+    int fd = -1, dfd = -1, ret = -1;
+
+    snprintf(tmp, sizeof(tmp), "%s.tmp", j->path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        goto cleanup;
+    f = fdopen(fd, "w");
+    if (!f)
+        goto cleanup;
+    fd = -1;
+    err_op = "write";
+    for (int i = 0; i < j->n; i++)
+        if (fprintf(f, "paused %s %s\n", j->e[i].txn, j->e[i].vm) < 0)
+            goto cleanup;
+    if (fflush(f) != 0)
+        goto cleanup;
+    err_op = "fsync";
+    if (fsync(fileno(f)) < 0)
+        goto cleanup;
+    err_op = "close";
+    if (fclose(f) != 0) {
+        f = NULL;
+        goto cleanup;
+    }
+    f = NULL;
+    err_op = "rename";
+    if (rename(tmp, j->path) < 0)
+        goto cleanup;
+    /* The rename is durable only once the directory entry is. */
+    err_op = "fsync-dir";
+    snprintf(dir, sizeof(dir), "%s", j->path);
+    dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) < 0)
+        goto cleanup;
+    ret = 0;
+cleanup:
+    if (ret < 0)
+        snprintf(err, errlen, "journal %s: %s failed: %s", j->path, err_op,
+                 strerror(errno));
+    if (f)
+        fclose(f);
+    if (fd >= 0)
+        close(fd);
+    if (dfd >= 0)
+        close(dfd);
+    return ret;
+}
+
+int
+journal_open(const char *path, struct journal **out, char *err,
+             size_t errlen)
+{
+    struct journal *j;
+    char line[512], txn[129], vm[256];
+    FILE *f;
+
+    j = calloc(1, sizeof(*j));
+    if (!j || !(j->path = strdup(path))) {
+        free(j);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    f = fopen(path, "r");
+    if (!f && errno != ENOENT) {
+        snprintf(err, errlen, "journal %s: open failed: %s", path,
+                 strerror(errno));
+        journal_free(j);
+        return -1;
+    }
+    while (f && fgets(line, sizeof(line), f)) {
+        /* Unparseable lines are skipped: a torn line cannot exist (rename
+         * is atomic), so this is only a hand-edited file. */
+        if (sscanf(line, "paused %128s %255s", txn, vm) != 2)
+            continue;
+        if (j->n == j->cap) {
+            int ncap = j->cap ? j->cap * 2 : 16;
+            struct journal_entry *ne = realloc(j->e, (size_t)ncap *
+                                               sizeof(*ne));
+            if (!ne)
+                break;
+            j->e = ne;
+            j->cap = ncap;
+        }
+        snprintf(j->e[j->n].txn, sizeof(j->e[j->n].txn), "%s", txn);
+        snprintf(j->e[j->n].vm, sizeof(j->e[j->n].vm), "%s", vm);
+        j->n++;
+    }
+    if (f)
+        fclose(f);
+    *out = j;
+    return 0;
+}
+
+void
+journal_free(struct journal *j)
+{
+    if (!j)
+        return;
+    pthread_mutex_destroy(&j->mu);
+    free(j->e);
+    free(j->path);
+    free(j);
+}
+
+int
+journal_entries(struct journal *j, struct journal_entry **out, int *n)
+{
+    pthread_mutex_lock(&j->mu);
+    *out = malloc(sizeof(**out) * (size_t)(j->n ? j->n : 1));
+    if (*out)
+        memcpy(*out, j->e, sizeof(**out) * (size_t)j->n);
+    *n = j->n;
+    pthread_mutex_unlock(&j->mu);
+    return *out ? 0 : -1;
+}
+
+int
+journal_add(struct journal *j, const char *txn, const char *vm, char *err,
+            size_t errlen)
+{
+    int i, ret = -1;
+
+    pthread_mutex_lock(&j->mu);
+    for (i = 0; i < j->n; i++)
+        if (strcmp(j->e[i].vm, vm) == 0)
+            break;
+    if (i == j->n) {
+        if (j->n == j->cap) {
+            int ncap = j->cap ? j->cap * 2 : 16;
+            struct journal_entry *ne = realloc(j->e, (size_t)ncap *
+                                               sizeof(*ne));
+            if (!ne) {
+                snprintf(err, errlen, "out of memory");
+                goto cleanup;
+            }
+            j->e = ne;
+            j->cap = ncap;
+        }
+        j->n++;
+    }
+    snprintf(j->e[i].txn, sizeof(j->e[i].txn), "%s", txn);
+    snprintf(j->e[i].vm, sizeof(j->e[i].vm), "%s", vm);
+    ret = persist(j, err, errlen);
+    if (ret < 0)   /* not durable: do not pretend it is recorded */
+        j->n--;
+cleanup:
+    pthread_mutex_unlock(&j->mu);
+    return ret;
+}
+
+int
+journal_remove(struct journal *j, const char *vm, char *err, size_t errlen)
+{
+    int i, ret = 0;
+
+    pthread_mutex_lock(&j->mu);
+    for (i = 0; i < j->n; i++)
+        if (strcmp(j->e[i].vm, vm) == 0)
+            break;
+    if (i < j->n) {
+        j->e[i] = j->e[j->n - 1];
+        j->n--;
+        ret = persist(j, err, errlen);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return ret;
+}
