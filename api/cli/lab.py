@@ -1,0 +1,115 @@
+"""`cutpoint lab up | status | down`: the lab test bed (see docs/lab.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+from cutpoint.lab import config as C
+from cutpoint.lab.errors import LabError
+
+app = typer.Typer(help="The lab: two Ceph sites, host namespaces, QEMU guests.",
+                  no_args_is_help=True)
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"cutpoint lab: error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _log(msg: str) -> None:
+    typer.echo(msg)
+    sys.stdout.flush()
+
+
+@app.command()
+def up(
+    hosts: int = typer.Option(2, "--hosts", help="primary-site hosts (network namespaces)"),
+    vms_per_host: int = typer.Option(1, "--vms-per-host", help="QEMU guests per primary host"),
+    disks: int = typer.Option(1, "--disks", help="virtio disks per guest"),
+    backend: str = typer.Option("rbd", "--backend", help="disk backend: rbd or qcow2"),
+    workload: str = typer.Option("none", "--workload", help="workload every guest starts"),
+    workload_args: str = typer.Option("", "--workload-args", help="comma-separated workload args"),
+    disk_size_mb: int = typer.Option(64, "--disk-size-mb", help="size of each disk in MiB"),
+    osd: str = typer.Option("memstore", "--osd", help="OSD object store: memstore or bluestore"),
+    paxos: str = typer.Option("tuned", "--paxos",
+                              help="mon paxos: tuned (propose interval 0.01 s) or default"),
+    dr_hosts: int = typer.Option(1, "--dr-hosts", help="DR-site hosts"),
+    memory_mb: int = typer.Option(160, "--memory-mb", help="guest memory in MiB"),
+    kernel: str = typer.Option(None, "--kernel", help="guest kernel (default: newest /boot/vmlinuz-*)"),
+    accel: str = typer.Option(None, "--accel", help="force tcg or kvm (default: boot probe)"),
+    state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
+    wait: bool = typer.Option(False, "--wait", help="wait for the lab lock instead of failing"),
+    json_out: bool = typer.Option(False, "--json", help="print the status JSON when up"),
+) -> None:
+    """Bring the lab up (cleaning up any previous lab first)."""
+    from cutpoint.lab import lock
+    from cutpoint.lab import up as lab_up
+
+    cfg = C.LabConfig(hosts=hosts, vms_per_host=vms_per_host, disks=disks, backend=backend,
+                      workload=workload, workload_args=workload_args, disk_size_mb=disk_size_mb,
+                      osd=osd, paxos=paxos, dr_hosts=dr_hosts, memory_mb=memory_mb,
+                      kernel=kernel, accel=accel, state_dir=str(C.state_dir(state_dir)))
+    try:
+        cfg.validate()
+        with lock.lab_lock(wait=wait, log=_log):
+            status = lab_up.up(cfg, log=_log)
+    except LabError as exc:
+        _fail(str(exc))
+    if json_out:
+        typer.echo(json.dumps(status, indent=2))
+    else:
+        _summary(status)
+
+
+def _summary(s: dict[str, Any]) -> None:
+    typer.echo(f"state dir {s['state_dir']}, accelerator {s.get('accel')}, phase {s.get('phase')}")
+    for site, v in s.get("sites", {}).items():
+        typer.echo(f"  site {site:8} mon {v['mon_addr']:18} pool {v['pool']}  conf {v['ceph_conf']}")
+    for h in s.get("hosts", []):
+        typer.echo(f"  host {h['name']:12} netns {h['netns']:12} {h['address']}")
+    for vm in s.get("vms", []):
+        disks = ", ".join(d.get("image") or d.get("file", "?") for d in vm["disks"])
+        typer.echo(f"  vm   {vm['name']:16} on {vm['host']:11} {vm['address']:13} pid {vm['pid']:<7} "
+                   f"disks {disks}")
+
+
+@app.command()
+def status(
+    json_out: bool = typer.Option(False, "--json", help="print the status as JSON"),
+    state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
+) -> None:
+    """Show the lab (sites, hosts, VMs, image) and whether its processes live."""
+    from cutpoint.lab.status import health, load_status
+
+    try:
+        s = load_status(state_dir)
+    except LabError as exc:
+        _fail(str(exc))
+    if json_out:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    _summary(s)
+    h = health(s)
+    dead = [k for k, v in {**h["vms"], **h["ceph"]}.items() if not v]
+    typer.echo(f"  health: {'all processes running' if not dead else 'DEAD: ' + ', '.join(dead)}")
+
+
+@app.command()
+def down(
+    state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
+    wait: bool = typer.Option(False, "--wait", help="wait for the lab lock instead of failing"),
+) -> None:
+    """Tear the lab down: no process, namespace, link or mount is left."""
+    from cutpoint.lab import down as lab_down
+    from cutpoint.lab import lock
+
+    try:
+        with lock.lab_lock(wait=wait, log=_log):
+            removed = lab_down.down(str(C.state_dir(state_dir)), log=_log)
+    except LabError as exc:
+        _fail(str(exc))
+    typer.echo(f"lab down: {len(removed)} item(s) removed; nothing left" if removed
+               else "lab down: nothing to remove; nothing left")

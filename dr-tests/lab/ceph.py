@@ -1,0 +1,200 @@
+"""One single-node Ceph cluster per site: mon `a`, mgr `x`, OSD 0, cephx on.
+
+Bring-up order (each step needs the previous one):
+
+    keyrings (ceph-authtool) -> monmap (monmaptool) -> ceph-mon --mkfs
+    -> ceph-mon -> `ceph osd create` -> ceph-osd --mkfs -> ceph-osd
+    -> ceph-mgr -> pool `rbd` (size 1) -> `rbd pool init`
+
+All keys (mon., client.admin, osd.0, mgr.x) go into the mon's mkfs keyring,
+so the mon's auth database holds them from the start and no bootstrap
+keyring round trip is needed.  Daemons listen on the site's address of the
+lab bridge (see config.py), never on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cutpoint.lab import config as C
+from cutpoint.lab.errors import LabError
+from cutpoint.lab.proc import kill_pids, pid_alive, read_pidfile, run
+
+DAEMONS = ("mgr.x", "osd.0", "mon.a")  # stop order
+
+
+def site_dir(state: Path, site: str) -> Path:
+    return state / "ceph" / site
+
+
+def mon_settings(paxos: str) -> dict[str, str]:
+    """The mon settings the lab chooses (recorded in status and docs/lab.md)."""
+    s = {
+        "mon_allow_pool_size_one": "true",
+        "mon_allow_pool_delete": "true",
+        "mon_warn_on_pool_no_redundancy": "false",
+        "auth_allow_insecure_global_id_reclaim": "false",
+    }
+    if paxos == "tuned":
+        s.update(C.TUNED_PAXOS)
+    return s
+
+
+def write_conf(d: Path, site: str, fsid: str, osd: str, paxos: str) -> Path:
+    addr = C.SITE_ADDR[site]
+    v2, v1 = C.MON_PORTS[site]
+    pmin, pmax = C.DAEMON_PORTS[site]
+    mon = "\n".join(f"{k.replace('_', ' ')} = {v}" for k, v in mon_settings(paxos).items())
+    if osd == "memstore":
+        store = ("osd objectstore = memstore\n"
+                 "memstore device bytes = 4294967296\n")
+    else:
+        store = ("osd objectstore = bluestore\n"
+                 "bluestore block path = $osd_data/block\n"
+                 "bluestore block create = true\n"
+                 "bluestore block size = 10737418240\n"
+                 "bluestore fsck on mkfs = false\n"
+                 "bluestore cache size = 134217728\n")
+    text = f"""# cutpoint lab, site {site} (generated; see docs/lab.md)
+[global]
+fsid = {fsid}
+mon host = [v2:{addr}:{v2},v1:{addr}:{v1}]
+public addr = {addr}
+cluster addr = {addr}
+ms bind port min = {pmin}
+ms bind port max = {pmax}
+auth cluster required = cephx
+auth service required = cephx
+auth client required = cephx
+keyring = {d}/ceph.client.admin.keyring
+run dir = {d}/run
+admin socket = {d}/run/$name.asok
+pid file = {d}/run/$name.pid
+log file = {d}/log/$name.log
+mon data = {d}/mon/$name
+osd data = {d}/osd/$name
+mgr data = {d}/mgr/$name
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg autoscale mode = off
+osd crush chooseleaf type = 0
+mon max pg per osd = 1000
+crash dir = {d}/crash
+[mon]
+{mon}
+[osd]
+keyring = $osd_data/keyring
+{store}osd memory target = 536870912
+osd crush update on start = true
+[mgr]
+keyring = $mgr_data/keyring
+mgr initial modules =
+[client]
+rbd default features = 61
+"""
+    p = d / "ceph.conf"
+    p.write_text(text)
+    return p
+
+
+def _authtool(*args: str) -> None:
+    run(["ceph-authtool", *args])
+
+
+def ceph_cmd(site_dir_: Path, *args: str) -> list[str]:
+    return ["ceph", "-c", str(site_dir_ / "ceph.conf"), "--id", "admin",
+            "--connect-timeout", "30", *args]
+
+
+def rbd_cmd(site_status: dict[str, Any], *args: str) -> list[str]:
+    """argv for the `rbd` CLI against one site of `lab status`."""
+    return ["rbd", "-c", site_status["ceph_conf"], "--id", site_status.get("client_id", "admin"),
+            "--keyring", site_status["keyring"], *args]
+
+
+def up(state: Path, site: str, osd: str, paxos: str, mark: str,
+       log: Any = print) -> dict[str, Any]:
+    """Create and start the site's cluster; returns its status entry."""
+    d = site_dir(state, site)
+    for sub in ("run", "log", "mon/mon.a", "osd/osd.0", "mgr/mgr.x", "crash"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    fsid = str(uuid.uuid4())
+    conf = write_conf(d, site, fsid, osd, paxos)
+    c = str(conf)
+    t0 = time.monotonic()
+    monkr, adminkr = d / "mon.keyring", d / "ceph.client.admin.keyring"
+    _authtool("--create-keyring", str(monkr), "--gen-key", "-n", "mon.", "--cap", "mon", "allow *")
+    _authtool("--create-keyring", str(adminkr), "--gen-key", "-n", "client.admin",
+              "--cap", "mon", "allow *", "--cap", "osd", "allow *",
+              "--cap", "mds", "allow *", "--cap", "mgr", "allow *")
+    osdkr, mgrkr = d / "osd/osd.0/keyring", d / "mgr/mgr.x/keyring"
+    _authtool("--create-keyring", str(osdkr), "--gen-key", "-n", "osd.0",
+              "--cap", "mon", "allow profile osd", "--cap", "mgr", "allow profile osd",
+              "--cap", "osd", "allow *")
+    _authtool("--create-keyring", str(mgrkr), "--gen-key", "-n", "mgr.x",
+              "--cap", "mon", "allow profile mgr", "--cap", "osd", "allow *",
+              "--cap", "mds", "allow *")
+    for kr in (adminkr, osdkr, mgrkr):
+        _authtool(str(monkr), "--import-keyring", str(kr))
+    addr = C.SITE_ADDR[site]
+    v2, v1 = C.MON_PORTS[site]
+    run(["monmaptool", "--create", "--clobber", "--fsid", fsid,
+         "--addv", "a", f"[v2:{addr}:{v2},v1:{addr}:{v1}]", str(d / "monmap")])
+    run(["ceph-mon", "-c", c, "--mkfs", "-i", "a", "--monmap", str(d / "monmap"),
+         "--keyring", str(monkr)], mark=mark)
+    run(["ceph-mon", "-c", c, "-i", "a"], mark=mark)
+    log(f"{site}: mon a up on {addr}:{v2} ({time.monotonic() - t0:.1f}s)")
+    osd_uuid = str(uuid.uuid4())
+    osd_id = run(ceph_cmd(d, "osd", "create", osd_uuid)).stdout.strip()
+    if osd_id != "0":
+        raise LabError(f"{site}: expected osd id 0, mon gave {osd_id!r}")
+    run(["ceph-osd", "-c", c, "-i", "0", "--mkfs", "--osd-uuid", osd_uuid], mark=mark,
+        timeout=180)
+    run(["ceph-osd", "-c", c, "-i", "0"], mark=mark)
+    run(["ceph-mgr", "-c", c, "-i", "x"], mark=mark)
+    _wait_osd_up(d)
+    log(f"{site}: osd.0 ({osd}) and mgr x up ({time.monotonic() - t0:.1f}s)")
+    run(ceph_cmd(d, "osd", "pool", "create", "rbd", "8", "8"))
+    run(["rbd", "-c", c, "--id", "admin", "pool", "init", "rbd"], timeout=120)
+    log(f"{site}: pool rbd ready ({time.monotonic() - t0:.1f}s)")
+    return {
+        "ceph_conf": c, "keyring": str(adminkr), "client_id": "admin", "pool": "rbd",
+        "mon_addr": f"{addr}:{v2}", "mon_addrs": [f"v2:{addr}:{v2}", f"v1:{addr}:{v1}"],
+        "fsid": fsid, "osd_objectstore": osd, "paxos": paxos,
+        "mon_settings": mon_settings(paxos), "pids": pids(state, site),
+        "data_dir": str(d),
+    }
+
+
+def _wait_osd_up(d: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        cp = run(ceph_cmd(d, "osd", "stat", "-f", "json"), check=False)
+        last = cp.stdout.strip() or cp.stderr.strip()
+        try:
+            if json.loads(cp.stdout).get("num_up_osds") == 1:
+                return
+        except ValueError:
+            pass
+        time.sleep(0.3)
+    raise LabError(f"osd.0 of {d} not up after {timeout}s (last osd stat: {last})")
+
+
+def pids(state: Path, site: str) -> dict[str, int]:
+    d = site_dir(state, site)
+    return {n: read_pidfile(d / "run" / f"{n}.pid") for n in DAEMONS}
+
+
+def down(state: Path, site: str) -> list[str]:
+    """Stop the site's daemons found by pid file; returns what was stopped."""
+    stopped = []
+    for name, pid in pids(state, site).items():
+        if pid and pid_alive(pid):
+            kill_pids([pid])
+            stopped.append(f"{site} {name} (pid {pid})")
+    return stopped

@@ -1,0 +1,77 @@
+"""`cutpoint lab down`: remove every trace of a lab, idempotently.
+
+Leftovers are found two ways, so that a crash (kill -9 of `lab up`, QEMU or
+Ceph) or a deleted state dir still ends clean:
+  1. from the state dir: status.json, QEMU and Ceph pid files;
+  2. by pattern: processes marked CUTPOINT_LAB_MARK / booted with
+     `cp.name=` / Ceph daemons with a cutpoint config path, namespaces
+     `primary-hN`/`dr-hN`, links `cpbr0` and `cpv*`, /run/netns mounts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from cutpoint.lab import ceph, net, vms
+from cutpoint.lab import config as C
+from cutpoint.lab.errors import LabError
+from cutpoint.lab.proc import kill_pids, lab_processes
+from cutpoint.lab.status import FILE
+
+
+def leftovers() -> dict[str, list[str]]:
+    left = net.leftovers()
+    left["processes"] = [f"{pid} {cmd[:100]}" for pid, cmd in lab_processes()]
+    return left
+
+
+def down(state_dir: str | None = None, log: Any = print, keep_files: bool = False) -> list[str]:
+    """Tear the lab down; returns what was removed.  Raises if anything remains."""
+    state = C.state_dir(state_dir)
+    removed: list[str] = []
+    vm_list: list[dict[str, Any]] = []
+    try:
+        import json
+        vm_list = json.loads((state / FILE).read_text()).get("vms", [])
+    except (OSError, ValueError):
+        pass
+    removed += vms.stop_all(state, vm_list)
+    for site in C.SITES:
+        removed += ceph.down(state, site)
+    stray = lab_processes()
+    if stray:
+        kill_pids([p for p, _ in stray])
+        removed += [f"process {p} ({cmd.split()[0]})" for p, cmd in stray]
+    removed += net.teardown()
+    if not keep_files:
+        for sub in ("ceph", "vms", FILE):
+            p = state / sub
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(f"files {p}")
+            elif p.exists():
+                p.unlink()
+    for r in removed:
+        log(f"down: removed {r}")
+    left = leftovers()
+    bad = {k: v for k, v in left.items() if v}
+    if bad:
+        raise LabError(f"lab down left things behind: {bad}")
+    return removed
+
+
+def has_previous(state_dir: str | None = None) -> list[str]:
+    """What a previous lab left (state file, processes, namespaces, links)."""
+    state = C.state_dir(state_dir)
+    found = []
+    if (state / FILE).exists():
+        found.append(f"state {state / FILE}")
+    if (state / "ceph").exists():
+        found.append(f"data {state / 'ceph'}")
+    singular = {"netns": "netns", "links": "link", "mounts": "mount", "processes": "process"}
+    for k, v in leftovers().items():
+        found += [f"{singular.get(k, k)} {x.split()[0]}" for x in v]
+    return found
+
+

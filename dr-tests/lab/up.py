@@ -1,0 +1,105 @@
+"""`cutpoint lab up`: network, two Ceph sites, tiny image, guests.
+
+Phases (status.json `phase` after each):
+
+    clean previous lab -> network (cpbr0, host netns) -> ceph primary || ceph dr
+    || image (+ accel probe) -> disks -> guests started -> guests booted ("up")
+
+The Ceph sites and the image build run in parallel threads; each phase
+logs its elapsed time.  The caller holds the lab lock (lock.lab_lock).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from cutpoint.lab import ceph, down, image, net, probe, vms
+from cutpoint.lab import config as C
+from cutpoint.lab.errors import LabError
+from cutpoint.lab.status import write_status
+
+
+def up(cfg: C.LabConfig, log: Any = print, wait_boot: bool = True) -> dict[str, Any]:
+    cfg.validate()
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        log(f"[{time.monotonic() - t0:6.1f}s] {msg}")
+
+    prev = down.has_previous(cfg.state_dir)
+    if prev:
+        say(f"a previous lab was found ({', '.join(prev[:6])}{' ...' if len(prev) > 6 else ''}); "
+            "cleaning it up first")
+        down.down(cfg.state_dir, log=lambda m: say(m))
+    state = Path(cfg.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    mark = str(state)
+    status: dict[str, Any] = {
+        "state_dir": str(state), "phase": "network", "accel": None, "bridge": C.BRIDGE,
+        "subnet": f"10.77.0.0/{C.PREFIX}", "config": cfg.as_dict(), "sites": {}, "hosts": [],
+        "vms": [], "image": {}, "started_at": time.time(),
+    }
+    write_status(status)
+    net.setup_bridge()
+    for name, site, idx in C.host_names(cfg):
+        status["hosts"].append({"name": name, "site": site, "netns": name,
+                                "address": net.setup_host(name, site, idx),
+                                "veth": C.veth_name(site, idx)})
+    say(f"network: bridge {C.BRIDGE}, hosts {', '.join(h['name'] for h in status['hosts'])}")
+    status["phase"] = "ceph"
+    write_status(status)
+
+    assert cfg.kernel is not None
+    kernel: str = cfg.kernel
+
+    def img() -> tuple[dict[str, Any], dict[str, Any]]:
+        i = image.build(kernel, log=say)
+        if i.get("cached"):
+            say(f"image: tiny {i['hash']} (cached)")
+        a = probe.choose_accel(kernel, i, cfg.accel, log=say)
+        return i, a
+
+    with ThreadPoolExecutor(max_workers=3) as ex:
+        futs = {site: ex.submit(ceph.up, state, site, cfg.osd, cfg.paxos, mark, say)
+                for site in C.SITES}
+        fimg = ex.submit(img)
+        errors = []
+        for site, f in futs.items():
+            try:
+                status["sites"][site] = f.result()
+            except Exception as exc:  # noqa: BLE001 - reported below with the site
+                errors.append(f"ceph {site}: {exc}")
+        try:
+            status["image"], accel = fimg.result()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"image: {exc}")
+    if errors:
+        write_status(status)
+        raise LabError("; ".join(errors))
+    status["accel"] = accel["accel"]
+    status["accel_why"] = accel["why"]
+    status["phase"] = "disks"
+    write_status(status)
+
+    status["vms"] = vms.plan(cfg, status["sites"], state)
+    vms.create_disks(status["vms"], status["sites"])
+    if status["vms"]:
+        say(f"disks: {sum(len(v['disks']) for v in status['vms'])} x {cfg.disk_size_mb} MiB "
+            f"({cfg.backend})")
+    status["phase"] = "vms"
+    write_status(status)
+    try:
+        vms.start(status["vms"], status["image"], status["accel"], status["sites"], cfg, mark)
+    finally:
+        write_status(status)
+    say(f"guests: {len(status['vms'])} started under {status['accel']}")
+    if wait_boot:
+        vms.wait_ready(status["vms"], log=say)
+    status["phase"] = "up"
+    status["up_seconds"] = round(time.monotonic() - t0, 1)
+    write_status(status)
+    say(f"lab up in {status['up_seconds']}s")
+    return status
