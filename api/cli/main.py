@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cutpoint.api.cli import lab
+from cutpoint.api.cli import check, lab
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 
 VERSION = "0.1.0"
@@ -20,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(lab.app, name="lab")
+app.add_typer(check.app, name="check")
 app.command("snapshot")(snapshot_cmd)
 
 
