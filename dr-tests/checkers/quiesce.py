@@ -1,0 +1,198 @@
+"""Quiesce through the QEMU guest agent: spec and Python prototype.
+
+Issue 8 item 4.  ``quiesce: fs-freeze`` adds a guest filesystem freeze
+around the pause of the group snapshot, with a timeout and an automatic
+fallback to crash-consistent; the level reached is recorded per member.
+
+Spec (for the agent, ``cutpointd``; this module is the reference behaviour)
+-------------------------------------------------------------------------
+Per VM, inside PREPARE, *before* QMP ``stop`` (a paused guest cannot answer)::
+
+    qga connect (virtio-serial chardev socket of the VM)
+    guest-sync-delimited {id: R}   -- discard bytes up to 0xFF, expect
+                                      {"return": R}; deadline T_sync
+    guest-fsfreeze-freeze          -- deadline T_freeze; returns the number
+                                      of filesystems frozen
+      ok      -> level "fs-freeze"
+      timeout / error / no agent -> level "crash", reason recorded, and a
+                 best-effort guest-fsfreeze-thaw is queued for after cont
+                 (a slow agent may still freeze after we gave up)
+    QMP stop ... snapshot ... cont     (unchanged crash-consistent path)
+    guest-fsfreeze-thaw            -- after cont, deadline T_thaw; on
+                                      failure retry until the lease ends,
+                                      then report THAW_FAILED (a guest left
+                                      frozen is an outage, never silent)
+
+- The freeze deadline counts against nothing but itself: the VM is still
+  running while it waits, so a dead agent delays the snapshot by at most
+  T_sync + T_freeze and never lengthens the pause window.
+- ABORT and lease expiry thaw as well as resume.
+- Reply fields per VM: ``consistency`` (``fs-freeze``|``crash``),
+  ``freeze_ms``, ``thaw_ms``, ``freeze_error`` (string or null).
+- Defaults: T_sync 1000 ms, T_freeze 5000 ms, T_thaw 5000 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+class QGAError(RuntimeError):
+    """A guest agent command failed or timed out; keeps sent/received."""
+
+    def __init__(self, sent: dict[str, Any], received: Any, why: str):
+        self.sent, self.received, self.why = sent, received, why
+        super().__init__(f"guest agent {sent.get('execute')}: {why}; "
+                         f"received={received!r}")
+
+
+class QGA:
+    """Client for qemu-guest-agent over the VM's chardev socket.
+
+    Every call has a deadline; a sync with a random id before the first
+    command discards stale replies from earlier, timed-out calls (QEMU guest
+    agent protocol, ``guest-sync-delimited``)."""
+
+    def __init__(self, path: Path, timeout: float = 1.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(path))
+        self.buf = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _line(self, sent: dict[str, Any], deadline: float) -> dict[str, Any]:
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise QGAError(sent, self.buf.decode(errors="replace"),
+                               "timed out")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout as e:
+                raise QGAError(sent, self.buf.decode(errors="replace"),
+                               "timed out") from e
+            if not chunk:
+                raise QGAError(sent, self.buf.decode(errors="replace"),
+                               "socket closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            msg: dict[str, Any] = json.loads(line.strip(b"\xff"))
+        except json.JSONDecodeError as e:
+            raise QGAError(sent, line, "reply is not JSON") from e
+        return msg
+
+    def sync(self, timeout: float) -> None:
+        rid = random.randint(1, 2**31)
+        sent = {"execute": "guest-sync-delimited", "arguments": {"id": rid}}
+        deadline = time.monotonic() + timeout
+        self.sock.settimeout(timeout)
+        self.sock.sendall(json.dumps(sent).encode() + b"\n")
+        # The reply is preceded by 0xFF; drop everything before it.
+        while b"\xff" not in self.buf:
+            self.buf = b""
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise QGAError(sent, None, "timed out")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout as e:
+                raise QGAError(sent, None, "timed out") from e
+            if not chunk:
+                raise QGAError(sent, None, "socket closed")
+            self.buf = chunk
+        self.buf = self.buf[self.buf.rindex(b"\xff") + 1:]
+        while True:
+            msg = self._line(sent, deadline)
+            if msg.get("return") == rid:
+                return
+
+    def execute(self, cmd: str, timeout: float) -> Any:
+        sent = {"execute": cmd}
+        deadline = time.monotonic() + timeout
+        self.sock.sendall(json.dumps(sent).encode() + b"\n")
+        msg = self._line(sent, deadline)
+        if "error" in msg:
+            raise QGAError(sent, msg, msg["error"].get("desc", "error"))
+        return msg.get("return")
+
+
+@dataclass
+class QuiesceRecord:
+    mode: str                 # requested: crash | fs-freeze
+    consistency: str          # reached:   crash | fs-freeze
+    freeze_ms: float
+    pause_ms: float           # QMP stop .. cont return
+    snapshot_ms: float
+    thaw_ms: float
+    stall_ms: float           # freeze start .. thaw end (guest I/O blocked)
+    frozen_fs: int
+    freeze_error: str | None
+    thaw_error: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def quiesced_snapshot(qmp_exec: Callable[..., Any], qga_path: Path,
+                      snapshot: Callable[[], None], mode: str = "fs-freeze",
+                      sync_timeout: float = 1.0, freeze_timeout: float = 5.0,
+                      thaw_timeout: float = 5.0) -> QuiesceRecord:
+    """One member snapshot with optional fs-freeze and crash fallback.
+
+    ``qmp_exec(cmd)`` runs a QMP command on the VM; ``snapshot()`` takes the
+    member snapshot while the VM is paused."""
+    if mode not in ("crash", "fs-freeze"):
+        raise ValueError(f"quiesce mode must be crash or fs-freeze: {mode!r}")
+    level, err, nfs, freeze_ms = "crash", None, 0, 0.0
+    qga: QGA | None = None
+    t_start = time.monotonic()
+    if mode == "fs-freeze":
+        try:
+            qga = QGA(qga_path, sync_timeout)
+            qga.sync(sync_timeout)
+            nfs = int(qga.execute("guest-fsfreeze-freeze", freeze_timeout))
+            level = "fs-freeze"
+        except (QGAError, OSError) as e:
+            err = str(e)
+        freeze_ms = (time.monotonic() - t_start) * 1e3
+    t0 = time.monotonic()
+    qmp_exec("stop")
+    t1 = time.monotonic()
+    try:
+        snapshot()
+    finally:
+        t2 = time.monotonic()
+        qmp_exec("cont")
+        t3 = time.monotonic()
+    thaw_err, thaw_ms = None, 0.0
+    if qga is not None:
+        # Thaw even after a failed freeze: a slow agent may have frozen
+        # after we stopped waiting.  Thaw of a thawed guest returns 0.
+        t4 = time.monotonic()
+        try:
+            if err is not None:
+                qga.sync(sync_timeout)
+            qga.execute("guest-fsfreeze-thaw", thaw_timeout)
+        except (QGAError, OSError) as e:
+            thaw_err = None if err is not None else str(e)
+        thaw_ms = (time.monotonic() - t4) * 1e3
+        qga.close()
+    t_end = time.monotonic()
+    return QuiesceRecord(
+        mode=mode, consistency=level, freeze_ms=round(freeze_ms, 2),
+        pause_ms=round((t3 - t0) * 1e3, 2),
+        snapshot_ms=round((t2 - t1) * 1e3, 2), thaw_ms=round(thaw_ms, 2),
+        stall_ms=round(((t_end - t_start) if level == "fs-freeze"
+                        else (t3 - t0)) * 1e3, 2),
+        frozen_fs=nfs, freeze_error=err, thaw_error=thaw_err)
