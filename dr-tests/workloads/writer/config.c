@@ -67,6 +67,10 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
 static int add_disk(struct config *cfg, const char *path,
                     char *err, size_t errlen)
 {
+    if (cfg->disks_from_env) {
+        cfg->ndisks = 0;
+        cfg->disks_from_env = false;
+    }
     if (cfg->ndisks >= CONFIG_MAX_DISKS) {
         set_err(err, errlen, "too many disks (max %d)", CONFIG_MAX_DISKS);
         return -1;
@@ -287,7 +291,8 @@ int config_parse_args(struct config *cfg, int argc, char **argv,
     return 0;
 }
 
-int config_from_env(struct config *cfg, char *err, size_t errlen)
+int config_from_env(struct config *cfg, bool with_args,
+                    char *err, size_t errlen)
 {
     const char *s;
     char buf[4096];
@@ -296,8 +301,11 @@ int config_from_env(struct config *cfg, char *err, size_t errlen)
     int argc = 0;
     char *save = NULL;
 
-    if ((s = getenv("CP_DISKS")) && *s && split_disks(cfg, s, err, errlen) < 0)
-        return -1;
+    if ((s = getenv("CP_DISKS")) && *s) {
+        if (split_disks(cfg, s, err, errlen) < 0)
+            return -1;
+        cfg->disks_from_env = true;
+    }
     if ((s = getenv("CP_VM")) && *s && apply(cfg, "vm", s, err, errlen) < 0)
         return -1;
     if ((s = getenv("CP_IP")) && *s && set_self(cfg, s, err, errlen) < 0)
@@ -306,7 +314,7 @@ int config_from_env(struct config *cfg, char *err, size_t errlen)
         parse_peers(cfg, s, err, errlen) < 0)
         return -1;
     s = getenv("CP_ARGS");
-    if (!s || !*s)
+    if (!with_args || !s || !*s)
         return 0;
     /* cp.args is comma-separated because the kernel command line splits
      * on spaces. */

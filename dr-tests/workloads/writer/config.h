@@ -4,8 +4,11 @@
  * and then from command-line flags, so the same binary runs in a guest
  * against /dev/vdX and on the host against regular files.
  *
- * Precedence, later wins: environment, then CP_ARGS (comma-separated flags),
- * then argv.  No allocation: everything lives inside struct config.
+ * Precedence, later wins: environment, then flags.  The flags are argv, or
+ * CP_ARGS (comma-separated) when argv is empty: the guest init passes
+ * cp.args both ways, and applying it twice would list --disk twice.  A
+ * --disk flag replaces the CP_DISKS list rather than adding to it.
+ * No allocation: everything lives inside struct config.
  */
 #ifndef CP_WRITER_CONFIG_H
 #define CP_WRITER_CONFIG_H
@@ -28,6 +31,7 @@ struct config_peer {
 struct config {
     char disks[CONFIG_MAX_DISKS][CONFIG_PATH_MAX];
     int ndisks;
+    bool disks_from_env;        /* the next --disk starts a new list */
     uint32_t vm;                /* written into every record */
     struct config_peer peers[CONFIG_MAX_PEERS]; /* ring order */
     int npeers;
@@ -49,8 +53,12 @@ struct config {
 /* Set the defaults. */
 void config_init(struct config *cfg);
 
-/* Apply CP_* variables from the environment (and CP_ARGS). 0 / -1. */
-int config_from_env(struct config *cfg, char *err, size_t errlen);
+/*
+ * Apply CP_* variables from the environment, and the flags in CP_ARGS if
+ * with_args.  0 / -1.
+ */
+int config_from_env(struct config *cfg, bool with_args,
+                    char *err, size_t errlen);
 
 /* Apply flags argv[0..argc-1] (argv[0] is a flag, not the program). */
 int config_parse_args(struct config *cfg, int argc, char **argv,

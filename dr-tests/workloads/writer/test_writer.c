@@ -91,7 +91,7 @@ static void test_config_env(void **state)
     setenv("CP_PEERS", "10.77.101.1,10.77.101.2", 1);
     setenv("CP_ARGS", "--count=50,--delay-us,100", 1);
     config_init(&cfg);
-    assert_int_equal(config_from_env(&cfg, err, sizeof(err)), 0);
+    assert_int_equal(config_from_env(&cfg, true, err, sizeof(err)), 0);
     assert_int_equal(config_finish(&cfg, err, sizeof(err)), 0);
     assert_int_equal(cfg.ndisks, 3);
     assert_string_equal(cfg.disks[2], "/dev/vdc");
@@ -101,6 +101,21 @@ static void test_config_env(void **state)
     assert_int_equal(config_peer_port(&cfg, 0), CONFIG_DEFAULT_PORT);
     assert_true(cfg.count == 50);
     assert_int_equal(cfg.delay_us, 100);
+
+    /* With a command line, CP_ARGS is not applied again, and --disk
+     * replaces the CP_DISKS list. */
+    {
+        char *argv[] = { "--disk", "/tmp/a", "--disk", "/tmp/b" };
+
+        config_init(&cfg);
+        assert_int_equal(config_from_env(&cfg, false, err, sizeof(err)), 0);
+        assert_true(cfg.count == 0);
+        assert_int_equal(cfg.ndisks, 3);
+        assert_int_equal(config_parse_args(&cfg, 4, argv, err, sizeof(err)),
+                         0);
+        assert_int_equal(cfg.ndisks, 2);
+        assert_string_equal(cfg.disks[1], "/tmp/b");
+    }
     unsetenv("CP_DISKS");
     unsetenv("CP_VM");
     unsetenv("CP_IP");

@@ -220,7 +220,7 @@ int main(int argc, char **argv)
     memset(&w, 0, sizeof(w));
     w.ring.listen_fd = w.ring.next_fd = w.ring.prev_fd = -1;
     config_init(&w.cfg);
-    if (config_from_env(&w.cfg, err, sizeof(err)) < 0 ||
+    if (config_from_env(&w.cfg, argc <= 1, err, sizeof(err)) < 0 ||
         config_parse_args(&w.cfg, argc - 1, argv + 1, err, sizeof(err)) < 0 ||
         config_finish(&w.cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "cp-writer: error: %s\n%s", err, config_usage);
