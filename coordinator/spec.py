@@ -63,6 +63,8 @@ class GroupSpec:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        if self.prepare_timeout_ms is None and isinstance(self.lease_ms, int):
+            object.__setattr__(self, "prepare_timeout_ms", max(1, self.lease_ms // 2))
         validate(self)
 
     @property

@@ -113,3 +113,27 @@ def down(
         _fail(str(exc))
     typer.echo(f"lab down: {len(removed)} item(s) removed; nothing left" if removed
                else "lab down: nothing to remove; nothing left")
+
+
+@app.command("group-file")
+def group_file(
+    output: str = typer.Option(None, "--output", "-o", help="default <state dir>/group.yaml"),
+    group: str = typer.Option("lab", "--group", help="group name (snapshots cp.<group>.<txn>)"),
+    vms: str = typer.Option(None, "--vms", help="comma-separated VM names (default: all primary VMs)"),
+    certs_dir: str = typer.Option(None, "--certs-dir", help="ca.pem + coordinator.pem/.key; default <state dir>/certs"),
+    lease_ms: int = typer.Option(2000, "--lease-ms"),
+    budget_ms: int = typer.Option(1000, "--budget-ms"),
+    state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
+) -> None:
+    """Write the group file G of the running lab (for `cutpoint snapshot -g G`)."""
+    from cutpoint.coordinator.groupfile import GroupFileError, write_group_file
+    from cutpoint.lab.status import load_status
+
+    try:
+        s = load_status(state_dir)
+        path = output or str(C.state_dir(state_dir) / "group.yaml")
+        spec = write_group_file(s, path, group=group, certs_dir=certs_dir, lease_ms=lease_ms,
+                                budget_ms=budget_ms, vms=vms.split(",") if vms else None)
+    except (LabError, GroupFileError) as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {path}: group {spec.name}, {len(spec.vms())} VM(s) on {len(spec.agents)} agent(s)")

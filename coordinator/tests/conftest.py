@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-
 from cutpoint.agentclient.testing import AgentPeer, make_pki
 from cutpoint.coordinator import AgentSpec, GroupSpec, TlsSpec, TxLog, VMSpec
 

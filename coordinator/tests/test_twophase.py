@@ -11,7 +11,6 @@ import asyncio
 from typing import Any
 
 import pytest
-
 from cutpoint.agentclient import AgentPool
 from cutpoint.agentclient.tls import client_context
 from cutpoint.coordinator import (
@@ -213,9 +212,8 @@ async def test_in_doubt_prepared_is_aborted(peers: Any, make_spec: Any, txlog: T
     # after a kill -9 instead, so restart resolution is what is tested here.
     rec = txlog.get("t8")
     assert rec is not None
-    from sqlalchemy import delete, update
-
     from cutpoint.coordinator.txlog import coord_txn, coord_txn_event
+    from sqlalchemy import delete, update
     with txlog.engine.begin() as c:
         c.execute(update(coord_txn).where(coord_txn.c.txn == "t8").values(state=PREPARING))
         c.execute(delete(coord_txn_event).where(coord_txn_event.c.txn == "t8",
@@ -235,9 +233,8 @@ async def test_in_doubt_committing_is_finished(peers: Any, make_spec: Any, txlog
     spec = make_spec([a], lease_ms=300, budget_ms=100, prepare_timeout_ms=200)
     res = await take_group_snapshot(spec, txlog, txn="t9")
     assert res.committed
-    from sqlalchemy import delete, update
-
     from cutpoint.coordinator.txlog import coord_txn, coord_txn_event
+    from sqlalchemy import delete, update
     with txlog.engine.begin() as c:
         c.execute(update(coord_txn).where(coord_txn.c.txn == "t9").values(state=COMMITTING))
         c.execute(delete(coord_txn_event).where(coord_txn_event.c.txn == "t9",
@@ -261,9 +258,8 @@ async def test_in_doubt_committing_expired_is_aborted(peers: Any, make_spec: Any
 
     with pytest.raises(KeyboardInterrupt):
         await take_group_snapshot(spec, txlog, txn="t10", on_event=die)
-    from sqlalchemy import delete, update
-
     from cutpoint.coordinator.txlog import coord_txn, coord_txn_event
+    from sqlalchemy import delete, update
     with txlog.engine.begin() as c:
         c.execute(update(coord_txn).where(coord_txn.c.txn == "t10").values(state=COMMITTING))
         c.execute(delete(coord_txn_event).where(
