@@ -1,0 +1,137 @@
+"""The FastAPI application: `uvicorn --factory cutpoint.api.app:create_app`."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from cutpoint.api import errors
+from cutpoint.api.config import Settings, get_settings
+from cutpoint.api.db import get_sessionmaker
+from cutpoint.api.errors import Unavailable
+from cutpoint.api.metrics import make_registry
+from cutpoint.api.routes import audit, groups, hosts, inventory, jobs, sites, snapshots, tokens
+from cutpoint.api.services import audit as audit_service
+from cutpoint.api.services.snapshots import fail_unqueued
+
+log = logging.getLogger("cutpoint.api")
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+VERSION = "0.1.0"
+
+
+def _make_enqueue(settings: Settings) -> Callable[..., None]:
+    def enqueue(kind: str, job_id: str, *, session: Session) -> None:
+        from cutpoint.api.worker import send
+
+        try:
+            send(kind, job_id, settings)
+        except Exception as exc:  # the broker is down: nothing will run this job
+            from cutpoint.api.models import Job
+
+            job = session.get(Job, job_id)
+            if job is not None:
+                fail_unqueued(session, job, f"{type(exc).__name__}: {exc}")
+            raise Unavailable(f"the job broker refused the job: {exc}",
+                              code="broker_unavailable") from exc
+    return enqueue
+
+
+def create_app(settings: Settings | None = None,
+               session_factory: sessionmaker[Session] | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="cutpoint", version=VERSION,
+        description="Crash-consistent group snapshots of QEMU/KVM VMs, and DR built on them.",
+        openapi_url="/v1/openapi.json", docs_url="/v1/docs", redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.session_factory = session_factory or get_sessionmaker(settings.database_url)
+    app.state.enqueue = _make_enqueue(settings)
+    registry, http_requests, http_latency = make_registry(
+        lambda: app.state.session_factory())
+    errors.install(app)
+
+    v1 = APIRouter(prefix="/v1")
+    for r in (sites, hosts, inventory, groups, snapshots, jobs, audit, tokens):
+        v1.include_router(r.router)
+    app.include_router(v1)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """The process is up (no dependencies checked)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "Not ready"}})
+    def readyz() -> dict[str, Any]:
+        """The database and the broker both answer."""
+        checks: dict[str, str] = {}
+        try:
+            with app.state.session_factory() as s:
+                s.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as exc:
+            checks["database"] = f"{type(exc).__name__}: {exc}"[:300]
+        try:
+            r = redis.Redis.from_url(settings.redis_url, socket_timeout=1,
+                                     socket_connect_timeout=1)
+            r.ping()
+            r.close()
+            checks["broker"] = "ok"
+        except Exception as exc:
+            checks["broker"] = f"{type(exc).__name__}: {exc}"[:300]
+        if any(v != "ok" for v in checks.values()):
+            raise Unavailable("not ready: " + ", ".join(f"{k}={v}" for k, v in checks.items()),
+                              code="not_ready", extra={"checks": checks})
+        return {"status": "ok", "checks": checks}
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics() -> Response:
+        """Prometheus text format."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.middleware("http")
+    async def _observe(request: Request,
+                       call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        rid = request.headers.get("X-Request-Id") or str(uuid.uuid4())
+        rid = rid[:36]
+        request.state.actor = None
+        request.state.role = None
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            response.headers["X-Request-Id"] = rid
+            return response
+        finally:
+            route = request.scope.get("route")
+            rpath = getattr(route, "path", "unmatched")
+            http_requests.labels(request.method, rpath, str(status)).inc()
+            http_latency.labels(request.method, rpath).observe(time.perf_counter() - t0)
+            if request.method in MUTATING:
+                _audit(app, request, status, rid)
+
+    return app
+
+
+def _audit(app: FastAPI, request: Request, status: int, rid: str) -> None:
+    """Every mutating call is recorded, refused ones included (actor null if unknown)."""
+    try:
+        with app.state.session_factory() as s:
+            audit_service.record(
+                s, actor=request.state.actor, role=request.state.role, method=request.method,
+                path=request.url.path, status=status, request_id=rid,
+                remote=request.client.host if request.client else None,
+                detail={"query": str(request.url.query)[:500]} if request.url.query else None)
+    except Exception:
+        # The call itself already happened; losing its audit row must be loud.
+        log.exception("audit write failed for %s %s", request.method, request.url.path)

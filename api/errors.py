@@ -1,0 +1,116 @@
+"""Problem-style JSON errors (RFC 9457) with a stable `code`.
+
+Services raise `ApiError` subclasses; the handlers below turn them, and
+FastAPI's own validation and HTTP errors, into `application/problem+json`:
+
+    {"type": "https://cutpoint.dev/problems/<code>", "title": "...",
+     "status": 409, "code": "disk_in_other_group", "detail": "...",
+     "instance": "/v1/groups/3/members"}
+
+Clients switch on `code`; `title`/`detail` are for humans and may change.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("cutpoint.api")
+PROBLEM = "application/problem+json"
+TYPE_BASE = "https://cutpoint.dev/problems/"
+
+
+class ApiError(Exception):
+    status = 400
+    code = "bad_request"
+    title = "Bad request"
+
+    def __init__(self, detail: str, *, code: str | None = None, status: int | None = None,
+                 extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        if code:
+            self.code = code
+        if status:
+            self.status = status
+        self.extra = extra or {}
+        self.headers = headers or {}
+
+
+class NotFound(ApiError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class Conflict(ApiError):
+    status, code, title = 409, "conflict", "Conflict"
+
+
+class PreconditionFailed(ApiError):
+    status, code, title = 412, "precondition_failed", "Precondition failed"
+
+
+class Unauthorized(ApiError):
+    status, code, title = 401, "unauthorized", "Unauthorized"
+
+    def __init__(self, detail: str, **kw: Any) -> None:
+        kw.setdefault("headers", {"WWW-Authenticate": 'Bearer realm="cutpoint"'})
+        super().__init__(detail, **kw)
+
+
+class Forbidden(ApiError):
+    status, code, title = 403, "forbidden", "Forbidden"
+
+
+class Unavailable(ApiError):
+    status, code, title = 503, "unavailable", "Service unavailable"
+
+
+_HTTP_CODES = {
+    400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+    405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
+    412: "precondition_failed", 413: "too_large", 415: "unsupported_media_type",
+    422: "validation_error", 429: "too_many_requests",
+}
+
+
+def problem(status: int, code: str, title: str, detail: str, instance: str,
+            extra: dict[str, Any] | None = None,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"type": TYPE_BASE + code, "title": title, "status": status,
+                            "code": code, "detail": detail, "instance": instance}
+    if extra:
+        body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return problem(exc.status, exc.code, exc.title, exc.detail, request.url.path,
+                       exc.extra, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+                   "type": str(e.get("type", ""))} for e in exc.errors()]
+        return problem(422, "validation_error", "Invalid request",
+                       "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors),
+                       request.url.path, {"errors": errors})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return problem(exc.status_code, code, code.replace("_", " ").capitalize(),
+                       str(exc.detail), request.url.path, None,
+                       dict(exc.headers) if exc.headers else None)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem(500, "internal", "Internal error",
+                       f"{type(exc).__name__}; see the server log", request.url.path)

@@ -1,0 +1,1 @@
+"""HTTP routes under /v1.  Routes validate, call a service, shape the reply."""

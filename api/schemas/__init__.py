@@ -1,0 +1,1 @@
+"""Request and response schemas, split by purpose (Create / Update / Public)."""

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import datetime as dt
+
+from cutpoint.api.schemas.common import Public
+
+
+class MemberSnapshotPublic(Public):
+    id: int
+    host: str
+    vm: str
+    disk: str
+    name: str
+    state: str
+    consistency: str | None
+    method: str | None
+    stop_ms: float | None
+    barrier_ms: float | None
+    snapshot_ms: float | None
+    cont_ms: float | None
+    paused_ms: float | None
+
+
+class SnapshotPublic(Public):
+    id: int
+    group: str
+    txn: str
+    state: str
+    trigger: str
+    job_id: str | None
+    requested_at: dt.datetime
+    started_at: dt.datetime | None
+    cut_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    max_pause_ms: float | None
+    duration_ms: float | None
+    consistency: str | None
+    dr_verified_at: dt.datetime | None
+    replication_base: bool
+    error_code: str | None
+    error: str | None
+
+
+class SnapshotDetail(SnapshotPublic):
+    members: list[MemberSnapshotPublic]

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from sqlalchemy import Select
+from sqlalchemy.orm import Session
+
+from cutpoint.api.errors import ApiError, NotFound, PreconditionFailed
+
+M = TypeVar("M")
+
+
+def get_or_404(session: Session, model: type[M], ident: Any, what: str) -> M:
+    obj = session.get(model, ident)
+    if obj is None:
+        raise NotFound(f"{what} {ident} does not exist", code=f"{what}_not_found")
+    return obj
+
+
+def parse_cursor(cursor: str | None) -> int | None:
+    if cursor is None or cursor == "":
+        return None
+    if not cursor.isdigit() or len(cursor) > 18:
+        raise ApiError(f"cursor {cursor!r} is not one this API handed out", code="bad_cursor")
+    return int(cursor)
+
+
+def paginate(session: Session, stmt: Select[Any], id_col: Any, limit: int,
+             cursor: str | None, *, newest_first: bool = False) -> tuple[list[Any], str | None]:
+    """Keyset pagination on an integer id; returns (rows, next_cursor)."""
+    after = parse_cursor(cursor)
+    if after is not None:
+        stmt = stmt.where(id_col < after if newest_first else id_col > after)
+    stmt = stmt.order_by(id_col.desc() if newest_first else id_col.asc()).limit(limit + 1)
+    rows = list(session.scalars(stmt).unique().all())
+    nxt = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        nxt = str(rows[-1].id)
+    return rows, nxt
+
+
+def etag(kind: str, ident: Any, version: int) -> str:
+    return f'"{kind}-{ident}-v{version}"'
+
+
+def check_if_match(if_match: str | None, current: str) -> None:
+    """RFC 9110 §13.1.1: If-Match with no matching entity tag → 412."""
+    if if_match is None:
+        return
+    tags = [t.strip() for t in if_match.split(",")]
+    if "*" in tags or current in tags or f"W/{current}" in tags:
+        return
+    raise PreconditionFailed(f"If-Match {if_match} does not match the current ETag {current}",
+                             code="etag_mismatch", extra={"etag": current})

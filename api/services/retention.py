@@ -1,0 +1,49 @@
+"""Retention: which committed snapshots of a group may go.
+
+A committed snapshot is kept when any of these holds:
+- it is among the `keep_last` newest;
+- it is younger than `keep_within` seconds;
+- it is the newest recovery point, or the newest DR recovery point
+  (invariant 6);
+- it is a replication base (`replication_base`; invariant 6).
+Everything else is deleted through the agents (`snapshot.delete`, which is
+idempotent: an absent snapshot is ok).  The row goes committed → deleting →
+deleted, so a crash mid-way is finished by the next run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from cutpoint.api.models import Group, GroupSnapshot, SnapState
+
+
+def plan(session: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
+    """The snapshots to delete now, oldest first (no side effects)."""
+    p = g.policy
+    snaps = list(session.scalars(
+        select(GroupSnapshot).where(GroupSnapshot.group_id == g.id,
+                                    GroupSnapshot.state == SnapState.committed)
+        .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc())))
+    if not snaps:
+        return []
+    keep: set[int] = {s.id for s in snaps[: p.keep_last]}
+    keep.add(snaps[0].id)  # the newest recovery point
+    dr = [s for s in snaps if s.dr_verified_at is not None]
+    if dr:
+        keep.add(dr[0].id)  # the newest DR recovery point
+    keep.update(s.id for s in snaps if s.replication_base)
+    if p.keep_within_seconds > 0:
+        cutoff = now - dt.timedelta(seconds=p.keep_within_seconds)
+        keep.update(s.id for s in snaps if s.cut_at is not None and s.cut_at >= cutoff)
+    doomed = [s for s in snaps if s.id not in keep]
+    doomed.reverse()
+    return doomed
+
+
+def pending_deletes(session: Session, g: Group) -> list[GroupSnapshot]:
+    return list(session.scalars(select(GroupSnapshot).where(
+        GroupSnapshot.group_id == g.id, GroupSnapshot.state == SnapState.deleting)))

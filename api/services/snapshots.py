@@ -1,0 +1,99 @@
+"""Group snapshot requests: one job and one in-flight row, in one transaction."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from cutpoint.api.errors import Conflict
+from cutpoint.api.models import (
+    Group,
+    GroupDisk,
+    GroupSnapshot,
+    Job,
+    JobState,
+    SnapState,
+    utcnow,
+)
+from cutpoint.api.schemas.snapshots import MemberSnapshotPublic, SnapshotDetail, SnapshotPublic
+
+
+def new_txn() -> str:
+    """Sortable and unique: milliseconds since the epoch (hex) + 24 random bits."""
+    return f"{int(time.time() * 1000):011x}{secrets.token_hex(3)}"
+
+
+def public(s: GroupSnapshot, group_name: str) -> SnapshotPublic:
+    return SnapshotPublic.model_validate({**_cols(s), "group": group_name})
+
+
+def detail(s: GroupSnapshot, group_name: str) -> SnapshotDetail:
+    return SnapshotDetail.model_validate({
+        **_cols(s), "group": group_name,
+        "members": [MemberSnapshotPublic.model_validate(m) for m in s.members]})
+
+
+def _cols(s: GroupSnapshot) -> dict[str, object]:
+    d = {c: getattr(s, c) for c in SnapshotPublic.model_fields if c != "group"}
+    d["state"] = s.state.value
+    return d
+
+
+def in_flight(session: Session, group_id: int) -> GroupSnapshot | None:
+    return session.scalar(select(GroupSnapshot).where(GroupSnapshot.inflight_group_id == group_id))
+
+
+def request(session: Session, g: Group, *, trigger: str, actor: str | None) -> Job:
+    """Create the job and the pending snapshot, or refuse with 409.
+
+    The UNIQUE inflight_group_id makes the refusal hold under concurrency:
+    of N simultaneous requests exactly one insert succeeds.
+    """
+    if session.scalar(select(GroupDisk.disk_id).where(GroupDisk.group_id == g.id).limit(1)) \
+            is None:
+        raise Conflict(f"group {g.name!r} has no members", code="group_empty")
+    busy = in_flight(session, g.id)
+    if busy is not None:
+        raise _busy(g, busy)
+    job = Job(id=str(uuid.uuid4()), kind="group_snapshot", group_id=g.id, created_by=actor,
+              params={"group_id": g.id, "trigger": trigger}, message="queued")
+    snap = GroupSnapshot(group_id=g.id, txn=new_txn(), state=SnapState.pending,
+                         inflight_group_id=g.id, trigger=trigger, job_id=job.id)
+    session.add_all([job, snap])
+    try:
+        session.flush()
+        job.snapshot_id = snap.id
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        busy = in_flight(session, g.id)
+        raise _busy(g, busy) from None
+    return job
+
+
+def _busy(g: Group, busy: GroupSnapshot | None) -> Conflict:
+    extra = {"snapshot_id": busy.id, "job_id": busy.job_id} if busy is not None else {}
+    return Conflict(f"group {g.name!r} already has a snapshot in flight",
+                    code="snapshot_in_flight", extra=extra)
+
+
+def fail_unqueued(session: Session, job: Job, reason: str) -> None:
+    """The broker refused the task: nothing will run it, so close both rows."""
+    job.state = JobState.failed
+    job.error_code = "broker_unavailable"
+    job.error = reason
+    job.finished_at = utcnow()
+    if job.snapshot_id is not None:
+        snap = session.get(GroupSnapshot, job.snapshot_id)
+        if snap is not None:
+            snap.state = SnapState.failed
+            snap.inflight_group_id = None
+            snap.error_code = "broker_unavailable"
+            snap.error = reason
+            snap.finished_at = utcnow()
+    session.commit()

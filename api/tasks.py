@@ -1,0 +1,1 @@
+"""Celery tasks (placeholder; filled in below)."""

@@ -1,0 +1,171 @@
+"""Fixtures: real Redis and PostgreSQL from cutpoint.api.services_local.
+
+The services start once per test session in a private state directory on
+free loopback ports and are stopped at the end.  Each database (SQLite file,
+PostgreSQL) is migrated with Alembic once; each test then runs inside an
+outer transaction that is rolled back (services commit to savepoints).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session, sessionmaker
+
+from cutpoint.api import services_local
+from cutpoint.api.app import create_app
+from cutpoint.api.config import Settings
+from cutpoint.api.db import get_engine
+from cutpoint.api.migrate import upgrade
+from cutpoint.api.models import Role
+from cutpoint.api.services import tokens
+
+SECRET = "test-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="session")
+def local_services() -> Iterator[services_local.Endpoints]:
+    state = tempfile.mkdtemp(prefix="cutpoint-test-svc-")
+    try:
+        yield services_local.start(state)
+    finally:
+        services_local.destroy(state)
+
+
+@pytest.fixture(scope="session")
+def sqlite_url() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="cutpoint-test-db-")
+    url = f"sqlite:///{d}/cutpoint.db"
+    upgrade(url)
+    yield url
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_url(local_services: services_local.Endpoints) -> str:
+    url = local_services.database_url
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    name = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.fixture
+def connection(db_url: str) -> Iterator[Connection]:
+    engine = get_engine(db_url)
+    with engine.connect() as conn:
+        outer = conn.begin()
+        try:
+            yield conn
+        finally:
+            outer.rollback()
+
+
+@pytest.fixture
+def session_factory(connection: Connection) -> sessionmaker[Session]:
+    return sessionmaker(bind=connection, join_transaction_mode="create_savepoint",
+                        expire_on_commit=False)
+
+
+@pytest.fixture
+def settings(db_url: str, local_services: services_local.Endpoints) -> Settings:
+    return Settings(database_url=db_url, redis_url=local_services.redis_url,
+                    token_secret=SECRET)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def app(settings: Settings, session_factory: sessionmaker[Session]) -> Any:
+    return create_app(settings, session_factory)
+
+
+@pytest.fixture
+def tokens_by_role(session_factory: sessionmaker[Session]) -> dict[str, str]:
+    out = {}
+    with session_factory() as s:
+        for role in Role:
+            _, tok = tokens.create(s, f"test-{role.value}", role, SECRET)
+            out[role.value] = tok
+    return out
+
+
+class Api:
+    """A TestClient with a role: api.get(path) sends that role's token."""
+
+    def __init__(self, client: TestClient, toks: dict[str, str], role: str = "admin") -> None:
+        self.client, self.toks, self.role = client, toks, role
+
+    def as_(self, role: str | None) -> Api:
+        return Api(self.client, self.toks, role) if role else _Anon(self.client, self.toks)
+
+    def _h(self, headers: dict[str, str] | None) -> dict[str, str]:
+        h = dict(headers or {})
+        h["Authorization"] = f"Bearer {self.toks[self.role]}"
+        return h
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        kw["headers"] = self._h(kw.get("headers"))
+        return self.client.request(method, path, **kw)
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw)
+
+    def patch(self, path: str, **kw: Any) -> Any:
+        return self.request("PATCH", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.request("DELETE", path, **kw)
+
+
+class _Anon(Api):
+    def _h(self, headers: dict[str, str] | None) -> dict[str, str]:
+        return dict(headers or {})
+
+
+@pytest.fixture
+def api(app: Any, tokens_by_role: dict[str, str]) -> Iterator[Api]:
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield Api(client, tokens_by_role)
+
+
+@pytest.fixture
+def inventory(session_factory: sessionmaker[Session]) -> dict[str, Any]:
+    """Two hosts with two VMs of two disks each, as an agent inventory reply would give."""
+    from cutpoint.api.models import Host, Site
+    from cutpoint.api.services import inventory as inv
+
+    with session_factory() as s:
+        site = Site(name="primary")
+        s.add(site)
+        s.flush()
+        out: dict[str, Any] = {"site_id": site.id, "hosts": []}
+        for h in (1, 2):
+            host = Host(name=f"primary-h{h}", site_id=site.id, address=f"10.77.1.{h}")
+            s.add(host)
+            s.flush()
+            inv.apply(s, host, {"vms": [
+                {"name": f"primary-h{h}-vm{v}", "driver": "qemu", "state": "running",
+                 "disks": [{"id": f"primary-h{h}-vm{v}/disk{d}", "node": f"disk{d}",
+                            "backend": "rbd", "pool": "rbd",
+                            "image": f"primary-h{h}-vm{v}-disk{d}"} for d in (0, 1)]}
+                for v in (1, 2)]})
+            out["hosts"].append(host.id)
+    return out
+
+
+os.environ.setdefault("CUTPOINT_TOKEN_SECRET", SECRET)
+Path  # noqa: B018  (kept for type checkers of helper modules)

@@ -1,0 +1,91 @@
+"""The Celery application (Redis broker) and how the API hands it jobs.
+
+    celery -A cutpoint.api.worker:celery_app worker -Q cutpoint.snapshots,cutpoint.default
+    celery -A cutpoint.api.worker:celery_app beat
+
+Queues: `cutpoint.scheduler` carries the beat ticks alone, so a long group
+snapshot can never delay the tick that decides the next one.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from cutpoint.api.config import Settings, get_settings
+
+QUEUES = {
+    "group_snapshot": "cutpoint.snapshots",
+    "retention": "cutpoint.default",
+    "inventory_sync": "cutpoint.default",
+    "scheduler_tick": "cutpoint.scheduler",
+    "retention_tick": "cutpoint.scheduler",
+    "inventory_tick": "cutpoint.scheduler",
+}
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("cutpoint", broker=settings.redis_url, include=["cutpoint.api.tasks"])
+    app.conf.update(
+        task_acks_late=True,
+        # A worker killed with the task in hand must give it back, not ack it.
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue="cutpoint.default",
+        task_routes={f"cutpoint.{k}": {"queue": v} for k, v in QUEUES.items()},
+        task_ignore_result=True,
+        task_always_eager=settings.celery_eager,
+        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "scheduler-tick": {"task": "cutpoint.scheduler_tick",
+                               "schedule": settings.scheduler_tick_s,
+                               "options": {"expires": max(2.0, settings.scheduler_tick_s * 2)}},
+            "retention-tick": {"task": "cutpoint.retention_tick",
+                               "schedule": settings.retention_interval_s,
+                               "options": {"expires": settings.retention_interval_s}},
+            "inventory-tick": {"task": "cutpoint.inventory_tick",
+                               "schedule": settings.inventory_interval_s,
+                               "options": {"expires": settings.inventory_interval_s}},
+        },
+    )
+    return app
+
+
+class _LazyCelery:
+    """Build the Celery app on first use, so importing this module needs no settings."""
+
+    _app: Celery | None = None
+
+    def get(self) -> Celery:
+        if self._app is None:
+            self._app = make_celery(get_settings())
+        return self._app
+
+
+_lazy = _LazyCelery()
+
+
+def __getattr__(name: str) -> Celery:
+    if name == "celery_app":
+        return _lazy.get()
+    raise AttributeError(name)
+
+
+_by_url: dict[str, Celery] = {}
+
+
+def celery_for(settings: Settings) -> Celery:
+    """A producer-side app for these settings (the API may not use the env settings)."""
+    app = _by_url.get(settings.redis_url)
+    if app is None:
+        app = _by_url[settings.redis_url] = make_celery(settings)
+    return app
+
+
+def send(kind: str, job_id: str, settings: Settings | None = None) -> None:
+    app = celery_for(settings) if settings is not None else _lazy.get()
+    # Bounded retry: a request must fail fast (503) when the broker is down.
+    app.send_task(f"cutpoint.{kind}", args=[job_id], queue=QUEUES[kind], retry=True,
+                  retry_policy={"max_retries": 2, "interval_start": 0.1,
+                                "interval_step": 0.2, "interval_max": 0.5})
