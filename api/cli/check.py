@@ -102,3 +102,6 @@ def writer(
             where = a.source + (f" @ {a.offset}" if a.offset is not None else "")
             typer.echo(f"  {a.kind}: {where}: {a.detail}")
     raise typer.Exit(0 if verdict.ok else 1)
+
+
+from cutpoint.api.cli import check_stores  # noqa: F401  (kvstore, sharedlog)
