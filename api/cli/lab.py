@@ -137,3 +137,16 @@ def group_file(
     except (LabError, GroupFileError) as exc:
         _fail(str(exc))
     typer.echo(f"wrote {path}: group {spec.name}, {len(spec.vms())} VM(s) on {len(spec.agents)} agent(s)")
+
+
+@app.command("build-image")
+def build_image(
+    name: str = typer.Argument(..., help="image recipe: debian-pg"),
+    fmt: str = typer.Option("raw", "--format", help="raw or qcow2"),
+    force: bool = typer.Option(False, "--force", help="rebuild even if cached"),
+) -> None:
+    """Build (or reuse from the cache) a Debian guest image (dr-tests/images/debian)."""
+    from cutpoint.lab import debian_image
+
+    argv = ["build", name, "--format", fmt] + (["--force"] if force else [])
+    raise typer.Exit(debian_image.main(argv))

@@ -79,7 +79,7 @@ class QMP:
         while True:
             try:
                 msg = self._read()
-            except socket.timeout as e:
+            except TimeoutError as e:
                 raise QMPError(sent, None, f"no reply in {timeout}s") from e
             if "event" in msg:
                 self.events.append(msg)
@@ -160,17 +160,23 @@ class DebianVM:
                 subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2",
                                 str(d.file), f"{d.size_mb}M"], check=True)
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
-                                     stdout=open(self.workdir / "qemu.out", "wb"),
-                                     stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        with open(self.workdir / "qemu.out", "wb") as out:
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         deadline = time.monotonic() + 30
-        while not self.qmp_path.exists():
+        # The socket file appears a moment before QEMU listens on it.
+        while True:
+            try:
+                self.qmp = QMP(self.qmp_path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 out = (self.workdir / "qemu.out").read_text(errors="replace")
+                self.kill()
                 raise RuntimeError(f"QEMU did not start: {out}")
             time.sleep(0.05)
-        self.qmp = QMP(self.qmp_path)
 
     def console_text(self) -> str:
         try:
@@ -180,7 +186,7 @@ class DebianVM:
 
     def wait_console(self, pattern: str, timeout: float) -> re.Match[str]:
         """Wait until the console matches ``pattern``; raise with its tail."""
-        rx = re.compile(pattern, re.M)
+        rx = re.compile(pattern, re.MULTILINE)
         deadline = time.monotonic() + timeout
         while True:
             m = rx.search(self.console_text())

@@ -44,7 +44,7 @@ RECOVERY_PATTERNS = (
     "PANIC",
     "FATAL",
 )
-_CPCHECK = re.compile(r"^.*CPCHECK (\{.*\})\s*$", re.M)
+_CPCHECK = re.compile(r"^.*CPCHECK (\{.*\})\s*$", re.MULTILINE)
 
 
 class CheckerInputError(ValueError):

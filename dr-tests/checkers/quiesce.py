@@ -38,9 +38,10 @@ import json
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class QGAError(RuntimeError):
@@ -77,7 +78,7 @@ class QGA:
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(65536)
-            except socket.timeout as e:
+            except TimeoutError as e:
                 raise QGAError(sent, self.buf.decode(errors="replace"),
                                "timed out") from e
             if not chunk:
@@ -106,7 +107,7 @@ class QGA:
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(65536)
-            except socket.timeout as e:
+            except TimeoutError as e:
                 raise QGAError(sent, None, "timed out") from e
             if not chunk:
                 raise QGAError(sent, None, "socket closed")
@@ -196,3 +197,101 @@ def quiesced_snapshot(qmp_exec: Callable[..., Any], qga_path: Path,
         stall_ms=round(((t_end - t_start) if level == "fs-freeze"
                         else (t3 - t0)) * 1e3, 2),
         frozen_fs=nfs, freeze_error=err, thaw_error=thaw_err)
+
+
+def _member_snapshot(vm: Any, name: str) -> Callable[[], None]:
+    def snap() -> None:
+        vm.qmp.execute("transaction", {"actions": [
+            {"type": "blockdev-snapshot-internal-sync",
+             "data": {"device": vm.node_of[s], "name": name}}
+            for s in ("cpwal", "cpdata", "cpjournal")]})
+    return snap
+
+
+def measure(workdir: Path, rounds: int = 5, freeze_timeout: float = 5.0,
+            dead_rounds: int = 2) -> dict[str, Any]:
+    """Pause with and without fs-freeze on one loaded PostgreSQL VM (same
+    run, alternating), then the same with a guest agent that never answers
+    (qemu-guest-agent masked on the kernel command line)."""
+    import shutil
+
+    from cutpoint.checkers.guestvm import DebianVM
+    from cutpoint.checkers.pgdrill import BOOT_TIMEOUT, group_disks
+    from cutpoint.lab.debian_image import build
+
+    image = build("debian-pg")
+    shutil.rmtree(workdir, ignore_errors=True)
+    out: dict[str, Any] = {"rounds": [], "dead_agent": [],
+                           "freeze_timeout_s": freeze_timeout}
+    for dead, n in ((False, rounds), (True, dead_rounds)):
+        extra = "cp.mode=load"
+        if dead:
+            extra += " systemd.mask=qemu-guest-agent.service"
+        wd = workdir / ("dead-agent" if dead else "live-agent")
+        vm = DebianVM(image, wd, group_disks(wd), extra)
+        vm.start()
+        try:
+            vm.wait_console(r"CPSTATE ledger-start", BOOT_TIMEOUT)
+            time.sleep(3)
+            for i in range(n):
+                modes = ["fs-freeze"] if dead else ["crash", "fs-freeze"]
+                for mode in modes:
+                    rec = quiesced_snapshot(
+                        vm.qmp.execute, vm.qga_path,  # type: ignore[union-attr]
+                        _member_snapshot(vm, f"q{int(dead)}.{i}.{mode}"),
+                        mode=mode, freeze_timeout=freeze_timeout)
+                    out["dead_agent" if dead else "rounds"].append(
+                        rec.as_dict())
+                    time.sleep(1)
+        finally:
+            vm.kill()
+    return out
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = ("mode", "consistency", "freeze_ms", "pause_ms", "snapshot_ms",
+            "thaw_ms", "stall_ms", "frozen_fs")
+    lines = ["  ".join(f"{c:>11}" for c in cols)]
+    for r in rows:
+        lines.append("  ".join(f"{r[c]!s:>11}" for c in cols))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import statistics
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m cutpoint.checkers.quiesce")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/cp-quiesce"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--freeze-timeout", type=float, default=5.0)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    res = measure(a.workdir, a.rounds, a.freeze_timeout)
+    print(_table(res["rounds"] + res["dead_agent"]))
+    summary = {}
+    for label, rows in (
+            ("crash", [r for r in res["rounds"] if r["mode"] == "crash"]),
+            ("fs-freeze", [r for r in res["rounds"]
+                           if r["mode"] == "fs-freeze"]),
+            ("fs-freeze, dead agent", res["dead_agent"])):
+        if rows:
+            summary[label] = {
+                k: round(statistics.median(r[k] for r in rows), 2)
+                for k in ("pause_ms", "freeze_ms", "thaw_ms", "stall_ms")}
+            summary[label]["levels"] = sorted({r["consistency"]
+                                               for r in rows})
+    res["median"] = summary
+    print(json.dumps(summary, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2))
+    ok = (all(r["consistency"] == r["mode"] for r in res["rounds"])
+          and all(r["consistency"] == "crash" for r in res["dead_agent"]))
+    print("levels as expected" if ok else "UNEXPECTED consistency levels",
+          file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -38,6 +38,10 @@ from typing import Any
 CACHE_ROOT = Path(os.environ.get("CUTPOINT_IMAGE_CACHE",
                                   "/var/cache/cutpoint/images"))
 RECIPES = Path(__file__).resolve().parent.parent / "images" / "debian"
+# Bump when the build procedure below changes in a way that changes images;
+# it is part of the recipe hash (edits that do not change images do not
+# force a rebuild).
+BUILDER_VERSION = "1"
 # Recipe names as the CLI knows them -> recipe folder.
 KNOWN = {"debian-pg": "pg"}
 
@@ -77,15 +81,15 @@ def recipe_dir(name: str) -> Path:
 
 
 def recipe_hash(rdir: Path, fmt: str = "raw") -> str:
-    """sha256 over every recipe file (path, mode, bytes), this module and the
-    output format: any change gives a new cache entry."""
+    """sha256 over every recipe file (path, mode, bytes), BUILDER_VERSION
+    and the output format: any change gives a new cache entry."""
     h = hashlib.sha256()
     for p in sorted(rdir.rglob("*")):
         if p.is_file():
             rel = p.relative_to(rdir).as_posix()
             h.update(f"{rel}\0{p.stat().st_mode & 0o777:o}\0".encode())
             h.update(p.read_bytes())
-    h.update(Path(__file__).read_bytes())
+    h.update(BUILDER_VERSION.encode())
     h.update(fmt.encode())
     return h.hexdigest()[:16]
 
@@ -95,7 +99,8 @@ def _run(step: str, argv: list[str], log: Path) -> float:
     with open(log, "ab") as lf:
         lf.write(f"\n### {step}: {' '.join(argv)}\n".encode())
         lf.flush()
-        p = subprocess.run(argv, stdout=lf, stderr=subprocess.STDOUT)
+        p = subprocess.run(argv, stdout=lf, stderr=subprocess.STDOUT,
+                           check=False)
     if p.returncode != 0:
         raise ImageBuildError(step, argv, p.returncode,
                               log.read_text(errors="replace"))
@@ -197,7 +202,8 @@ def _build_into(work: Path, rdir: Path, recipe: dict[str, Any], h: str,
     shutil.copy2(log, out / "build.log")
     pkgs = subprocess.run(
         ["chroot", str(root), "dpkg-query", "-W",
-         "-f=${Package} ${Version}\n"], capture_output=True, text=True)
+         "-f=${Package} ${Version}\n"], capture_output=True, text=True,
+        check=False)
     (out / "packages.txt").write_text(pkgs.stdout)
     alloc = os.stat(out / rootname).st_blocks * 512
     return {
