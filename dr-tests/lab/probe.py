@@ -32,7 +32,7 @@ def _cache_file(kernel: str, cache: Path) -> Path:
 
 def boot_probe(kernel: str, initrd: str, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
     """Boot under KVM; (ok, why)."""
-    argv = ["qemu-system-x86_64", "-nodefaults", "-no-user-config", "-machine", "pc,accel=kvm",
+    argv = ["qemu-system-x86_64", "-name", "guest=probe,process=cplab-probe", "-nodefaults", "-no-user-config", "-machine", "pc,accel=kvm",
             "-cpu", KVM_CPU, "-m", "128", "-display", "none", "-serial", "stdio", "-no-reboot",
             "-kernel", kernel, "-initrd", initrd,
             "-append", "console=ttyS0 quiet panic=-1 cp.workload=probe"]

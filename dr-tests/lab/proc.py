@@ -2,14 +2,15 @@
 
 Every process the lab starts (Ceph daemons, QEMU) carries the environment
 variable CUTPOINT_LAB_MARK.  Teardown finds leftovers by that mark *and* by
-name pattern (QEMU guests booted with `cp.name=`, Ceph daemons whose config
-path contains "cutpoint"), so a crashed lab whose state dir is gone is
+name pattern (QEMU guests named `process=cplab-<vm>`, Ceph daemons started
+with a lab config `.../ceph/<site>/ceph.conf`), so a crashed lab whose state dir is gone is
 still cleaned up.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -48,6 +49,14 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def _lab_ceph_conf(args: list[str]) -> bool:
+    """A Ceph daemon started with a lab config (`-c .../ceph/<site>/ceph.conf`)."""
+    for i, a in enumerate(args[:-1]):
+        if a == "-c" and re.search(r"/ceph/(primary|dr)/ceph\.conf$", args[i + 1]):
+            return _read(args[i + 1]).startswith(b"# cutpoint lab")
+    return False
+
+
 def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -78,8 +87,10 @@ def lab_processes() -> list[tuple[int, str]]:
         if not (qemu or cephd):
             continue
         # By name pattern first (works without the state dir), then by mark.
-        ours = ((qemu and ("cp.name=" in cmd or "cp.workload=probe" in cmd))
-                or (cephd and "cutpoint" in cmd)
+        # Only lab guests carry `process=cplab-` (QEMU's -name); other
+        # people's QEMUs booting the tiny image (cp.name=...) are not ours.
+        ours = ((qemu and "process=cplab-" in cmd)
+                or (cephd and _lab_ceph_conf(args))
                 or (MARK + "=").encode() in _read(f"/proc/{pid}/environ"))
         if ours and pid_alive(pid):
             found.append((pid, cmd))

@@ -76,7 +76,7 @@ def qemu_argv(vm: dict[str, Any], image: dict[str, Any], accel: str, peers: list
                f"cp.ndisks={len(vm['disks'])}"]
     if workload_args:
         cmdline.append(f"cp.args={workload_args}")
-    argv = ["qemu-system-x86_64", "-name", f"guest={vm['name']}",
+    argv = ["qemu-system-x86_64", "-name", f"guest={vm['name']},process=cplab-{vm['name']}",
             "-nodefaults", "-no-user-config", "-machine", f"pc,accel={accel}",
             "-cpu", "kvm64" if accel == "kvm" else "qemu64",
             "-smp", "1", "-m", str(memory_mb), "-display", "none", "-no-reboot",

@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from cutpoint.lab import config as C
 from cutpoint.lab import down as lab_down
 from cutpoint.lab import lock

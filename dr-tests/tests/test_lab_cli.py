@@ -1,0 +1,107 @@
+"""Bad input is rejected with one clear line and a non-zero exit, before
+the lab lock is taken or anything is touched; plus unit tests of the lab's
+pure parts (module order, QEMU argv, console parsing, lock)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cutpoint.lab import config as C
+from cutpoint.lab import image, vms
+from cutpoint.lab.errors import LabBusy
+from cutpoint.lab.lock import HELD_ENV, lab_lock
+
+CLI = [str(Path(sys.executable).parent / "cutpoint"), "lab"]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ, **(env or {}))
+    e.pop(HELD_ENV, None)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60,
+                          env=e, check=False)
+
+
+@pytest.mark.parametrize(("args", "env", "needle"), [
+    (["--backend", "nfs"], {}, "unknown --backend 'nfs': choose one of rbd, qcow2"),
+    (["--hosts", "0"], {}, "--hosts must be between 1 and 9, got 0"),
+    (["--kernel", "/nonexistent/vmlinuz-9"], {}, "kernel not found: /nonexistent/vmlinuz-9"),
+    ([], {"CUTPOINT_LAB_BOOT_DIR": "/nonexistent-boot"},
+     "no kernel found: /nonexistent-boot/vmlinuz-* is absent"),
+    (["--osd", "filestore"], {}, "unknown --osd 'filestore'"),
+])
+def test_lab_up_rejects_bad_input(args: list[str], env: dict[str, str], needle: str,
+                                  tmp_path: Path) -> None:
+    r = cli("up", "--state-dir", str(tmp_path), *args, env=env)
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1, r.stderr
+    assert needle in err[0], err
+    assert err[0].startswith("cutpoint lab: error: ")
+    assert not (tmp_path / "status.json").exists()
+
+
+def test_lab_status_without_lab_is_a_clear_error(tmp_path: Path) -> None:
+    r = cli("status", "--state-dir", str(tmp_path))
+    assert r.returncode != 0
+    assert "no lab is up" in r.stderr and "status.json" in r.stderr
+
+
+def test_lock_busy_is_reported(tmp_path: Path) -> None:
+    path = str(tmp_path / "lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"pid 1 (test)\n")
+    env_before = os.environ.pop(HELD_ENV, None)
+    try:
+        with pytest.raises(LabBusy, match="lab busy: .* held by pid 1 \\(test\\)"), \
+                lab_lock(wait=False, path=path):
+            pass
+    finally:
+        os.close(fd)
+        if env_before is not None:
+            os.environ[HELD_ENV] = env_before
+    with lab_lock(wait=False, path=path):
+        assert os.environ[HELD_ENV] == "1"
+
+
+def test_modules_resolve_dependencies_first() -> None:
+    kernel = C.newest_kernel()
+    if kernel is None:
+        pytest.skip("no /boot/vmlinuz-*")
+    order = [n for n, _ in image.resolve_modules(["virtio_blk", "virtio_net"],
+                                                 image.kernel_version(kernel))]
+    for before, after in [("virtio_ring", "virtio"), ("virtio", "virtio_blk"),
+                          ("failover", "net_failover"), ("net_failover", "virtio_net")]:
+        if before in order and after in order:
+            assert order.index(before) < order.index(after), order
+    assert "virtio_blk" in order and "virtio_net" in order
+
+
+def test_qemu_argv_names_disk_nodes_and_passes_guest_contract() -> None:
+    cfg = C.LabConfig(hosts=1, vms_per_host=1, disks=2, workload="writer",
+                      workload_args="a,b", state_dir="/tmp/x")
+    sites = {"primary": {"pool": "rbd", "ceph_conf": "/c/ceph.conf", "client_id": "admin"}}
+    [vm] = vms.plan(cfg, sites, Path("/tmp/x"))
+    argv = vms.qemu_argv(vm, {"kernel": "/k", "initrd": "/i"}, "tcg", ["10.77.101.1"],
+                         sites, 128, "a,b")
+    text = " ".join(argv)
+    assert "driver=rbd,node-name=disk0,pool=rbd,image=primary-h1-vm1-disk0" in text
+    assert "node-name=disk1" in text and "conf=/c/ceph.conf,user=admin" in text
+    append = argv[argv.index("-append") + 1].split()
+    for want in ("cp.workload=writer", "cp.vm=1", "cp.name=primary-h1-vm1",
+                 "cp.ip=10.77.101.1/16", "cp.peers=10.77.101.1", "cp.args=a,b"):
+        assert want in append
+
+
+def test_console_lines_parse(tmp_path: Path) -> None:
+    con = tmp_path / "console.log"
+    con.write_text("noise\nCP-LABCHECK ping name=v from=1 to=2 tries=1 result=ok\r\n"
+                   "CP-LABCHECK done name=v\n")
+    recs = vms.console_lines({"console": str(con)})
+    assert recs == [{"kind": "ping", "name": "v", "from": "1", "to": "2", "tries": "1",
+                     "result": "ok"}, {"kind": "done", "name": "v"}]
