@@ -1,6 +1,9 @@
 #include "sync_engine.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -631,6 +634,67 @@ done_event(const struct sync_opts *o, const struct sync_result *r)
     return j;
 }
 
+/*
+ * Hold an flock on "<record>.lock" for the whole run: two runs on one image
+ * would interleave writes at DR, and the lock tells a later run that the
+ * writer of a record is dead (its flock went with it).
+ */
+static int
+take_run_lock(const char *prog_path, int *fd_out, char *err, size_t errlen)
+{
+    char path[4200];
+    int fd;
+
+    snprintf(path, sizeof(path), "%s.lock", prog_path);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        seterr(err, errlen, "open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        seterr(err, errlen, "another cutpoint-sync is copying this image "
+               "(%s is locked)", path);
+        close(fd);
+        return -1;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/*
+ * A run killed while it held the DR image's exclusive lock leaves the lock
+ * to a dead client; librbd would wait for that client's watch to time out
+ * (~30 s) before taking it over.  If the owner is the client recorded in
+ * our progress record, the writer was a cutpoint-sync on this host whose
+ * flock we now hold, so it is dead and its lock can be broken at once.
+ * Any other owner (a live QEMU after failover, say) is left alone.
+ */
+static void
+break_stale_lock(const struct sync_opts *o, rbd_image_t dst,
+                 const struct sync_progress *rec)
+{
+    char *owners[8];
+    size_t n = 8, i;
+    rbd_lock_mode_t mode;
+    int rc;
+
+    if (rec->owner[0] == '\0')
+        return;
+    rc = rbd_lock_get_owners(dst, &mode, owners, &n);
+    if (rc < 0)
+        return;            /* -ENOENT: nobody holds it */
+    for (i = 0; i < n; i++) {
+        if (strcmp(owners[i], rec->owner) != 0)
+            continue;
+        rc = rbd_lock_break(dst, mode, owners[i]);
+        logkv(o, rc < 0 ? "warn" : "info", "msg=\"%s stale dr lock of a "
+              "killed run\" image=%s owner=%s%s%s", rc < 0 ? "cannot break"
+              : "broke", o->image, owners[i], rc < 0 ? " error=" : "",
+              rc < 0 ? strerror(-rc) : "");
+    }
+    rbd_lock_get_owners_cleanup(owners, n);
+}
+
 int
 sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
          size_t errlen)
@@ -645,13 +709,28 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
     uint64_t t0 = now_ns(), size = 0, dsize = 0;
     rbd_image_info_t info;
     size_t first = 0;
-    int ret = SYNC_ERR, rc, ex, full;
+    int ret = SYNC_ERR, rc, ex, full, lock_fd = -1, have_rec = 0;
 
     memset(r, 0, sizeof(*r));
     if (o->image == NULL || o->target == NULL || o->chunk == 0 ||
         o->workers < 1 || o->rate_mbps < 0) {
         seterr(err, errlen, "invalid options");
         return SYNC_ERR;
+    }
+    if (sync_progress_path(prog_path, sizeof(prog_path), o->state_dir,
+                           o->dst.pool, o->image) < 0) {
+        seterr(err, errlen, "progress path too long or invalid pool name");
+        return SYNC_ERR;
+    }
+    if (!o->verify_only && take_run_lock(prog_path, &lock_fd, err,
+                                         errlen) < 0)
+        return SYNC_ERR;
+    rc = sync_progress_load(prog_path, &have, perr, sizeof(perr));
+    if (rc == 0) {
+        have_rec = 1;
+    } else if (rc == -1) {
+        logkv(o, "warn", "msg=\"ignoring unreadable progress record\" "
+              "path=%s error=\"%s\"", prog_path, perr);
     }
     if (conn_open(&o->src, "primary", &sc, err, errlen) < 0 ||
         conn_open(&o->dst, "dr", &dc, err, errlen) < 0)
@@ -737,6 +816,8 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
                o->image, strerror(-rc));
         goto cleanup;
     }
+    if (have_rec)
+        break_stale_lock(o, dst, &have);
     if (snap_exists(dst, o->target, &ex, "dr", err, errlen) < 0)
         goto cleanup;
     if (ex) {
@@ -746,8 +827,7 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         r->full = full;
         logkv(o, "info", "msg=\"target already at dr\" image=%s target=%s",
               o->image, o->target);
-        if (sync_progress_path(prog_path, sizeof(prog_path), o->state_dir,
-                               o->dst.pool, o->image) == 0)
+        if (have_rec)
             sync_progress_remove(prog_path, perr, sizeof(perr));
         if (o->verify_full) {
             rc = rbd_open_read_only(dc.io, o->image, &dsnap, o->target);
@@ -828,16 +908,19 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
     r->total = sync_extents_bytes(&items, 0);
 
     /* Resume from a record of this very copy, if one survived. */
-    if (sync_progress_path(prog_path, sizeof(prog_path), o->state_dir,
-                           o->dst.pool, o->image) < 0) {
-        seterr(err, errlen, "progress path too long or invalid pool name");
-        goto cleanup;
-    }
     if (sync_progress_set(&want, o->dst.pool, o->image, full ? "" : base,
                           o->target, size, err, errlen) < 0)
         goto cleanup;
-    rc = sync_progress_load(prog_path, &have, perr, sizeof(perr));
-    if (rc == 0 && sync_progress_matches(&have, &want)) {
+    {
+        char *addrs = NULL;
+
+        /* librbd names a lock owner by its client address, e.g.
+         * "10.77.0.1:0/1261527113" (the nonce makes it unique per run). */
+        if (rados_getaddrs(dc.cluster, &addrs) == 0 && addrs != NULL)
+            snprintf(want.owner, sizeof(want.owner), "%s", addrs);
+        free(addrs);
+    }
+    if (have_rec && sync_progress_matches(&have, &want)) {
         want.done_offset = have.done_offset;
         want.bytes = have.bytes;
         want.extents = have.extents;
@@ -848,10 +931,11 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         logkv(o, "info", "msg=\"resuming\" image=%s target=%s offset=%"
               PRIu64 " skipped_extents=%zu", o->image, o->target,
               have.done_offset, first);
-    } else if (rc == -1) {
-        logkv(o, "warn", "msg=\"ignoring unreadable progress record\" "
-              "path=%s error=\"%s\"", prog_path, perr);
     }
+    /* Record our DR client id before the first write takes the lock. */
+    if (sync_progress_save(prog_path, &want, perr, sizeof(perr)) < 0)
+        logkv(o, "warn", "msg=\"progress record not saved\" error=\"%s\"",
+              perr);
     emit(o, json_pack("{s:s,s:s,s:s?,s:s,s:s,s:I,s:I,s:I,s:I,s:I}",
                       "event", "start", "image", o->image, "base",
                       full ? NULL : base, "target", o->target, "mode",
@@ -919,6 +1003,8 @@ cleanup:
         rbd_close(src);
     conn_close(&dc);
     conn_close(&sc);
+    if (lock_fd >= 0)
+        close(lock_fd);
     sync_extents_clear(&diff);
     sync_extents_clear(&drift);
     sync_extents_clear(&work);

@@ -69,16 +69,17 @@ sync_progress_encode(const struct sync_progress *p, char *buf, size_t buflen,
     uLong crc;
 
     if (!name_ok(p->pool) || !name_ok(p->image) || !name_ok(p->base) ||
-        !name_ok(p->target) || p->target[0] == '\0' || p->image[0] == '\0') {
+        !name_ok(p->target) || !name_ok(p->owner) ||
+        p->target[0] == '\0' || p->image[0] == '\0') {
         seterr(err, errlen, "record has an empty or invalid name");
         return -1;
     }
     n = snprintf(buf, buflen,
                  SYNC_PROGRESS_MAGIC "\n"
-                 "pool=%s\nimage=%s\nbase=%s\ntarget=%s\n"
+                 "pool=%s\nimage=%s\nbase=%s\ntarget=%s\nowner=%s\n"
                  "size=%" PRIu64 "\ndone_offset=%" PRIu64 "\n"
                  "bytes=%" PRIu64 "\nextents=%" PRIu64 "\n",
-                 p->pool, p->image, p->base, p->target, p->size,
+                 p->pool, p->image, p->base, p->target, p->owner, p->size,
                  p->done_offset, p->bytes, p->extents);
     if (n < 0 || (size_t)n >= buflen) {
         seterr(err, errlen, "record does not fit in %zu bytes", buflen);
@@ -182,7 +183,9 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
         take_line(buf, len, &pos, "base", p->base, sizeof(p->base), err,
                   errlen) < 0 ||
         take_line(buf, len, &pos, "target", p->target, sizeof(p->target),
-                  err, errlen) < 0)
+                  err, errlen) < 0 ||
+        take_line(buf, len, &pos, "owner", p->owner, sizeof(p->owner), err,
+                  errlen) < 0)
         return -1;
     dst[0] = &p->size;
     dst[1] = &p->done_offset;

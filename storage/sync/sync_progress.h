@@ -16,6 +16,7 @@
  *     image=vm1-disk0
  *     base=cp.g.41          (empty for a full copy)
  *     target=cp.g.42
+ *     owner=10.77.0.1:0/1261527113   (DR client address of the writer)
  *     size=67108864
  *     done_offset=8388608
  *     bytes=8388608
@@ -43,6 +44,11 @@ struct sync_progress {
     char image[SYNC_PROGRESS_NAME_MAX];
     char base[SYNC_PROGRESS_NAME_MAX];     /* "" = full copy */
     char target[SYNC_PROGRESS_NAME_MAX];
+    /* Client address of the DR connection of the run that wrote the
+     * record: if that run was killed, its exclusive lock on the DR image
+     * is stale and may be broken at once instead of waiting ~30 s for
+     * its watch to time out (see sync_engine.c). */
+    char owner[64];
     uint64_t size;
     uint64_t done_offset;
     uint64_t bytes;       /* data bytes shipped for this triple so far */

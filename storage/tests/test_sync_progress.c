@@ -23,6 +23,7 @@ sample(struct sync_progress *p)
     assert_int_equal(sync_progress_set(p, "rbd", "vm1-disk0", "cp.g.41",
                                        "cp.g.42", 67108864, err,
                                        sizeof(err)), 0);
+    strcpy(p->owner, "client.4181");
     p->done_offset = 8388608;
     p->bytes = 8388608;
     p->extents = 2;
@@ -97,6 +98,7 @@ test_corruptions(void **state)
         {"bytes=8388608", "bytes=08", "bad number in 'bytes'"},
         {"extents=2", "extents=2x", "bad number in 'extents'"},
         {"crc32=", "crc33=", "expected key 'crc32'"},
+        {"owner=client.4181\n", "", "expected key 'owner'"},
         {"image=vm1-disk0\nbase", "image=vm1-disk0\nimage=x\nbase",
          "expected key 'base'"},
     };
