@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cutpoint.api.cli import check, lab
+from cutpoint.api.cli import bench, check, lab
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 
 VERSION = "0.1.0"
@@ -21,6 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(lab.app, name="lab")
 app.add_typer(check.app, name="check")
+app.add_typer(bench.app, name="bench")
 app.command("snapshot")(snapshot_cmd)
 
 

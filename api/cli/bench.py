@@ -1,0 +1,87 @@
+"""`cutpoint bench ...`: benchmarks that print a table and write JSON.
+
+Each benchmark is one command of this sub-app; they run on the lab and
+never assert on time (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import ExitStack
+from typing import Any
+
+import typer
+
+app = typer.Typer(help="Benchmarks on the lab: print a table, write JSON.",
+                  no_args_is_help=True)
+
+
+def _log(msg: str) -> None:
+    typer.echo(msg)
+    sys.stdout.flush()
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{what} wants comma-separated integers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise typer.BadParameter(f"{what} wants positive integers, got {text!r}")
+    return vals
+
+
+@app.command()
+def replication(
+    json_out: str = typer.Option(None, "--json", help="write the results to this JSON file"),
+    sizes_mib: str = typer.Option("256,1024", "--sizes-mib", help="image sizes, MiB"),
+    changes_mib: str = typer.Option("4,16,64", "--changes-mib",
+                                    help="data changed before each incremental round, MiB"),
+    jobs: int = typer.Option(4, "--jobs", help="cutpoint-sync extents in flight"),
+) -> None:
+    """cutpoint-sync against `rbd export-diff | rbd import-diff` on the same snapshots.
+
+    Uses the running lab if it is healthy; otherwise brings up a VM-less lab
+    (two Ceph sites) under the lab lock and tears it down afterwards."""
+    from cutpoint.bench import replication as rb
+    from cutpoint.lab import config as C
+    from cutpoint.lab import down as lab_down
+    from cutpoint.lab import lock
+    from cutpoint.lab import up as lab_up
+    from cutpoint.lab.errors import LabError, LabNotUp
+    from cutpoint.lab.status import health, load_status
+
+    cfg = rb.BenchConfig(sizes_mib=_ints(sizes_mib, "--sizes-mib"),
+                         changes_mib=_ints(changes_mib, "--changes-mib"), jobs=jobs)
+    if not 1 <= jobs <= 64:
+        raise typer.BadParameter("--jobs wants 1..64")
+    try:
+        rb.sync_binary()
+    except FileNotFoundError as exc:
+        typer.echo(f"cutpoint bench: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    doc: dict[str, Any]
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(lock.lab_lock(wait=True, log=_log))
+            try:
+                status = load_status()
+                if not health(status)["ok"]:
+                    raise LabNotUp("lab not healthy")
+                _log("using the running lab")
+            except LabNotUp:
+                _log("bringing up a VM-less lab (two Ceph sites)")
+                status = lab_up.up(C.LabConfig(hosts=1, vms_per_host=0), log=_log)
+                stack.callback(lab_down.down, log=_log)
+            doc = rb.run_benchmark(status, cfg, log=_log)
+    except (LabError, rb.ReplicationError) as exc:
+        typer.echo(f"cutpoint bench: error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo("")
+    typer.echo(rb.table(doc))
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        typer.echo(f"\nwrote {json_out}")
