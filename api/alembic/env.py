@@ -7,9 +7,12 @@ from sqlalchemy import pool
 
 from cutpoint.api.db import get_engine
 from cutpoint.api.models import Base
+from cutpoint.coordinator.txlog import METADATA as TXLOG_METADATA
 
 config = context.config
-target_metadata = Base.metadata
+# The coordinator's transaction log lives in the same database, so that a
+# group snapshot's durable decisions and the API's rows share one backup.
+target_metadata = [Base.metadata, TXLOG_METADATA]
 
 
 def _url() -> str:
