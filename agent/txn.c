@@ -25,6 +25,8 @@ txn_free(struct txn *x)
     json_decref(x->prepare_result);
     json_decref(x->commit_result);
     json_decref(x->created);
+    free(x->t_stop0);
+    free(x->t_stop1);
     free(x);
 }
 
@@ -58,7 +60,7 @@ txn_state_name(enum txn_state s)
 {
     static const char *n[] = {"preparing", "prepared", "committing",
                               "committed", "failed", "expiring", "expired",
-                              "aborted"};
+                              "aborting", "aborted"};
     return n[s];
 }
 
@@ -66,7 +68,8 @@ int
 txn_is_live(const struct txn *x)
 {
     return x->state == TXN_PREPARING || x->state == TXN_PREPARED ||
-           x->state == TXN_COMMITTING || x->state == TXN_EXPIRING;
+           x->state == TXN_COMMITTING || x->state == TXN_EXPIRING ||
+           x->state == TXN_ABORTING;
 }
 
 static void
@@ -109,6 +112,10 @@ txn_begin_prepare(struct txn_table *t, const char *id,
         if (!(x->vms[x->nvms] = strdup(vms[x->nvms])))
             goto oom;
     x->created = json_object();
+    x->t_stop0 = calloc(nvms ? (size_t)nvms : 1, sizeof(double));
+    x->t_stop1 = calloc(nvms ? (size_t)nvms : 1, sizeof(double));
+    if (!x->created || !x->t_stop0 || !x->t_stop1)
+        goto oom;
     x->state = TXN_PREPARING;
     x->next = t->head;
     t->head = x;
@@ -203,20 +210,32 @@ lease_next_in(struct txn_table *t)
 }
 
 struct txn *
-txn_abort(struct txn_table *t, const char *id)
+txn_begin_abort(struct txn_table *t, const char *id, int *was_prepared)
 {
     struct txn *x = txn_find(t, id);
     const char *code;
     char msg[64];
 
+    *was_prepared = 0;
     if (!x) {
         x = txn_begin_prepare(t, id, NULL, 0, &code, msg, sizeof(msg));
         if (!x)
             return NULL;
+    } else if (x->state == TXN_PREPARING || x->state == TXN_COMMITTING ||
+               x->state == TXN_EXPIRING || x->state == TXN_ABORTING) {
+        return NULL;
     }
+    *was_prepared = x->state == TXN_PREPARED;
+    x->state = TXN_ABORTING;
+    return x;
+}
+
+void
+txn_finish_abort(struct txn_table *t, struct txn *x)
+{
+    assert(x->state == TXN_ABORTING);
     x->state = TXN_ABORTED;
     x->finished_at = now(t);
-    return x;
 }
 
 int

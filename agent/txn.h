@@ -14,7 +14,10 @@
  *    COMMITTING ──txn_finish_commit──▶ COMMITTED | FAILED    │ now >= deadline
  *                                                            ▼
  *                      txn_finish_expire     EXPIRED ◀── EXPIRING
- *   any live state ──txn_abort──▶ ABORTED  (caller resumes the VMs)
+ *   PREPARED or a finished state ──txn_begin_abort──▶ ABORTING
+ *        (caller resumes the VMs and deletes snapshots) ──txn_finish_abort──▶
+ *        ABORTED.  An unknown txn is created ABORTING, so a late prepare or
+ *        commit of it gets ABORTED.
  *
  * Transitional states (PREPARING, COMMITTING, EXPIRING) are owned by the
  * thread that entered them; others wait for the table's condition variable
@@ -33,6 +36,7 @@ enum txn_state {
     TXN_FAILED,
     TXN_EXPIRING,
     TXN_EXPIRED,
+    TXN_ABORTING,
     TXN_ABORTED,
 };
 
@@ -53,6 +57,7 @@ struct txn {
     char err_code[32];          /* FAILED: the stored error */
     char err_msg[256];
     json_t *created;            /* owned: {"disk": "snapshot name"} made by commit */
+    double *t_stop0, *t_stop1;  /* per VM: start and end of its stop call */
     struct txn *next;
 };
 
@@ -97,9 +102,12 @@ void txn_finish_expire(struct txn_table *t, struct txn *x);
 /* Milliseconds until the next lease deadline, or -1 when none is armed. */
 double lease_next_in(struct txn_table *t);
 
-/* Any stable state (or unknown id) → ABORTED; returns the txn (created
- * when unknown, so that a late prepare/commit sees ABORTED). */
-struct txn *txn_abort(struct txn_table *t, const char *id);
+/* A stable state (or unknown id) → ABORTING; returns the txn (created
+ * when unknown) and sets *was_prepared when its VMs are still paused.
+ * Returns NULL when the txn is in a transitional state (caller waits). */
+struct txn *txn_begin_abort(struct txn_table *t, const char *id,
+                            int *was_prepared);
+void txn_finish_abort(struct txn_table *t, struct txn *x);
 
 /* Drops finished txns older than TXN_KEEP_MS.  Returns how many. */
 int txn_gc(struct txn_table *t);

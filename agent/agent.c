@@ -1,0 +1,1324 @@
+/* agent: see agent.h. */
+#include "agent.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <libvirt/virterror.h>
+
+#include "log.h"
+#include "mono.h"
+
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+#define INVENTORY_TIMEOUT_MS 500
+#define RETRY_RESUME_MS 500.0
+
+static double
+clock_mono(void *opaque)
+{
+    (void)opaque;
+    return mono_ms();
+}
+
+static void
+cond_wait_ms(struct agent *a, double ms)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)((ms - (double)(long)(ms / 1000) * 1000) * 1e6);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&a->cond, &a->mu, &ts);
+}
+
+static struct vm *
+find_vm(struct agent *a, const char *name)
+{
+    for (int i = 0; i < a->nvms; i++)
+        if (strcmp(a->vms[i].cfg->name, name) == 0)
+            return &a->vms[i];
+    return NULL;
+}
+
+/* "vm/node" → VM and disk index; -1 when unknown. */
+static int
+find_disk(struct agent *a, const char *id, struct vm **vmp, int *idx)
+{
+    const char *slash = strrchr(id, '/');
+    char vmname[256];
+    struct vm *v;
+
+    if (!slash || (size_t)(slash - id) >= sizeof(vmname))
+        return -1;
+    memcpy(vmname, id, (size_t)(slash - id));
+    vmname[slash - id] = '\0';
+    if (!(v = find_vm(a, vmname)))
+        return -1;
+    for (int d = 0; d < v->cfg->ndisks; d++)
+        if (strcmp(v->cfg->disks[d].node, slash + 1) == 0) {
+            *vmp = v;
+            *idx = d;
+            return 0;
+        }
+    return -1;
+}
+
+/* Runs fn over n items, one thread per item (inline when n == 1). */
+typedef void *(*par_fn)(void *);
+
+static void
+run_parallel(par_fn fn, void *items, size_t size, int n)
+{
+    pthread_t th[CFG_MAX_VMS];
+    int started[CFG_MAX_VMS] = {0};
+
+    if (n == 1) {
+        fn(items);
+        return;
+    }
+    for (int i = 0; i < n && i < CFG_MAX_VMS; i++)
+        started[i] = pthread_create(&th[i], NULL, fn,
+                                    (char *)items + (size_t)i * size) == 0;
+    for (int i = 0; i < n && i < CFG_MAX_VMS; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            fn((char *)items + (size_t)i * size);
+    }
+}
+
+/* ---- resuming ---------------------------------------------------------- */
+
+struct resume_job {
+    struct agent *a;
+    struct vm *vm;
+    const char *why;
+    const char *txn;
+    double cont_ms;
+    double t_end;           /* when cont returned */
+    int rc;
+    struct qmp_err err;
+};
+
+/* Resumes one VM; on success clears its journal entry, on failure marks
+ * it for the reaper to retry (invariant 2: never left paused). */
+static void *
+resume_one(void *arg)
+{
+    struct resume_job *j = arg;
+    struct agent *a = j->a;
+    char jerr[256];
+    double t0 = mono_ms();
+
+    j->rc = vm_cont(j->vm, a->cfg.qmp_timeout_ms, &j->err);
+    j->t_end = mono_ms();
+    j->cont_ms = j->t_end - t0;
+    pthread_mutex_lock(&a->mu);
+    if (j->rc == 0) {
+        j->vm->needs_resume = 0;
+    } else {
+        j->vm->needs_resume = 1;
+        snprintf(j->vm->needs_resume_txn, sizeof(j->vm->needs_resume_txn),
+                 "%s", j->txn ? j->txn : "-");
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (j->rc == 0) {
+        if (journal_remove(a->journal, j->vm->cfg->name, jerr,
+                           sizeof(jerr)) < 0)
+            log_warnx("event=journal_error vm=%s msg=\"%s\"",
+                      j->vm->cfg->name, jerr);
+        log_info("event=resumed vm=%s txn=%s why=%s cont_ms=%.3f",
+                 j->vm->cfg->name, j->txn ? j->txn : "-", j->why, j->cont_ms);
+    } else {
+        log_warnx("event=resume_failed vm=%s txn=%s why=%s msg=\"%s\" "
+                  "retry=yes", j->vm->cfg->name, j->txn ? j->txn : "-",
+                  j->why, j->err.msg);
+    }
+    return NULL;
+}
+
+static void
+resume_vms(struct agent *a, struct vm **vms, int n, const char *txn,
+           const char *why, struct resume_job *jobs)
+{
+    for (int i = 0; i < n; i++) {
+        memset(&jobs[i], 0, sizeof(jobs[i]));
+        jobs[i].a = a;
+        jobs[i].vm = vms[i];
+        jobs[i].why = why;
+        jobs[i].txn = txn;
+    }
+    if (n > 0)
+        run_parallel(resume_one, jobs, sizeof(*jobs), n);
+}
+
+struct expire_arg {
+    struct agent *a;
+    struct txn *x;
+};
+
+/* The lease fired: resume the txn's VMs, then mark it EXPIRED. */
+static void
+expire_txn(struct agent *a, struct txn *x)
+{
+    struct vm *vms[CFG_MAX_VMS];
+    struct resume_job jobs[CFG_MAX_VMS];
+    int n = 0;
+
+    for (int i = 0; i < x->nvms; i++)
+        if ((vms[n] = find_vm(a, x->vms[i])))
+            n++;
+    resume_vms(a, vms, n, x->id, "lease_expired", jobs);
+    atomic_fetch_add(&a->resumed_by_lease, n);
+    atomic_fetch_add(&a->n_expired, 1);
+    log_info("event=lease_expired txn=%s vms=%d", x->id, n);
+    pthread_mutex_lock(&a->mu);
+    txn_finish_expire(&a->txns, x);
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void *
+expire_thread(void *arg)
+{
+    struct expire_arg *e = arg;
+
+    expire_txn(e->a, e->x);
+    free(e);
+    return NULL;
+}
+
+struct retry_arg {
+    struct agent *a;
+    struct vm *vm;
+};
+
+static int retrying[CFG_MAX_VMS];   /* guarded by a->mu */
+static double last_retry[CFG_MAX_VMS];
+
+static void *
+retry_thread(void *arg)
+{
+    struct retry_arg *r = arg;
+    struct resume_job j = {.a = r->a, .vm = r->vm, .why = "retry",
+                           .txn = r->vm->needs_resume_txn};
+    int idx = (int)(r->vm - r->a->vms);
+
+    resume_one(&j);
+    pthread_mutex_lock(&r->a->mu);
+    retrying[idx] = 0;
+    pthread_mutex_unlock(&r->a->mu);
+    free(r);
+    return NULL;
+}
+
+static void
+spawn_detached(void *(*fn)(void *), void *arg)
+{
+    pthread_t th;
+    pthread_attr_t at;
+
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &at, fn, arg) != 0)
+        fn(arg);    /* no thread: do it here, late rather than never */
+    pthread_attr_destroy(&at);
+}
+
+/*
+ * The reaper never calls a VM itself (a hung QEMU would delay every other
+ * lease); it claims due work under a.mu and hands it to detached threads.
+ */
+static void *
+reaper_main(void *arg)
+{
+    struct agent *a = arg;
+
+    pthread_mutex_lock(&a->mu);
+    while (!a->stopping) {
+        struct txn *x;
+        double next;
+
+        while ((x = lease_claim_due(&a->txns))) {
+            struct expire_arg *e = malloc(sizeof(*e));
+            if (!e) {
+                pthread_mutex_unlock(&a->mu);
+                expire_txn(a, x);
+                pthread_mutex_lock(&a->mu);
+                continue;
+            }
+            e->a = a;
+            e->x = x;
+            spawn_detached(expire_thread, e);
+        }
+        for (int i = 0; i < a->nvms; i++) {
+            if (a->vms[i].needs_resume && !retrying[i] &&
+                mono_ms() - last_retry[i] >= RETRY_RESUME_MS) {
+                struct retry_arg *r = malloc(sizeof(*r));
+                if (!r)
+                    continue;
+                r->a = a;
+                r->vm = &a->vms[i];
+                retrying[i] = 1;
+                last_retry[i] = mono_ms();
+                spawn_detached(retry_thread, r);
+            }
+        }
+        txn_gc(&a->txns);
+        next = lease_next_in(&a->txns);
+        cond_wait_ms(a, next < 0 || next > 100 ? 100 : next);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* ---- start / stop -------------------------------------------------------- */
+
+static void
+journal_recover(struct agent *a)
+{
+    struct journal_entry *e = NULL;
+    int n = 0;
+
+    if (journal_entries(a->journal, &e, &n) < 0)
+        return;
+    for (int i = 0; i < n; i++) {
+        struct vm *v = find_vm(a, e[i].vm);
+        struct resume_job j = {.a = a, .vm = v, .why = "journal",
+                               .txn = e[i].txn};
+        char jerr[256];
+
+        if (!v) {
+            log_warnx("event=journal_resume txn=%s vm=%s result=unknown_vm",
+                      e[i].txn, e[i].vm);
+            journal_remove(a->journal, e[i].vm, jerr, sizeof(jerr));
+            continue;
+        }
+        resume_one(&j);
+        atomic_fetch_add(&a->resumed_by_journal, j.rc == 0);
+        log_info("event=journal_resume txn=%s vm=%s result=%s",
+                 e[i].txn, e[i].vm, j.rc == 0 ? "resumed" : "retrying");
+    }
+    free(e);
+}
+
+int
+agent_start(struct agent *a, const struct agent_config *cfg, char *err,
+            size_t errlen)
+{
+    pthread_condattr_t ca;
+    int need_ceph = 0;
+
+    memset(a, 0, sizeof(*a));
+    a->cfg = *cfg;
+    a->started_ms = mono_ms();
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    txn_table_init(&a->txns, clock_mono, NULL);
+
+    if (a->cfg.libvirt_uri[0]) {
+        a->lv = virConnectOpen(a->cfg.libvirt_uri);
+        if (!a->lv) {
+            const char *m = virGetLastErrorMessage();
+            snprintf(err, errlen, "libvirt %s: %s", a->cfg.libvirt_uri,
+                     m ? m : "cannot connect");
+            return -1;
+        }
+    }
+    for (int i = 0; i < a->cfg.nvms; i++) {
+        if (vm_init(&a->vms[i], &a->cfg.vms[i], a->lv) < 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        a->nvms++;
+        for (int d = 0; d < a->cfg.vms[i].ndisks; d++)
+            if (a->cfg.vms[i].disks[d].backend == CFG_BACKEND_RBD)
+                need_ceph = 1;
+    }
+    if (need_ceph && a->cfg.ceph_conf[0]) {
+        if (rbdsnap_connect(a->cfg.ceph_conf, a->cfg.ceph_id,
+                            a->cfg.ceph_keyring[0] ? a->cfg.ceph_keyring : NULL,
+                            &a->ceph, err, errlen) < 0)
+            return -1;
+        /* Images are opened once, now, so that commit holds no open. */
+        for (int i = 0; i < a->nvms; i++)
+            for (int d = 0; d < a->cfg.vms[i].ndisks; d++) {
+                const struct cfg_disk *dk = &a->cfg.vms[i].disks[d];
+                if (dk->backend != CFG_BACKEND_RBD)
+                    continue;
+                if (rbdsnap_open(a->ceph, dk->pool, dk->image,
+                                 &a->vms[i].img[d], err, errlen) < 0)
+                    return -1;
+                log_info("event=rbd_open vm=%s disk=%s image=%s/%s",
+                         a->cfg.vms[i].name, dk->node, dk->pool, dk->image);
+            }
+    }
+    if (journal_open(a->cfg.journal, &a->journal, err, errlen) < 0)
+        return -1;
+    journal_recover(a);
+    if (pthread_create(&a->reaper, NULL, reaper_main, a) != 0) {
+        snprintf(err, errlen, "cannot start the lease thread");
+        return -1;
+    }
+    a->reaper_started = 1;
+    for (int i = 0; i < a->nvms; i++)
+        log_info("event=vm vm=%s driver=%s method=%s disks=%d",
+                 a->cfg.vms[i].name,
+                 a->cfg.vms[i].driver == CFG_DRIVER_QMP ? "qmp" : "libvirt",
+                 config_method_name(a->cfg.vms[i].method),
+                 a->cfg.vms[i].ndisks);
+    return 0;
+}
+
+void
+agent_stop(struct agent *a)
+{
+    struct vm *vms[CFG_MAX_VMS];
+    struct resume_job jobs[CFG_MAX_VMS];
+    int n = 0;
+
+    /* Leaving: nobody will commit, so resume everything still paused. */
+    pthread_mutex_lock(&a->mu);
+    a->stopping = 1;
+    for (struct txn *x = a->txns.head; x; x = x->next)
+        if (x->state == TXN_PREPARED)
+            for (int i = 0; i < x->nvms && n < CFG_MAX_VMS; i++)
+                if ((vms[n] = find_vm(a, x->vms[i])))
+                    n++;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    resume_vms(a, vms, n, NULL, "agent_stop", jobs);
+    if (a->reaper_started)
+        pthread_join(a->reaper, NULL);
+    for (int i = 0; i < a->nvms; i++)
+        vm_destroy(&a->vms[i]);
+    rbdsnap_cluster_free(a->ceph);
+    if (a->lv)
+        virConnectClose(a->lv);
+    journal_free(a->journal);
+    pthread_mutex_lock(&a->mu);
+    txn_table_clear(&a->txns);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- handlers ---------------------------------------------------------- */
+
+#define FAIL(c, ...) do { *code = (c); snprintf(msg, msglen, __VA_ARGS__); \
+                          goto cleanup; } while (0)
+
+static const char *
+method_name(const struct vm *v)
+{
+    return v->cfg->method == CFG_METHOD_RBD ? "rbd" : "qmp-transaction";
+}
+
+static json_t *
+disk_json(const struct vm *v, int d)
+{
+    const struct cfg_disk *dk = &v->cfg->disks[d];
+    json_t *o = json_pack("{s:s++,s:s,s:s}", "id", v->cfg->name, "/",
+                          dk->node, "node", dk->node, "backend",
+                          dk->backend == CFG_BACKEND_RBD ? "rbd" : "qcow2");
+
+    if (dk->backend == CFG_BACKEND_RBD) {
+        json_object_set_new(o, "pool", json_string(dk->pool));
+        json_object_set_new(o, "image", json_string(dk->image));
+    } else {
+        json_object_set_new(o, "file", json_string(dk->file));
+    }
+    return o;
+}
+
+static json_t *
+h_hello(struct agent *a)
+{
+    int has_rbd = a->ceph != NULL;
+
+    json_t *methods = json_pack("[s]", "qmp-transaction");
+
+    if (has_rbd)
+        json_array_insert_new(methods, 0, json_string("rbd"));
+    return json_pack("{s:s,s:i,s:s,s:[ss],s:[sssssssssss],s:o}",
+                     "version", CUTPOINT_VERSION, "protocol", 1,
+                     "host", a->cfg.host, "drivers", "qmp", "libvirt",
+                     "capabilities", "hello", "inventory", "prepare",
+                     "commit", "abort", "resume", "snapshot.list",
+                     "snapshot.delete", "vm.start", "vm.stop", "stats",
+                     "snapshot_methods", methods);
+}
+
+struct inv_job {
+    struct agent *a;
+    struct vm *vm;
+    const char *state;
+};
+
+static void *
+inv_one(void *arg)
+{
+    struct inv_job *j = arg;
+
+    j->state = vm_state(j->vm, INVENTORY_TIMEOUT_MS);
+    return NULL;
+}
+
+static json_t *
+h_inventory(struct agent *a)
+{
+    struct inv_job jobs[CFG_MAX_VMS];
+    json_t *vms = json_array();
+
+    for (int i = 0; i < a->nvms; i++)
+        jobs[i] = (struct inv_job){.a = a, .vm = &a->vms[i]};
+    if (a->nvms)
+        run_parallel(inv_one, jobs, sizeof(*jobs), a->nvms);
+    for (int i = 0; i < a->nvms; i++) {
+        struct vm *v = &a->vms[i];
+        json_t *disks = json_array();
+        for (int d = 0; d < v->cfg->ndisks; d++)
+            json_array_append_new(disks, disk_json(v, d));
+        json_array_append_new(vms, json_pack(
+            "{s:s,s:s,s:s,s:s,s:o}", "name", v->cfg->name, "driver",
+            v->cfg->driver == CFG_DRIVER_QMP ? "qmp" : "libvirt", "state",
+            jobs[i].state, "method", method_name(v), "disks", disks));
+    }
+    return json_pack("{s:o}", "vms", vms);
+}
+
+static json_t *
+h_stats(struct agent *a)
+{
+    return json_pack("{s:f,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I},s:I,s:I}",
+                     "uptime_ms", mono_ms() - a->started_ms,
+                     "connections", (json_int_t)atomic_load(&a->connections),
+                     "requests", (json_int_t)atomic_load(&a->requests),
+                     "errors", (json_int_t)atomic_load(&a->errors),
+                     "txns",
+                     "prepared", (json_int_t)atomic_load(&a->n_prepared),
+                     "committed", (json_int_t)atomic_load(&a->n_committed),
+                     "aborted", (json_int_t)atomic_load(&a->n_aborted),
+                     "expired", (json_int_t)atomic_load(&a->n_expired),
+                     "resumed_by_lease",
+                     (json_int_t)atomic_load(&a->resumed_by_lease),
+                     "resumed_by_journal",
+                     (json_int_t)atomic_load(&a->resumed_by_journal));
+}
+
+/* The stored error code of a failed txn, as the static string. */
+static const char *
+code_static(const char *c)
+{
+    static const char *codes[] = {"BUDGET_EXCEEDED", "SNAPSHOT_FAILED",
+                                  "QMP_TIMEOUT", "QMP_ERROR", "INTERNAL"};
+
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (strcmp(c, codes[i]) == 0)
+            return codes[i];
+    return "INTERNAL";
+}
+
+/* Waits (a.mu held) until txn id is not in a transitional state. */
+static struct txn *
+wait_stable(struct agent *a, const char *id)
+{
+    struct txn *x;
+
+    for (;;) {
+        x = txn_find(&a->txns, id);
+        if (!x || !(x->state == TXN_PREPARING || x->state == TXN_COMMITTING ||
+                    x->state == TXN_EXPIRING || x->state == TXN_ABORTING))
+            return x;
+        cond_wait_ms(a, 100);
+    }
+}
+
+struct prep_job {
+    struct agent *a;
+    struct vm *vm;
+    const char *txn;
+    double t0, t1;
+    int rc;
+    int journaled;
+    const char *code;
+    char msg[512];
+};
+
+static void *
+prep_one(void *arg)
+{
+    struct prep_job *j = arg;
+    struct qmp_err err;
+    char jerr[256];
+
+    /* Durable before the pause (agent-protocol §7): a crash after `stop`
+     * must leave a record that makes the next start resume the VM. */
+    if (journal_add(j->a->journal, j->txn, j->vm->cfg->name, jerr,
+                    sizeof(jerr)) < 0) {
+        j->rc = -1;
+        j->code = "INTERNAL";
+        snprintf(j->msg, sizeof(j->msg), "vm %s not paused: %s",
+                 j->vm->cfg->name, jerr);
+        return NULL;
+    }
+    j->journaled = 1;
+    j->t0 = mono_ms();
+    j->rc = vm_stop(j->vm, j->a->cfg.qmp_timeout_ms, &err);
+    j->t1 = mono_ms();
+    if (j->rc < 0) {
+        j->code = vm_err_code(&err);
+        snprintf(j->msg, sizeof(j->msg), "vm %s: %s", j->vm->cfg->name,
+                 err.msg);
+    }
+    return NULL;
+}
+
+static int
+same_vms(const struct txn *x, json_t *vms)
+{
+    size_t i;
+    json_t *v;
+
+    if ((size_t)x->nvms != json_array_size(vms))
+        return 0;
+    json_array_foreach(vms, i, v) {
+        int found = 0;
+        for (int k = 0; k < x->nvms; k++)
+            found |= strcmp(x->vms[k], json_string_value(v)) == 0;
+        if (!found)
+            return 0;
+    }
+    return 1;
+}
+
+static json_t *
+h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
+          size_t msglen)
+{
+    const char *id = json_string_value(json_object_get(args, "txn"));
+    json_t *jvms = json_object_get(args, "vms"), *v, *result = NULL, *arr;
+    json_int_t lease = json_integer_value(json_object_get(args, "lease_ms"));
+    struct prep_job jobs[CFG_MAX_VMS];
+    struct vm *vms[CFG_MAX_VMS], *undo[CFG_MAX_VMS];
+    struct resume_job rj[CFG_MAX_VMS];
+    const char *names[CFG_MAX_VMS];
+    struct txn *x;
+    int n = (int)json_array_size(jvms), nundo = 0, failed = -1;
+    size_t i;
+
+    if (n > CFG_MAX_VMS)
+        FAIL("BAD_REQUEST", "too many VMs (%d > %d)", n, CFG_MAX_VMS);
+    json_array_foreach(jvms, i, v) {
+        names[i] = json_string_value(v);
+        if (!(vms[i] = find_vm(a, names[i])))
+            FAIL("UNKNOWN_VM", "unknown vm %s", names[i]);
+    }
+    pthread_mutex_lock(&a->mu);
+    x = wait_stable(a, id);
+    if (x) {
+        switch (x->state) {
+        case TXN_PREPARED:
+            if (same_vms(x, jvms))
+                result = json_deep_copy(x->prepare_result);
+            else
+                *code = "BAD_REQUEST", snprintf(msg, msglen, "txn %s is "
+                        "already prepared with other VMs", id);
+            break;
+        case TXN_EXPIRED:
+            *code = "EXPIRED";
+            snprintf(msg, msglen, "txn %s: lease expired", id);
+            break;
+        case TXN_ABORTED:
+            *code = "ABORTED";
+            snprintf(msg, msglen, "txn %s was aborted", id);
+            break;
+        default:
+            *code = "BAD_REQUEST";
+            snprintf(msg, msglen, "txn %s is already %s", id,
+                     txn_state_name(x->state));
+        }
+        pthread_mutex_unlock(&a->mu);
+        return result;
+    }
+    x = txn_begin_prepare(&a->txns, id, names, n, code, msg, msglen);
+    pthread_mutex_unlock(&a->mu);
+    if (!x)
+        return NULL;
+
+    for (int k = 0; k < n; k++)
+        jobs[k] = (struct prep_job){.a = a, .vm = vms[k], .txn = x->id};
+    run_parallel(prep_one, jobs, sizeof(*jobs), n);
+
+    for (int k = 0; k < n; k++) {
+        if (jobs[k].rc < 0 && failed < 0)
+            failed = k;
+        /* Undo every VM we may have paused, including one whose stop timed
+         * out: a hung QEMU may still execute the queued `stop` later. */
+        if (jobs[k].journaled)
+            undo[nundo++] = vms[k];
+    }
+    if (failed >= 0) {
+        resume_vms(a, undo, nundo, x->id, "prepare_failed", rj);
+        pthread_mutex_lock(&a->mu);
+        txn_fail_prepare(&a->txns, x);
+        pthread_cond_broadcast(&a->cond);
+        pthread_mutex_unlock(&a->mu);
+        log_warnx("event=prepare_failed txn=%s code=%s msg=\"%s\"", id,
+                  jobs[failed].code, jobs[failed].msg);
+        *code = jobs[failed].code;
+        snprintf(msg, msglen, "%s", jobs[failed].msg);
+        return NULL;
+    }
+    arr = json_array();
+    for (int k = 0; k < n; k++) {
+        x->t_stop0[k] = jobs[k].t0;
+        x->t_stop1[k] = jobs[k].t1;
+        json_array_append_new(arr, json_pack("{s:s,s:f}", "vm", names[k],
+                                             "stop_ms", jobs[k].t1 - jobs[k].t0));
+    }
+    result = json_pack("{s:s,s:s,s:o,s:I}", "txn", id, "state", "prepared",
+                       "vms", arr, "lease_ms", lease);
+    pthread_mutex_lock(&a->mu);
+    txn_prepared(&a->txns, x, (double)lease, json_deep_copy(result));
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    atomic_fetch_add(&a->n_prepared, 1);
+    log_info("event=prepared txn=%s vms=%d lease_ms=%lld", id, n,
+             (long long)lease);
+    return result;
+cleanup:
+    return NULL;
+}
+
+/* --- commit ---- */
+
+struct snapjob;
+
+struct snapdisk {
+    struct snapjob *job;
+    struct rbdsnap_image *img;
+    char name[PROTO_MAX_NAME + 1];
+    double ms;
+    int rc;
+    int done;
+    char err[256];
+};
+
+struct snapjob {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    int pending;
+    int n;
+    struct snapdisk d[CFG_MAX_DISKS];
+};
+
+static void
+snapjob_unref(struct snapjob *s)
+{
+    int last;
+
+    pthread_mutex_lock(&s->mu);
+    last = --s->refs == 0;
+    pthread_mutex_unlock(&s->mu);
+    if (last) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+    }
+}
+
+static void *
+snapdisk_thread(void *arg)
+{
+    struct snapdisk *d = arg;
+    char err[256] = "";
+    double t0 = mono_ms();
+    int rc = d->img ? rbdsnap_create(d->img, d->name, err, sizeof(err)) : -1;
+
+    if (!d->img)
+        snprintf(err, sizeof(err), "rbd image not open");
+    pthread_mutex_lock(&d->job->mu);
+    d->ms = mono_ms() - t0;
+    d->rc = rc;
+    d->done = 1;
+    snprintf(d->err, sizeof(d->err), "%s", err);
+    d->job->pending--;
+    pthread_cond_broadcast(&d->job->cv);
+    pthread_mutex_unlock(&d->job->mu);
+    snapjob_unref(d->job);
+    return NULL;
+}
+
+struct commit_job {
+    struct agent *a;
+    struct vm *vm;
+    struct txn *x;
+    int vmidx;                      /* index in x->vms */
+    int disks[CFG_MAX_DISKS];       /* disk indexes to snapshot */
+    const char *names[CFG_MAX_DISKS];
+    int ndisks;
+    double t_arrive, deadline;
+    json_t *out;                    /* per-VM result */
+    const char *code;               /* NULL when ok */
+    char msg[512];
+};
+
+static void *
+commit_one(void *arg)
+{
+    struct commit_job *j = arg;
+    struct agent *a = j->a;
+    struct qmp_err err;
+    json_t *disks = json_array();
+    double ts0, ts1, tc0, tc1, disk_ms[CFG_MAX_DISKS] = {0};
+    int ok[CFG_MAX_DISKS] = {0};
+    int budget_hit = 0, rc;
+    double r_cont_ms = 0;
+    char derr[CFG_MAX_DISKS][256];
+
+    memset(derr, 0, sizeof(derr));
+    ts0 = mono_ms();
+    if (j->ndisks > 0 && j->vm->cfg->method == CFG_METHOD_RBD) {
+        struct snapjob *s = calloc(1, sizeof(*s));
+        pthread_condattr_t ca;
+        struct timespec ts;
+
+        if (!s) {
+            j->code = "INTERNAL";
+            snprintf(j->msg, sizeof(j->msg), "out of memory");
+            goto resume;
+        }
+        pthread_mutex_init(&s->mu, NULL);
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&s->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        s->refs = 1;
+        s->n = j->ndisks;
+        /* librbd has no async snapshot create: one thread per disk. */
+        for (int k = 0; k < j->ndisks; k++) {
+            struct snapdisk *d = &s->d[k];
+            pthread_t th;
+            d->job = s;
+            d->img = j->vm->img[j->disks[k]];
+            snprintf(d->name, sizeof(d->name), "%s", j->names[k]);
+            pthread_mutex_lock(&s->mu);
+            s->refs++;
+            s->pending++;
+            pthread_mutex_unlock(&s->mu);
+            if (pthread_create(&th, NULL, snapdisk_thread, d) == 0)
+                pthread_detach(th);
+            else
+                snapdisk_thread(d);
+        }
+        pthread_mutex_lock(&s->mu);
+        while (s->pending > 0) {
+            double left = j->deadline - mono_ms();
+            if (left <= 0) {
+                budget_hit = 1;
+                break;
+            }
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += (long)(left * 1e6);
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
+        for (int k = 0; k < j->ndisks; k++) {
+            ok[k] = s->d[k].done && s->d[k].rc == 0;
+            disk_ms[k] = s->d[k].done ? s->d[k].ms : mono_ms() - ts0;
+            snprintf(derr[k], sizeof(derr[k]), "%s", s->d[k].done ?
+                     s->d[k].err : "still running at the budget deadline");
+        }
+        pthread_mutex_unlock(&s->mu);
+        snapjob_unref(s);
+    } else if (j->ndisks > 0) {
+        json_t *actions = json_array();
+        double left = j->deadline - mono_ms();
+        for (int k = 0; k < j->ndisks; k++)
+            json_array_append_new(actions, json_pack(
+                "{s:s,s:{s:s,s:s}}", "type", "blockdev-snapshot-internal-sync",
+                "data", "device", j->vm->cfg->disks[j->disks[k]].node,
+                "name", j->names[k]));
+        /* One transaction: atomic across this VM's disks. */
+        rc = vm_qmp(j->vm, "transaction", json_pack("{s:o}", "actions",
+                                                    actions),
+                    left < 1 ? 1 : (int)left, NULL, &err);
+        for (int k = 0; k < j->ndisks; k++) {
+            ok[k] = rc == 0;
+            disk_ms[k] = mono_ms() - ts0;
+            if (rc < 0)
+                snprintf(derr[k], sizeof(derr[k]), "%s", err.msg);
+        }
+        if (rc < 0 && err.kind == QMP_E_TIMEOUT)
+            budget_hit = 1;
+    }
+    for (int k = 0; k < j->ndisks; k++) {
+        char did[400];
+        snprintf(did, sizeof(did), "%s/%s", j->vm->cfg->name,
+                 j->vm->cfg->disks[j->disks[k]].node);
+        json_t *o = json_pack("{s:s,s:s,s:f,s:b}", "disk", did, "name",
+                              j->names[k], "snapshot_ms", disk_ms[k], "ok",
+                              ok[k]);
+        if (!ok[k]) {
+            json_object_set_new(o, "error", json_string(derr[k]));
+            if (!j->code) {
+                j->code = budget_hit ? "BUDGET_EXCEEDED" : "SNAPSHOT_FAILED";
+                snprintf(j->msg, sizeof(j->msg), "%s@%s: %s", did,
+                         j->names[k], derr[k]);
+            }
+        }
+        json_array_append_new(disks, o);
+    }
+    if (budget_hit && !j->code) {
+        j->code = "BUDGET_EXCEEDED";
+        snprintf(j->msg, sizeof(j->msg), "vm %s: snapshots exceeded the "
+                 "budget", j->vm->cfg->name);
+    }
+resume:
+    ts1 = mono_ms();
+    /* Resume at once: this VM's disks are done (or the budget is spent). */
+    tc0 = mono_ms();
+    {
+        struct resume_job r = {.a = a, .vm = j->vm, .why = "commit",
+                               .txn = j->x->id};
+        resume_one(&r);
+        rc = r.rc;
+        r_cont_ms = r.cont_ms;
+        if (rc < 0 && !j->code) {
+            j->code = vm_err_code(&r.err);
+            snprintf(j->msg, sizeof(j->msg), "vm %s: %s (resume is being "
+                     "retried)", j->vm->cfg->name, r.err.msg);
+        }
+    }
+    tc1 = mono_ms();
+    if (rc == 0)    /* the pause ends when cont returns, not after the journal */
+        tc1 = tc0 + r_cont_ms;
+    j->out = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:o,s:b}",
+                       "vm", j->vm->cfg->name,
+                       "stop_ms", j->x->t_stop1[j->vmidx] -
+                                  j->x->t_stop0[j->vmidx],
+                       "barrier_ms", j->t_arrive - j->x->t_stop1[j->vmidx],
+                       "snapshot_ms", ts1 - ts0,
+                       "cont_ms", tc1 - tc0,
+                       "paused_ms", tc1 - j->x->t_stop0[j->vmidx],
+                       "method", method_name(j->vm), "disks", disks,
+                       "resumed", rc == 0);
+    return NULL;
+}
+
+static json_t *
+h_commit(struct agent *a, json_t *args, const char **code, char *msg,
+         size_t msglen, json_t **err_result)
+{
+    const char *id = json_string_value(json_object_get(args, "txn"));
+    json_t *snaps = json_object_get(args, "snapshots"), *nv, *result = NULL;
+    json_int_t budget = json_integer_value(json_object_get(args, "budget_ms"));
+    struct commit_job jobs[CFG_MAX_VMS];
+    double t_arrive = mono_ms();
+    const char *key, *ecode = NULL;
+    char emsg[512] = "";
+    struct txn *x;
+    enum txn_claim claim;
+    json_t *vmarr;
+    int n;
+
+    pthread_mutex_lock(&a->mu);
+    x = wait_stable(a, id);
+    if (!x) {
+        pthread_mutex_unlock(&a->mu);
+        FAIL("UNKNOWN_TXN", "txn %s was never prepared here (or the agent "
+             "restarted)", id);
+    }
+    switch (x->state) {
+    case TXN_COMMITTED:
+        result = json_deep_copy(x->commit_result);
+        pthread_mutex_unlock(&a->mu);
+        return result;
+    case TXN_FAILED:
+        *code = code_static(x->err_code);
+        snprintf(msg, msglen, "%s", x->err_msg);
+        *err_result = json_deep_copy(x->commit_result);
+        pthread_mutex_unlock(&a->mu);
+        return NULL;
+    case TXN_EXPIRED:
+        pthread_mutex_unlock(&a->mu);
+        FAIL("EXPIRED", "txn %s: lease expired before commit; its VMs were "
+             "resumed", id);
+    case TXN_ABORTED:
+        pthread_mutex_unlock(&a->mu);
+        FAIL("ABORTED", "txn %s was aborted", id);
+    default:
+        break;
+    }
+    /* Validate disks before claiming, so a bad request changes nothing. */
+    n = x->nvms;
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (struct commit_job){.a = a, .x = x, .vmidx = i,
+                                      .t_arrive = t_arrive,
+                                      .deadline = t_arrive + (double)budget};
+        jobs[i].vm = find_vm(a, x->vms[i]);
+    }
+    json_object_foreach(snaps, key, nv) {
+        struct vm *v;
+        int d, k;
+        if (find_disk(a, key, &v, &d) < 0) {
+            pthread_mutex_unlock(&a->mu);
+            FAIL("UNKNOWN_DISK", "unknown disk %s", key);
+        }
+        for (k = 0; k < n; k++)
+            if (jobs[k].vm == v)
+                break;
+        if (k == n) {
+            pthread_mutex_unlock(&a->mu);
+            FAIL("UNKNOWN_DISK", "disk %s is not on a VM of txn %s", key, id);
+        }
+        jobs[k].disks[jobs[k].ndisks] = d;
+        jobs[k].names[jobs[k].ndisks++] = json_string_value(nv);
+        json_object_set(x->created, key, nv);
+    }
+    claim = txn_claim_commit(&a->txns, x);
+    pthread_mutex_unlock(&a->mu);
+    if (claim == TXN_CLAIM_EXPIRE) {
+        expire_txn(a, x);
+        FAIL("EXPIRED", "txn %s: lease expired before commit; its VMs were "
+             "resumed", id);
+    }
+    if (claim != TXN_CLAIM_COMMIT)
+        FAIL("INTERNAL", "txn %s in unexpected state", id);
+
+    run_parallel(commit_one, jobs, sizeof(*jobs), n);
+
+    vmarr = json_array();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(vmarr, jobs[i].out);
+        /* BUDGET_EXCEEDED outranks SNAPSHOT_FAILED outranks the rest */
+        if (jobs[i].code && (!ecode || (strcmp(jobs[i].code,
+                                               "BUDGET_EXCEEDED") == 0 &&
+                                        strcmp(ecode, "BUDGET_EXCEEDED")))) {
+            ecode = jobs[i].code;
+            snprintf(emsg, sizeof(emsg), "%s", jobs[i].msg);
+        }
+    }
+    result = json_pack("{s:s,s:s,s:o,s:f}", "txn", id, "state",
+                       ecode ? "failed" : "committed", "vms", vmarr,
+                       "budget_ms", (double)budget);
+    pthread_mutex_lock(&a->mu);
+    txn_finish_commit(&a->txns, x, json_deep_copy(result), ecode, emsg);
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    if (ecode) {
+        log_warnx("event=commit_failed txn=%s code=%s msg=\"%s\"", id, ecode,
+                  emsg);
+        *code = ecode;
+        snprintf(msg, msglen, "%s", emsg);
+        *err_result = result;
+        return NULL;
+    }
+    atomic_fetch_add(&a->n_committed, 1);
+    log_info("event=committed txn=%s vms=%d snapshots=%zu total_ms=%.3f", id,
+             n, json_object_size(snaps), mono_ms() - t_arrive);
+    return result;
+cleanup:
+    return NULL;
+}
+
+/* Deletes one member snapshot.  1 deleted, 0 absent, -1 error. */
+static int
+delete_snap(struct agent *a, struct vm *v, int d, const char *name,
+            char *err, size_t errlen)
+{
+    struct qmp_err qe;
+    int rc;
+
+    if (v->img[d]) {
+        rc = rbdsnap_remove(v->img[d], name, err, errlen);
+        return rc == RBDSNAP_ENOENT ? 0 : rc == 0 ? 1 : -1;
+    }
+    rc = vm_qmp(v, "blockdev-snapshot-delete-internal-sync",
+                json_pack("{s:s,s:s}", "device", v->cfg->disks[d].node,
+                          "name", name), a->cfg.qmp_timeout_ms, NULL, &qe);
+    if (rc == 0)
+        return 1;
+    if (qe.kind == QMP_E_ERROR && strstr(qe.msg, "does not exist"))
+        return 0;
+    snprintf(err, errlen, "%s", qe.msg);
+    return -1;
+}
+
+static json_t *
+h_abort(struct agent *a, json_t *args, const char **code, char *msg,
+        size_t msglen)
+{
+    const char *id = json_string_value(json_object_get(args, "txn"));
+    json_t *extra = json_object_get(args, "snapshots"), *todo, *nv;
+    json_t *resumed = json_array(), *deleted = json_array();
+    json_t *not_deleted = json_array();
+    struct vm *vms[CFG_MAX_VMS];
+    struct resume_job rj[CFG_MAX_VMS];
+    struct txn *x;
+    const char *key;
+    int was_prepared = 0, n = 0;
+
+    (void)code;
+    (void)msg;
+    (void)msglen;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        x = wait_stable(a, id);
+        if ((x = txn_begin_abort(&a->txns, id, &was_prepared)))
+            break;
+        cond_wait_ms(a, 10);
+    }
+    todo = json_deep_copy(x->created);
+    if (was_prepared)
+        for (int i = 0; i < x->nvms; i++)
+            if ((vms[n] = find_vm(a, x->vms[i])))
+                n++;
+    pthread_mutex_unlock(&a->mu);
+    if (extra)
+        json_object_update(todo, extra);
+
+    resume_vms(a, vms, n, id, "abort", rj);
+    for (int i = 0; i < n; i++)
+        if (rj[i].rc == 0)
+            json_array_append_new(resumed, json_string(vms[i]->cfg->name));
+    json_object_foreach(todo, key, nv) {
+        struct vm *v;
+        int d, rc;
+        char err[512] = "";
+        if (find_disk(a, key, &v, &d) < 0) {
+            json_array_append_new(not_deleted, json_pack(
+                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
+                "error", "UNKNOWN_DISK"));
+            continue;
+        }
+        rc = delete_snap(a, v, d, json_string_value(nv), err, sizeof(err));
+        if (rc == 1)
+            json_array_append_new(deleted, json_pack(
+                "{s:s,s:s}", "disk", key, "name", json_string_value(nv)));
+        else if (rc < 0)
+            json_array_append_new(not_deleted, json_pack(
+                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
+                "error", err));
+    }
+    json_decref(todo);
+    pthread_mutex_lock(&a->mu);
+    txn_finish_abort(&a->txns, x);
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    atomic_fetch_add(&a->n_aborted, 1);
+    log_info("event=aborted txn=%s resumed=%zu deleted=%zu not_deleted=%zu",
+             id, json_array_size(resumed), json_array_size(deleted),
+             json_array_size(not_deleted));
+    return json_pack("{s:s,s:s,s:o,s:o,s:o}", "txn", id, "state", "aborted",
+                     "resumed", resumed, "deleted", deleted, "not_deleted",
+                     not_deleted);
+}
+
+static json_t *
+h_resume(struct agent *a, json_t *args, const char **code, char *msg,
+         size_t msglen)
+{
+    json_t *jvms = json_object_get(args, "vms"), *v, *arr;
+    struct vm *vms[CFG_MAX_VMS];
+    struct resume_job rj[CFG_MAX_VMS];
+    size_t i;
+    int n = (int)json_array_size(jvms);
+
+    if (n > CFG_MAX_VMS)
+        FAIL("BAD_REQUEST", "too many VMs");
+    json_array_foreach(jvms, i, v)
+        if (!(vms[i] = find_vm(a, json_string_value(v))))
+            FAIL("UNKNOWN_VM", "unknown vm %s", json_string_value(v));
+    resume_vms(a, vms, n, NULL, "resume", rj);
+    for (int k = 0; k < n; k++)
+        if (rj[k].rc < 0) {
+            *code = vm_err_code(&rj[k].err);
+            snprintf(msg, msglen, "vm %s: %s", vms[k]->cfg->name,
+                     rj[k].err.msg);
+            return NULL;
+        }
+    arr = json_array();
+    for (int k = 0; k < n; k++)
+        json_array_append_new(arr, json_pack("{s:s,s:f}", "vm",
+                                             vms[k]->cfg->name, "cont_ms",
+                                             rj[k].cont_ms));
+    return json_pack("{s:o}", "vms", arr);
+cleanup:
+    return NULL;
+}
+
+static json_t *
+h_snap_list(struct agent *a, json_t *args, const char **code, char *msg,
+            size_t msglen)
+{
+    const char *disk = json_string_value(json_object_get(args, "disk"));
+    json_t *list = NULL, *blocks = NULL, *b;
+    struct qmp_err qe;
+    struct vm *v;
+    size_t i;
+    int d;
+    char err[256];
+
+    if (find_disk(a, disk, &v, &d) < 0)
+        FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
+    if (v->img[d]) {
+        if (rbdsnap_list(v->img[d], &list, err, sizeof(err)) < 0)
+            FAIL("SNAPSHOT_FAILED", "%s", err);
+        return json_pack("{s:s,s:o}", "disk", disk, "snapshots", list);
+    }
+    if (vm_qmp(v, "query-block", NULL, a->cfg.qmp_timeout_ms, &blocks,
+               &qe) < 0)
+        FAIL(vm_err_code(&qe), "%s", qe.msg);
+    list = json_array();
+    json_array_foreach(blocks, i, b) {
+        json_t *ins = json_object_get(b, "inserted"), *s;
+        size_t k;
+        const char *node = json_string_value(json_object_get(ins,
+                                                             "node-name"));
+        if (!node || strcmp(node, v->cfg->disks[d].node))
+            continue;
+        json_array_foreach(json_object_get(json_object_get(ins, "image"),
+                                           "snapshots"), k, s)
+            json_array_append_new(list, json_pack(
+                "{s:O,s:O}", "name", json_object_get(s, "name"), "id",
+                json_object_get(s, "id")));
+    }
+    json_decref(blocks);
+    return json_pack("{s:s,s:o}", "disk", disk, "snapshots", list);
+cleanup:
+    return NULL;
+}
+
+static json_t *
+h_snap_delete(struct agent *a, json_t *args, const char **code, char *msg,
+              size_t msglen)
+{
+    const char *disk = json_string_value(json_object_get(args, "disk"));
+    const char *name = json_string_value(json_object_get(args, "name"));
+    struct vm *v;
+    int d, rc;
+    char err[512];
+
+    if (find_disk(a, disk, &v, &d) < 0)
+        FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
+    rc = delete_snap(a, v, d, name, err, sizeof(err));
+    if (rc < 0)
+        FAIL("SNAPSHOT_FAILED", "%s", err);
+    log_info("event=snapshot_delete disk=%s name=%s deleted=%d", disk, name,
+             rc);
+    return json_pack("{s:s,s:s,s:b}", "disk", disk, "name", name, "deleted",
+                     rc == 1);
+cleanup:
+    return NULL;
+}
+
+static json_t *
+h_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
+           size_t msglen)
+{
+    json_t *spec = json_object_get(args, "spec");
+    const char *xml = json_string_value(json_object_get(spec, "xml"));
+    virDomainPtr d;
+    json_t *r;
+
+    if (!a->lv)
+        FAIL("BAD_REQUEST", "vm.start needs the libvirt driver ([libvirt] "
+             "uri); QEMU processes of the qmp driver are started outside");
+    if (!xml)
+        FAIL("BAD_REQUEST", "args.spec.xml must be a domain XML string");
+    d = virDomainCreateXML(a->lv, xml, 0);
+    if (!d) {
+        const char *m = virGetLastErrorMessage();
+        FAIL("QMP_ERROR", "virDomainCreateXML: %s", m ? m : "error");
+    }
+    r = json_pack("{s:s,s:s}", "vm", virDomainGetName(d), "state", "running");
+    virDomainFree(d);
+    return r;
+cleanup:
+    return NULL;
+}
+
+static json_t *
+h_vm_stop(struct agent *a, json_t *args, const char **code, char *msg,
+          size_t msglen)
+{
+    const char *name = json_string_value(json_object_get(args, "vm"));
+    struct qmp_err qe;
+    struct vm *v;
+
+    if (!(v = find_vm(a, name)))
+        FAIL("UNKNOWN_VM", "unknown vm %s", name);
+    if (vm_poweroff(v, a->cfg.qmp_timeout_ms, &qe) < 0)
+        FAIL(vm_err_code(&qe), "%s", qe.msg);
+    log_info("event=vm_stop vm=%s", name);
+    return json_pack("{s:s,s:s}", "vm", name, "state", "shutoff");
+cleanup:
+    return NULL;
+}
+
+json_t *
+agent_handle(struct agent *a, const struct proto_request *req,
+             const char **code, char *msg, size_t msglen,
+             json_t **err_result)
+{
+    json_t *r = NULL;
+
+    *err_result = NULL;
+    switch (req->cmd) {
+    case PROTO_CMD_HELLO:
+        r = h_hello(a);
+        break;
+    case PROTO_CMD_INVENTORY:
+        r = h_inventory(a);
+        break;
+    case PROTO_CMD_PREPARE:
+        r = h_prepare(a, req->args, code, msg, msglen);
+        break;
+    case PROTO_CMD_COMMIT:
+        r = h_commit(a, req->args, code, msg, msglen, err_result);
+        break;
+    case PROTO_CMD_ABORT:
+        r = h_abort(a, req->args, code, msg, msglen);
+        break;
+    case PROTO_CMD_RESUME:
+        r = h_resume(a, req->args, code, msg, msglen);
+        break;
+    case PROTO_CMD_SNAP_LIST:
+        r = h_snap_list(a, req->args, code, msg, msglen);
+        break;
+    case PROTO_CMD_SNAP_DELETE:
+        r = h_snap_delete(a, req->args, code, msg, msglen);
+        break;
+    case PROTO_CMD_VM_START:
+        r = h_vm_start(a, req->args, code, msg, msglen);
+        break;
+    case PROTO_CMD_VM_STOP:
+        r = h_vm_stop(a, req->args, code, msg, msglen);
+        break;
+    case PROTO_CMD_STATS:
+        r = h_stats(a);
+        break;
+    default:
+        *code = "UNKNOWN_COMMAND";
+        snprintf(msg, msglen, "unknown command");
+    }
+    if (!r && !*code) {
+        *code = "INTERNAL";
+        snprintf(msg, msglen, "handler returned nothing");
+    }
+    return r;
+}

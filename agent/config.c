@@ -1,0 +1,260 @@
+/* config: see config.h. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define SET(dst, v) snprintf((dst), sizeof(dst), "%s", (v))
+
+static char *
+trim(char *s)
+{
+    char *e;
+
+    while (isspace((unsigned char)*s))
+        s++;
+    e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    return s;
+}
+
+const char *
+config_method_name(enum cfg_method m)
+{
+    return m == CFG_METHOD_RBD ? "rbd" : m == CFG_METHOD_QMP ?
+        "qmp-transaction" : "auto";
+}
+
+/* "rbd:pool/image" or "qcow2:/path" */
+static int
+parse_disk(struct cfg_disk *d, const char *node, const char *v)
+{
+    const char *slash;
+
+    SET(d->node, node);
+    if (strncmp(v, "rbd:", 4) == 0) {
+        v += 4;
+        slash = strchr(v, '/');
+        if (!slash || slash == v || !slash[1] ||
+            (size_t)(slash - v) >= sizeof(d->pool))
+            return -1;
+        d->backend = CFG_BACKEND_RBD;
+        memcpy(d->pool, v, (size_t)(slash - v));
+        d->pool[slash - v] = '\0';
+        SET(d->image, slash + 1);
+        return 0;
+    }
+    if (strncmp(v, "qcow2:", 6) == 0 && v[6] == '/') {
+        d->backend = CFG_BACKEND_QCOW2;
+        SET(d->file, v + 6);
+        return 0;
+    }
+    return -1;
+}
+
+static int
+parse_int(const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    long n;
+
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (errno || *end || end == v || n < lo || n > hi)
+        return -1;
+    *out = (int)n;
+    return 0;
+}
+
+int
+config_load(const char *path, struct agent_config *cfg, char *err,
+            size_t errlen)
+{
+    char line[2048], section[300] = "", *k, *v, *eq;
+    struct cfg_vm *vm = NULL;
+    FILE *f = NULL;
+    int lineno = 0, ret = -1;
+    enum log_level lvl;
+
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->listen_port = 7443;
+    cfg->qmp_timeout_ms = 2000;
+    SET(cfg->listen_addr, "0.0.0.0");
+    SET(cfg->log_level, "info");
+    SET(cfg->journal, "/var/lib/cutpoint/agent/journal");
+    SET(cfg->ceph_id, "admin");
+    if (gethostname(cfg->host, sizeof(cfg->host)) < 0)
+        SET(cfg->host, "unknown");
+
+    f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    while (fgets(line, sizeof(line), f)) {
+        lineno++;
+        k = trim(line);
+        if (!*k || *k == ';' || *k == '#')
+            continue;
+        if (*k == '[') {
+            char *close = strchr(k, ']');
+            if (!close || close[1]) {
+                snprintf(err, errlen, "%s:%d: bad section header", path,
+                         lineno);
+                goto cleanup;
+            }
+            *close = '\0';
+            SET(section, trim(k + 1));
+            vm = NULL;
+            if (strncmp(section, "vm ", 3) == 0) {
+                const char *name = trim(section + 3);
+                if (cfg->nvms == CFG_MAX_VMS || !*name) {
+                    snprintf(err, errlen, "%s:%d: too many VMs or empty VM "
+                             "name", path, lineno);
+                    goto cleanup;
+                }
+                for (int i = 0; i < cfg->nvms; i++)
+                    if (strcmp(cfg->vms[i].name, name) == 0) {
+                        snprintf(err, errlen, "%s:%d: VM %s defined twice",
+                                 path, lineno, name);
+                        goto cleanup;
+                    }
+                vm = &cfg->vms[cfg->nvms++];
+                SET(vm->name, name);
+            } else if (strcmp(section, "agent") && strcmp(section, "tls") &&
+                       strcmp(section, "ceph") && strcmp(section, "libvirt")) {
+                snprintf(err, errlen, "%s:%d: unknown section [%s]", path,
+                         lineno, section);
+                goto cleanup;
+            }
+            continue;
+        }
+        eq = strchr(k, '=');
+        if (!eq) {
+            snprintf(err, errlen, "%s:%d: expected key = value", path, lineno);
+            goto cleanup;
+        }
+        *eq = '\0';
+        v = trim(eq + 1);
+        k = trim(k);
+        /* strip a trailing "; comment" */
+        if ((eq = strstr(v, " ;")))
+            *eq = '\0', v = trim(v);
+#define KEY(sec, name) (strcmp(section, sec) == 0 && strcmp(k, name) == 0)
+        if (KEY("agent", "host"))
+            SET(cfg->host, v);
+        else if (KEY("agent", "listen")) {
+            char *colon = strrchr(v, ':');
+            if (!colon || parse_int(colon + 1, 1, 65535,
+                                    &cfg->listen_port) < 0)
+                goto bad;
+            *colon = '\0';
+            SET(cfg->listen_addr, v);
+        } else if (KEY("agent", "journal"))
+            SET(cfg->journal, v);
+        else if (KEY("agent", "qmp_timeout_ms")) {
+            if (parse_int(v, 10, 600000, &cfg->qmp_timeout_ms) < 0)
+                goto bad;
+        } else if (KEY("agent", "log_level")) {
+            if (log_parse_level(v, &lvl) < 0)
+                goto bad;
+            SET(cfg->log_level, v);
+        } else if (KEY("tls", "ca"))
+            SET(cfg->ca, v);
+        else if (KEY("tls", "cert"))
+            SET(cfg->cert, v);
+        else if (KEY("tls", "key"))
+            SET(cfg->key, v);
+        else if (KEY("ceph", "conf"))
+            SET(cfg->ceph_conf, v);
+        else if (KEY("ceph", "id"))
+            SET(cfg->ceph_id, v);
+        else if (KEY("ceph", "keyring"))
+            SET(cfg->ceph_keyring, v);
+        else if (KEY("libvirt", "uri"))
+            SET(cfg->libvirt_uri, v);
+        else if (vm && strcmp(k, "driver") == 0) {
+            if (strcmp(v, "qmp") == 0)
+                vm->driver = CFG_DRIVER_QMP;
+            else if (strcmp(v, "libvirt") == 0)
+                vm->driver = CFG_DRIVER_LIBVIRT;
+            else
+                goto bad;
+        } else if (vm && strcmp(k, "qmp") == 0)
+            SET(vm->qmp, v);
+        else if (vm && strcmp(k, "domain") == 0)
+            SET(vm->domain, v);
+        else if (vm && strcmp(k, "method") == 0) {
+            if (strcmp(v, "auto") == 0)
+                vm->method = CFG_METHOD_AUTO;
+            else if (strcmp(v, "rbd") == 0)
+                vm->method = CFG_METHOD_RBD;
+            else if (strcmp(v, "qmp") == 0 ||
+                     strcmp(v, "qmp-transaction") == 0)
+                vm->method = CFG_METHOD_QMP;
+            else
+                goto bad;
+        } else if (vm && strncmp(k, "disk.", 5) == 0) {
+            if (vm->ndisks == CFG_MAX_DISKS || !k[5] || strlen(k + 5) >= 64 ||
+                strchr(k + 5, '/') ||
+                parse_disk(&vm->disks[vm->ndisks], k + 5, v) < 0)
+                goto bad;
+            vm->ndisks++;
+        } else {
+            snprintf(err, errlen, "%s:%d: unknown key %s in [%s]", path,
+                     lineno, k, section);
+            goto cleanup;
+        }
+#undef KEY
+        continue;
+bad:
+        snprintf(err, errlen, "%s:%d: bad value for %s: %s", path, lineno, k,
+                 v);
+        goto cleanup;
+    }
+    /* cross-checks */
+    if (!cfg->ca[0] || !cfg->cert[0] || !cfg->key[0]) {
+        snprintf(err, errlen, "%s: [tls] ca, cert and key are required", path);
+        goto cleanup;
+    }
+    for (int i = 0; i < cfg->nvms; i++) {
+        struct cfg_vm *m = &cfg->vms[i];
+        int all_rbd = m->ndisks > 0;
+        if (m->driver == CFG_DRIVER_QMP && !m->qmp[0]) {
+            snprintf(err, errlen, "%s: [vm %s] needs qmp = SOCKET", path,
+                     m->name);
+            goto cleanup;
+        }
+        if (m->driver == CFG_DRIVER_LIBVIRT) {
+            if (!cfg->libvirt_uri[0]) {
+                snprintf(err, errlen, "%s: [vm %s] uses libvirt but [libvirt] "
+                         "uri is not set", path, m->name);
+                goto cleanup;
+            }
+            if (!m->domain[0])
+                SET(m->domain, m->name);
+        }
+        for (int d = 0; d < m->ndisks; d++)
+            if (m->disks[d].backend != CFG_BACKEND_RBD)
+                all_rbd = 0;
+        if (m->method == CFG_METHOD_RBD && (!all_rbd || !cfg->ceph_conf[0])) {
+            snprintf(err, errlen, "%s: [vm %s] method = rbd needs only rbd "
+                     "disks and a [ceph] section", path, m->name);
+            goto cleanup;
+        }
+        if (m->method == CFG_METHOD_AUTO)
+            m->method = all_rbd && cfg->ceph_conf[0] ? CFG_METHOD_RBD :
+                CFG_METHOD_QMP;
+    }
+    ret = 0;
+cleanup:
+    fclose(f);
+    return ret;
+}

@@ -1,0 +1,54 @@
+/*
+ * config: the agent's INI file (agent-protocol §9).  config_load parses and
+ * validates everything it can without touching the network; errors name the
+ * file, line and key.
+ */
+#ifndef CP_CONFIG_H
+#define CP_CONFIG_H
+
+#include <stddef.h>
+
+#define CFG_MAX_VMS 64
+#define CFG_MAX_DISKS 16
+
+enum cfg_backend { CFG_BACKEND_RBD, CFG_BACKEND_QCOW2 };
+enum cfg_driver { CFG_DRIVER_QMP, CFG_DRIVER_LIBVIRT };
+enum cfg_method { CFG_METHOD_AUTO, CFG_METHOD_RBD, CFG_METHOD_QMP };
+
+struct cfg_disk {
+    char node[64];
+    enum cfg_backend backend;
+    char pool[128];
+    char image[256];
+    char file[1024];
+};
+
+struct cfg_vm {
+    char name[256];
+    enum cfg_driver driver;
+    char qmp[1024];
+    char domain[256];
+    enum cfg_method method;
+    struct cfg_disk disks[CFG_MAX_DISKS];
+    int ndisks;
+};
+
+struct agent_config {
+    char host[256];
+    char listen_addr[64];
+    int listen_port;
+    char journal[1024];
+    int qmp_timeout_ms;
+    char log_level[16];
+    char ca[1024], cert[1024], key[1024];
+    char ceph_conf[1024], ceph_id[128], ceph_keyring[1024];
+    char libvirt_uri[512];
+    struct cfg_vm vms[CFG_MAX_VMS];
+    int nvms;
+};
+
+int config_load(const char *path, struct agent_config *cfg, char *err,
+                size_t errlen);
+const char *config_method_name(enum cfg_method m);
+
+#endif

@@ -1,0 +1,593 @@
+/* server: see server.h. */
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "log.h"
+#include "proto.h"
+
+#define MAX_CONNS 1024
+
+enum conn_state { CONN_HANDSHAKE, CONN_OPEN, CONN_CLOSING };
+
+struct conn {
+    uint64_t id;
+    int fd;
+    SSL *ssl;
+    enum conn_state state;
+    char peer[64];
+    uint8_t *in;
+    size_t in_len, in_cap;
+    uint8_t *out;
+    size_t out_len, out_cap;
+    int want_write;
+};
+
+struct reply {
+    uint64_t conn_id;
+    uint8_t *buf;
+    size_t len;
+    struct reply *next;
+};
+
+struct server {
+    struct agent *a;
+    SSL_CTX *ctx;
+    int lfd, efd, evfd;
+    struct conn *conns[MAX_CONNS];
+    uint64_t next_id;
+    pthread_mutex_t qmu;
+    struct reply *qhead, *qtail;
+};
+
+static void
+ssl_err(char *err, size_t errlen, const char *what)
+{
+    unsigned long e = ERR_get_error();
+    char buf[256];
+
+    ERR_error_string_n(e, buf, sizeof(buf));
+    snprintf(err, errlen, "%s: %s", what, e ? buf : "failed");
+    ERR_clear_error();
+}
+
+static SSL_CTX *
+make_ctx(const struct agent_config *cfg, char *err, size_t errlen)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+
+    if (!ctx) {
+        ssl_err(err, errlen, "SSL_CTX_new");
+        return NULL;
+    }
+    /* TLS 1.3 only (agent-protocol §1.1). */
+    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION);
+    SSL_CTX_set_num_tickets(ctx, 0);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
+                     SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    if (SSL_CTX_use_certificate_chain_file(ctx, cfg->cert) != 1) {
+        ssl_err(err, errlen, cfg->cert);
+        goto fail;
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, cfg->key, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+        ssl_err(err, errlen, cfg->key);
+        goto fail;
+    }
+    if (SSL_CTX_load_verify_locations(ctx, cfg->ca, NULL) != 1) {
+        ssl_err(err, errlen, cfg->ca);
+        goto fail;
+    }
+    /* Mutual auth: no client certificate, or one not chaining to our CA,
+     * fails the handshake (agent-protocol §1.2). */
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
+                       NULL);
+    return ctx;
+fail:
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+int
+server_tls_check(const struct agent_config *cfg, char *err, size_t errlen)
+{
+    SSL_CTX *ctx = make_ctx(cfg, err, errlen);
+
+    if (!ctx)
+        return -1;
+    SSL_CTX_free(ctx);
+    return 0;
+}
+
+/* ---- connections ---- */
+
+static struct conn *
+conn_find(struct server *s, uint64_t id)
+{
+    for (int i = 0; i < MAX_CONNS; i++)
+        if (s->conns[i] && s->conns[i]->id == id)
+            return s->conns[i];
+    return NULL;
+}
+
+static void
+conn_close(struct server *s, struct conn *c, const char *why)
+{
+    log_info("event=conn_close conn=%llu peer=%s why=%s",
+             (unsigned long long)c->id, c->peer, why);
+    epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
+    if (c->ssl) {
+        if (c->state != CONN_HANDSHAKE)
+            SSL_shutdown(c->ssl);
+        SSL_free(c->ssl);
+    }
+    close(c->fd);
+    for (int i = 0; i < MAX_CONNS; i++)
+        if (s->conns[i] == c)
+            s->conns[i] = NULL;
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+static int
+out_append(struct conn *c, const uint8_t *buf, size_t len)
+{
+    if (c->out_cap - c->out_len < len) {
+        size_t ncap = c->out_cap ? c->out_cap : 16384;
+        uint8_t *nb;
+        while (ncap - c->out_len < len)
+            ncap *= 2;
+        if (!(nb = realloc(c->out, ncap)))
+            return -1;
+        c->out = nb;
+        c->out_cap = ncap;
+    }
+    memcpy(c->out + c->out_len, buf, len);
+    c->out_len += len;
+    return 0;
+}
+
+static void
+update_events(struct server *s, struct conn *c)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+
+    if (c->out_len > 0 || c->want_write)
+        ev.events |= EPOLLOUT;
+    epoll_ctl(s->efd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/* Writes what SSL accepts now; 0 ok (maybe partial), -1 conn is dead. */
+static int
+conn_flush(struct conn *c)
+{
+    size_t off = 0;
+
+    c->want_write = 0;
+    while (off < c->out_len) {
+        int n = SSL_write(c->ssl, c->out + off, (int)(c->out_len - off));
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        int e = SSL_get_error(c->ssl, n);
+        if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
+            c->want_write = 1;
+            break;
+        }
+        ERR_clear_error();
+        return -1;
+    }
+    memmove(c->out, c->out + off, c->out_len - off);
+    c->out_len -= off;
+    return 0;
+}
+
+/* ---- requests ---- */
+
+struct work {
+    struct server *s;
+    uint64_t conn_id;
+    struct proto_request req;
+};
+
+static void
+enqueue(struct server *s, uint64_t conn_id, uint8_t *buf, size_t len)
+{
+    struct reply *r = calloc(1, sizeof(*r));
+    uint64_t one = 1;
+
+    if (!r) {
+        free(buf);
+        return;
+    }
+    r->conn_id = conn_id;
+    r->buf = buf;
+    r->len = len;
+    pthread_mutex_lock(&s->qmu);
+    if (s->qtail)
+        s->qtail->next = r;
+    else
+        s->qhead = r;
+    s->qtail = r;
+    pthread_mutex_unlock(&s->qmu);
+    if (write(s->evfd, &one, sizeof(one)) < 0)
+        log_warn("event=eventfd_write");
+}
+
+static void *
+work_main(void *arg)
+{
+    struct work *w = arg;
+    struct agent *a = w->s->a;
+    const char *code = NULL;
+    char msg[512] = "";
+    json_t *errres = NULL, *res;
+    uint8_t *buf;
+    size_t len = 0;
+
+    res = agent_handle(a, &w->req, &code, msg, sizeof(msg), &errres);
+    if (res) {
+        buf = proto_reply_ok(w->req.id, res, &len);
+    } else {
+        atomic_fetch_add(&a->errors, 1);
+        buf = proto_reply_err(w->req.id, code, msg, errres, &len);
+    }
+    if (buf && len > PROTO_HDR + PROTO_MAX_FRAME) {
+        free(buf);
+        buf = proto_reply_err(w->req.id, "INTERNAL", "reply too large",
+                              NULL, &len);
+    }
+    if (buf)
+        enqueue(w->s, w->conn_id, buf, len);
+    proto_request_clear(&w->req);
+    free(w);
+    return NULL;
+}
+
+static void
+reply_now(struct conn *c, json_t *id, const struct proto_error *err)
+{
+    size_t len;
+    uint8_t *buf = proto_reply_err(id, err->code, err->message, NULL, &len);
+
+    if (buf) {
+        out_append(c, buf, len);
+        free(buf);
+    }
+}
+
+static void
+process_frames(struct server *s, struct conn *c)
+{
+    size_t off = 0, n;
+    struct proto_error err;
+
+    while (c->state == CONN_OPEN) {
+        struct proto_request req;
+        int bad, r = proto_frame_check(c->in + off, c->in_len - off, &n, &err);
+
+        if (r == 0)
+            break;
+        if (r < 0) {
+            /* agent-protocol §2.2: reply, then close; body not read */
+            reply_now(c, NULL, &err);
+            c->state = CONN_CLOSING;
+            break;
+        }
+        atomic_fetch_add(&s->a->requests, 1);
+        if (proto_parse_request(c->in + off + PROTO_HDR, n, &req, &bad,
+                                &err) < 0) {
+            atomic_fetch_add(&s->a->errors, 1);
+            log_info("event=bad_request conn=%llu code=%s",
+                     (unsigned long long)c->id, err.code);
+            reply_now(c, req.id, &err);
+            proto_request_clear(&req);
+            if (bad)
+                c->state = CONN_CLOSING;
+        } else {
+            struct work *w = malloc(sizeof(*w));
+            pthread_t th;
+            pthread_attr_t at;
+            log_debug("event=request conn=%llu cmd=%s",
+                      (unsigned long long)c->id, proto_cmd_name(req.cmd));
+            if (!w) {
+                proto_request_clear(&req);
+                break;
+            }
+            w->s = s;
+            w->conn_id = c->id;
+            w->req = req;
+            pthread_attr_init(&at);
+            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            if (pthread_create(&th, &at, work_main, w) != 0) {
+                struct proto_error e2;
+                proto_error_set(&e2, "INTERNAL", "cannot start a thread");
+                reply_now(c, w->req.id, &e2);
+                proto_request_clear(&w->req);
+                free(w);
+            }
+            pthread_attr_destroy(&at);
+        }
+        off += PROTO_HDR + n;
+    }
+    memmove(c->in, c->in + off, c->in_len - off);
+    c->in_len -= off;
+}
+
+static void
+conn_handshake(struct server *s, struct conn *c)
+{
+    int r = SSL_accept(c->ssl), e;
+    X509 *peer;
+    char cn[256] = "?";
+
+    if (r == 1) {
+        c->state = CONN_OPEN;
+        peer = SSL_get1_peer_certificate(c->ssl);
+        if (peer) {
+            X509_NAME_get_text_by_NID(X509_get_subject_name(peer),
+                                      NID_commonName, cn, sizeof(cn));
+            X509_free(peer);
+        }
+        atomic_fetch_add(&s->a->connections, 1);
+        log_info("event=conn_open conn=%llu peer=%s cn=%s tls=%s",
+                 (unsigned long long)c->id, c->peer, cn,
+                 SSL_get_version(c->ssl));
+        return;
+    }
+    e = SSL_get_error(c->ssl, r);
+    if (e == SSL_ERROR_WANT_READ)
+        return;
+    if (e == SSL_ERROR_WANT_WRITE) {
+        c->want_write = 1;
+        return;
+    }
+    {
+        char why[300];
+        long v = SSL_get_verify_result(c->ssl);
+        ssl_err(why, sizeof(why), "handshake");
+        log_warnx("event=tls_refused conn=%llu peer=%s verify=\"%s\" "
+                  "msg=\"%s\"", (unsigned long long)c->id, c->peer,
+                  X509_verify_cert_error_string(v), why);
+    }
+    conn_close(s, c, "tls_handshake_failed");
+}
+
+static void
+conn_read(struct server *s, struct conn *c)
+{
+    for (;;) {
+        size_t want;
+        int n, e;
+
+        if (c->state != CONN_OPEN)
+            return;
+        /* Grow to hold the announced frame, never beyond 1 MiB + header. */
+        want = 16384;
+        if (c->in_len >= PROTO_HDR) {
+            uint32_t fl = ((uint32_t)c->in[0] << 24) |
+                          ((uint32_t)c->in[1] << 16) |
+                          ((uint32_t)c->in[2] << 8) | c->in[3];
+            if (fl <= PROTO_MAX_FRAME && fl + PROTO_HDR > c->in_len)
+                want = fl + PROTO_HDR - c->in_len;
+        }
+        if (c->in_cap - c->in_len < want) {
+            size_t ncap = c->in_len + want;
+            uint8_t *nb = realloc(c->in, ncap);
+            if (!nb) {
+                conn_close(s, c, "oom");
+                return;
+            }
+            c->in = nb;
+            c->in_cap = ncap;
+        }
+        n = SSL_read(c->ssl, c->in + c->in_len, (int)(c->in_cap - c->in_len));
+        if (n > 0) {
+            c->in_len += (size_t)n;
+            process_frames(s, c);
+            continue;
+        }
+        e = SSL_get_error(c->ssl, n);
+        if (e == SSL_ERROR_WANT_READ)
+            return;
+        if (e == SSL_ERROR_WANT_WRITE) {
+            c->want_write = 1;
+            return;
+        }
+        ERR_clear_error();
+        conn_close(s, c, e == SSL_ERROR_ZERO_RETURN ? "peer_closed" :
+                   "read_error");
+        return;
+    }
+}
+
+/* Runs every handler that applies; returns 0, or -1 when c was freed. */
+static int
+conn_event(struct server *s, struct conn *c, uint32_t events)
+{
+    uint64_t id = c->id;
+
+    if (c->state == CONN_HANDSHAKE) {
+        conn_handshake(s, c);
+        if (!conn_find(s, id))
+            return -1;
+    }
+    if (c->state == CONN_OPEN && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP |
+                                            EPOLLOUT))) {
+        conn_read(s, c);
+        if (!conn_find(s, id))
+            return -1;
+    }
+    if (c->state != CONN_HANDSHAKE && conn_flush(c) < 0) {
+        conn_close(s, c, "write_error");
+        return -1;
+    }
+    if (c->state == CONN_CLOSING && c->out_len == 0) {
+        conn_close(s, c, "bad_frame");
+        return -1;
+    }
+    if ((events & (EPOLLHUP | EPOLLERR)) && c->state == CONN_HANDSHAKE) {
+        conn_close(s, c, "hangup");
+        return -1;
+    }
+    update_events(s, c);
+    return 0;
+}
+
+static void
+accept_all(struct server *s)
+{
+    for (;;) {
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof(sa);
+        struct epoll_event ev;
+        struct conn *c;
+        int fd = accept4(s->lfd, (struct sockaddr *)&sa, &sl,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC), one = 1, slot;
+
+        if (fd < 0)
+            return;
+        for (slot = 0; slot < MAX_CONNS && s->conns[slot]; slot++)
+            ;
+        c = slot < MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
+        if (!c) {
+            log_warnx("event=conn_refused why=too_many_connections");
+            close(fd);
+            continue;
+        }
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        c->id = ++s->next_id;
+        c->fd = fd;
+        snprintf(c->peer, sizeof(c->peer), "%s:%d",
+                 inet_ntoa(sa.sin_addr), ntohs(sa.sin_port));
+        c->ssl = SSL_new(s->ctx);
+        if (!c->ssl) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        SSL_set_fd(c->ssl, fd);
+        s->conns[slot] = c;
+        ev.events = EPOLLIN | EPOLLRDHUP;
+        ev.data.ptr = c;
+        epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev);
+    }
+}
+
+static void
+drain_replies(struct server *s)
+{
+    struct reply *r;
+    uint64_t v;
+
+    if (read(s->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        log_warn("event=eventfd_read");
+    pthread_mutex_lock(&s->qmu);
+    r = s->qhead;
+    s->qhead = s->qtail = NULL;
+    pthread_mutex_unlock(&s->qmu);
+    while (r) {
+        struct reply *next = r->next;
+        struct conn *c = conn_find(s, r->conn_id);
+        if (c) {
+            out_append(c, r->buf, r->len);
+            conn_event(s, c, 0);
+        } else {
+            log_info("event=reply_dropped conn=%llu why=connection_gone",
+                     (unsigned long long)r->conn_id);
+        }
+        free(r->buf);
+        free(r);
+        r = next;
+    }
+}
+
+int
+server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
+           size_t errlen)
+{
+    struct server s = {.a = a, .lfd = -1, .efd = -1, .evfd = -1};
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    struct epoll_event ev, evs[64];
+    int one = 1, ret = -1;
+
+    pthread_mutex_init(&s.qmu, NULL);
+    if (!(s.ctx = make_ctx(&a->cfg, err, errlen)))
+        goto cleanup;
+    if (inet_pton(AF_INET, a->cfg.listen_addr, &sa.sin_addr) != 1) {
+        snprintf(err, errlen, "listen address %s is not an IPv4 address",
+                 a->cfg.listen_addr);
+        goto cleanup;
+    }
+    sa.sin_port = htons((uint16_t)a->cfg.listen_port);
+    s.lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    setsockopt(s.lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (s.lfd < 0 || bind(s.lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+        listen(s.lfd, 128) < 0) {
+        snprintf(err, errlen, "listen %s:%d: %s", a->cfg.listen_addr,
+                 a->cfg.listen_port, strerror(errno));
+        goto cleanup;
+    }
+    s.efd = epoll_create1(EPOLL_CLOEXEC);
+    s.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s.efd < 0 || s.evfd < 0) {
+        snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
+        goto cleanup;
+    }
+    ev.events = EPOLLIN;
+    ev.data.ptr = &s.lfd;
+    epoll_ctl(s.efd, EPOLL_CTL_ADD, s.lfd, &ev);
+    ev.data.ptr = &s.evfd;
+    epoll_ctl(s.efd, EPOLL_CTL_ADD, s.evfd, &ev);
+    log_info("event=listening addr=%s port=%d host=%s vms=%d",
+             a->cfg.listen_addr, a->cfg.listen_port, a->cfg.host, a->nvms);
+    while (!*stop) {
+        int n = epoll_wait(s.efd, evs, 64, 500);
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.ptr == &s.lfd)
+                accept_all(&s);
+            else if (evs[i].data.ptr == &s.evfd)
+                drain_replies(&s);
+            else
+                conn_event(&s, evs[i].data.ptr, evs[i].events);
+        }
+    }
+    ret = 0;
+cleanup:
+    for (int i = 0; i < MAX_CONNS; i++)
+        if (s.conns[i])
+            conn_close(&s, s.conns[i], "shutdown");
+    while (s.qhead) {
+        struct reply *r = s.qhead;
+        s.qhead = r->next;
+        free(r->buf);
+        free(r);
+    }
+    if (s.lfd >= 0)
+        close(s.lfd);
+    if (s.efd >= 0)
+        close(s.efd);
+    if (s.evfd >= 0)
+        close(s.evfd);
+    SSL_CTX_free(s.ctx);
+    return ret;
+}
