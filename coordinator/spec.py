@@ -161,9 +161,9 @@ def validate(spec: GroupSpec) -> None:
     # The snapshot name cp.<group>.<txn> must itself fit in 128 bytes.
     if len(spec.name) > 80:
         raise SpecError(f"name: {spec.name!r} is longer than 80 characters")
-    for label, v in (("lease_ms", spec.lease_ms), ("budget_ms", spec.budget_ms)):
-        if not isinstance(v, int) or not 1 <= v <= MAX_MS:
-            raise SpecError(f"{label}: {v!r} must be an integer in 1..{MAX_MS}")
+    for label, ms in (("lease_ms", spec.lease_ms), ("budget_ms", spec.budget_ms)):
+        if not isinstance(ms, int) or not 1 <= ms <= MAX_MS:
+            raise SpecError(f"{label}: {ms!r} must be an integer in 1..{MAX_MS}")
     pt = spec.effective_prepare_timeout_ms
     if not 1 <= pt < spec.lease_ms:
         raise SpecError(f"prepare_timeout_ms: {pt} must be below lease_ms "
