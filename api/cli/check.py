@@ -2,7 +2,7 @@
 
     cutpoint check writer --images primary:rbd/vm1-disk0@snap ... [--json]
     cutpoint check writer --files disk0.raw disk1.raw ...
-    cutpoint check writer --group-snapshot TXN
+    cutpoint check writer --group-snapshot TXN [--db URL]
 
 Exit status: 0 when the records are exactly 1..p, 1 when they are not
 (gaps, torn, corrupt or duplicate records), 2 when the input cannot be read.
@@ -11,7 +11,7 @@ Exit status: 0 when the records are exactly 1..p, 1 when they are not
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from cutpoint.checkers import writer as wr
@@ -24,27 +24,16 @@ def _check() -> None:
     """Check recovered workload data (one sub-command per workload)."""
 
 
-def _group_specs(group_snapshot: str, conf: str | None, client_id: str,
-                 keyring: str | None) -> list[wr.Spec]:
-    """Member snapshots of a committed group snapshot, from the coordinator's
-    database (`cutpoint.coordinator.members(txn)`)."""
+def _group_specs(txn: str, db: str | None) -> list[wr.Spec]:
+    """Member snapshots of a committed group snapshot (transaction log of
+    the coordinator; disks mapped to images through the lab status)."""
+    from cutpoint.api.cli.snapshot import default_db_url
+    from cutpoint.lab.status import load_status
     try:
-        from cutpoint.coordinator import members  # type: ignore[attr-defined,unused-ignore]
-    except ImportError as e:
-        raise ValueError("--group-snapshot needs the coordinator's database, "
-                         f"which is not available here: {e}") from e
-    rows: list[dict[str, Any]] = members(group_snapshot)
-    specs: list[wr.Spec] = []
-    for m in rows:
-        if m.get("backend") == "qcow2":
-            specs.append(wr.Qcow2Spec(m["file"], m["snapshot"]))
-        else:
-            specs.append(wr.parse_image(
-                f"{m.get('site', 'primary')}:{m['pool']}/{m['image']}@{m['snapshot']}",
-                conf=conf, client_id=client_id, keyring=keyring))
-    if not specs:
-        raise ValueError(f"group snapshot {group_snapshot!r} has no members")
-    return specs
+        status = load_status()
+    except Exception as e:  # surfaced to the user as is
+        raise ValueError(f"--group-snapshot maps disks through the lab: {e}") from e
+    return wr.specs_for_group_snapshot(txn, db or default_db_url(), status)
 
 
 @app.command("writer")
@@ -67,6 +56,9 @@ def writer(
         "--id", help="Ceph client id.")] = "admin",
     keyring: Annotated[str | None, typer.Option(
         "--keyring", help="Ceph keyring.")] = None,
+    db: Annotated[str | None, typer.Option(
+        "--db", help="coordinator transaction log URL for --group-snapshot "
+        "(default: that of `cutpoint snapshot`).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Prove the writer's records on every disk are exactly 1..p."""
@@ -79,7 +71,7 @@ def writer(
         if group_snapshot is not None:
             if sources:
                 raise ValueError("--group-snapshot takes no other arguments")
-            specs = _group_specs(group_snapshot, conf, client_id, keyring)
+            specs = _group_specs(group_snapshot, db)
         elif not sources:
             raise ValueError("no images or files given")
         elif files:

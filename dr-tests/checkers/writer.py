@@ -26,6 +26,7 @@ import tempfile
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -175,6 +176,17 @@ class Scan:
         self.anomalies: list[Anomaly] = []
         self.counts: Counter[str] = Counter()
         self.sources: list[SourceStats] = []
+
+    def merge(self, other: Scan) -> None:
+        """Add another scan's findings (sources scanned in parallel)."""
+        self.records += other.records
+        self.sources += other.sources
+        listed = Counter(a.kind for a in self.anomalies)
+        for a in other.anomalies:
+            if listed[a.kind] < MAX_LISTED:
+                self.anomalies.append(a)
+                listed[a.kind] += 1
+        self.counts.update(other.counts)
 
     def _note(self, kind: str, source: str, offset: int | None,
               detail: str) -> None:
@@ -448,21 +460,74 @@ def _scan_qcow2(scan: Scan, spec: Qcow2Spec) -> None:
             scan.add_stream(spec.name, f)
 
 
-def scan_specs(specs: Iterable[Spec]) -> Verdict:
-    """Read every source and return the verdict."""
+def _scan_one(spec: Spec) -> Scan:
     scan = Scan()
-    for spec in specs:
-        if isinstance(spec, FileSpec):
-            try:
-                with open(spec.path, "rb") as f:
-                    scan.add_stream(spec.name, f)
-            except OSError as e:
-                raise CheckerError(f"{spec.path}: {e.strerror}") from e
-        elif isinstance(spec, RbdSpec):
-            _scan_process(scan, spec.name, spec.export_argv())
+    if isinstance(spec, FileSpec):
+        try:
+            with open(spec.path, "rb") as f:
+                scan.add_stream(spec.name, f)
+        except OSError as e:
+            raise CheckerError(f"{spec.path}: {e.strerror}") from e
+    elif isinstance(spec, RbdSpec):
+        _scan_process(scan, spec.name, spec.export_argv())
+    else:
+        _scan_qcow2(scan, spec)
+    return scan
+
+
+def scan_specs(specs: Iterable[Spec], jobs: int = 4) -> Verdict:
+    """Read every source (up to `jobs` at a time) and return the verdict."""
+    specs = list(specs)
+    if jobs > 1 and len(specs) > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as ex:
+            parts = list(ex.map(_scan_one, specs))
+    else:
+        parts = [_scan_one(s) for s in specs]
+    total = Scan()
+    for part in parts:
+        total.merge(part)
+    return total.verdict()
+
+
+def specs_for_group_snapshot(txn: str, db_url: str,
+                             status: dict[str, Any]) -> list[Spec]:
+    """The member snapshots of committed group snapshot `txn`, found in the
+    coordinator's transaction log, mapped to images through the lab status
+    (disk id "<vm>/<node>" -> RBD image or qcow2 file)."""
+    from cutpoint.coordinator import TxLog
+    txlog = TxLog(db_url, create=False)
+    try:
+        rec = txlog.get(txn)
+    finally:
+        txlog.dispose()
+    if rec is None:
+        raise ValueError(f"no group snapshot {txn!r} in {db_url}")
+    if rec.state != "committed":
+        raise ValueError(f"group snapshot {txn!r} is {rec.state}, not committed: "
+                         "it is not a recovery point")
+    disks = {f"{vm['name']}/{d['node']}": (vm, d)
+             for vm in status.get("vms", []) for d in vm.get("disks", [])}
+    sites = status.get("sites", {})
+    specs: list[Spec] = []
+    for m in rec.snapshots:
+        if m.get("state") != "created":
+            raise ValueError(f"member {m.get('disk')} of {txn} is "
+                             f"{m.get('state')}, not created")
+        found = disks.get(m["disk"])
+        if found is None:
+            raise ValueError(f"member disk {m['disk']!r} of {txn} is not a disk "
+                             "of the lab")
+        vm, d = found
+        if d.get("backend") == "qcow2":
+            specs.append(Qcow2Spec(d["file"], m["name"]))
         else:
-            _scan_qcow2(scan, spec)
-    return scan.verdict()
+            site = sites[vm.get("site", "primary")]
+            specs.append(RbdSpec(d["pool"], d["image"], m["name"],
+                                 site["ceph_conf"], site.get("client_id", "admin"),
+                                 site.get("keyring")))
+    if not specs:
+        raise ValueError(f"group snapshot {txn!r} has no member snapshots")
+    return specs
 
 
 def check_files(paths: Iterable[str | os.PathLike[str]]) -> Verdict:

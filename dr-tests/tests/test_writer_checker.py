@@ -240,3 +240,34 @@ def test_failing_reader_is_reported(tmp_path: Path) -> None:
     with pytest.raises(wr.CheckerError) as e:
         wr.scan_specs([spec])
     assert "rbd" in str(e.value) and "exit" in str(e.value)
+
+
+def test_group_snapshot_members_from_the_transaction_log(tmp_path: Path) -> None:
+    """--group-snapshot: members come from a real (SQLite) transaction log,
+    mapped to images through a lab status; only committed groups count."""
+    from cutpoint.coordinator.txlog import COMMITTED, COMMITTING, TxLog
+    url = f"sqlite:///{tmp_path / 'coord.db'}"
+    log = TxLog(url)
+    members = [{"disk": f"vm1/disk{i}", "vm": "vm1", "agent": "h1",
+                "name": "cp.g.t1"} for i in range(2)]
+    log.begin("t1", "g", {}, members, lease_ms=1000, budget_ms=1000)
+    log.begin("t2", "g2", {}, members, lease_ms=1000, budget_ms=1000)
+    log.transition("t1", COMMITTING)
+    log.transition("t1", COMMITTED, snapshots={
+        m["disk"]: {"state": "created"} for m in members})
+    log.dispose()
+    status = {"sites": {"primary": {"ceph_conf": "/c", "keyring": "/k",
+                                    "client_id": "admin"}},
+              "vms": [{"name": "vm1", "site": "primary", "disks": [
+                  {"node": "disk0", "backend": "rbd", "pool": "rbd",
+                   "image": "vm1-disk0"},
+                  {"node": "disk1", "backend": "qcow2", "file": "/q/d1.qcow2"}]}]}
+    specs = wr.specs_for_group_snapshot("t1", url, status)
+    assert specs == [wr.RbdSpec("rbd", "vm1-disk0", "cp.g.t1", "/c", "admin", "/k"),
+                     wr.Qcow2Spec("/q/d1.qcow2", "cp.g.t1")]
+    with pytest.raises(ValueError, match="preparing, not committed"):
+        wr.specs_for_group_snapshot("t2", url, status)
+    with pytest.raises(ValueError, match="no group snapshot"):
+        wr.specs_for_group_snapshot("t3", url, status)
+    with pytest.raises(ValueError, match="not a disk of the lab"):
+        wr.specs_for_group_snapshot("t1", url, {"sites": {}, "vms": []})
