@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cutpoint.agentclient.testing import AgentPeer, make_pki
@@ -61,3 +62,33 @@ def spec_for(pki: dict[str, dict[str, str]], agents: list[AgentPeer], *,
                                vms=tuple(VMSpec(v.name, tuple(v.disks))
                                          for v in p.vms.values()))
                      for p in agents))
+
+
+# -- the lab ------------------------------------------------------------------
+# The `lab` fixture is owned by the lab (dr-tests/tests/conftest.py).  Load
+# that file under its own module name and re-export its fixtures here, so the
+# coordinator's lab tests run on exactly the same lab bring-up.
+def _load_lab_fixtures() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "dr-tests" / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("cutpoint_lab_fixtures", path)
+    if spec is None or spec.loader is None or not path.exists():
+        return None
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception:  # noqa: BLE001 - the lab is optional for unit tests
+        return None
+    return mod
+
+
+_lab = _load_lab_fixtures()
+if _lab is not None:
+    lab_session = _lab.lab_session
+    lab = _lab.lab
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "lab_config(**params): parameters of the lab the `lab` fixture brings up")
