@@ -9,19 +9,27 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
-from fastapi import APIRouter, FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
-from sqlalchemy.orm import Session, sessionmaker
-
 from cutpoint.api import errors
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
 from cutpoint.api.errors import Unavailable
 from cutpoint.api.metrics import make_registry
-from cutpoint.api.routes import audit, groups, hosts, inventory, jobs, sites, snapshots, tokens
+from cutpoint.api.routes import (
+    audit,
+    groups,
+    hosts,
+    inventory,
+    jobs,
+    sites,
+    snapshots,
+    tokens,
+)
 from cutpoint.api.services import audit as audit_service
 from cutpoint.api.services.snapshots import fail_unqueued
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("cutpoint.api")
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
@@ -78,7 +86,7 @@ def create_app(settings: Settings | None = None,
             with app.state.session_factory() as s:
                 s.execute(text("SELECT 1"))
             checks["database"] = "ok"
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  any failure means not ready
             checks["database"] = f"{type(exc).__name__}: {exc}"[:300]
         try:
             r = redis.Redis.from_url(settings.redis_url, socket_timeout=1,
@@ -86,7 +94,7 @@ def create_app(settings: Settings | None = None,
             r.ping()
             r.close()
             checks["broker"] = "ok"
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  any failure means not ready
             checks["broker"] = f"{type(exc).__name__}: {exc}"[:300]
         if any(v != "ok" for v in checks.values()):
             raise Unavailable("not ready: " + ", ".join(f"{k}={v}" for k, v in checks.items()),

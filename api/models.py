@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -80,7 +80,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {dt.datetime: UTCDateTime}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dt.datetime: UTCDateTime}
 
 
 def _enum(e: type[enum.Enum], name: str) -> Enum:

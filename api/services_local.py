@@ -74,7 +74,7 @@ def free_port() -> int:
 def _run(argv: list[str], *, user: str | None = None, check: bool = True) -> str:
     if user is not None and os.geteuid() == 0:
         argv = ["runuser", "-u", user, "--", *argv]
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     out = proc.stdout + proc.stderr
     if check and proc.returncode != 0:
         raise ServiceError(f"command failed with status {proc.returncode}", argv, out)
@@ -161,14 +161,12 @@ def start(state_dir: str | Path, *, redis: bool = True, postgres: bool = True,
         ep = load(state)
     except ServiceError:
         ep = Endpoints(state_dir=str(state))
-    if redis:
-        if ep.redis_port is None or not _listening(ep.redis_port):
-            ep.redis_port = redis_port or ep.redis_port or free_port()
-            start_redis(state, ep.redis_port)
-    if postgres:
-        if ep.pg_port is None or not _listening(ep.pg_port):
-            ep.pg_port = pg_port or ep.pg_port or free_port()
-            start_postgres(state, ep.pg_port)
+    if redis and (ep.redis_port is None or not _listening(ep.redis_port)):
+        ep.redis_port = redis_port or ep.redis_port or free_port()
+        start_redis(state, ep.redis_port)
+    if postgres and (ep.pg_port is None or not _listening(ep.pg_port)):
+        ep.pg_port = pg_port or ep.pg_port or free_port()
+        start_postgres(state, ep.pg_port)
     _meta_path(state).write_text(json.dumps(asdict(ep)))
     return ep
 

@@ -1,1 +1,312 @@
-"""Celery tasks (placeholder; filled in below)."""
+"""Celery tasks.  Every task goes through `cutpoint_task` (STYLE.md Python 3):
+
+- ids in, never objects; a job id names the row that tracks the work;
+- idempotent: a finished job is not run again, and a group snapshot
+  re-run with its txn resumes or resolves the same coordinator transaction;
+- acks_late + reject_on_worker_lost: a killed worker's job is redelivered;
+- metrics (runs by outcome, duration) and one structured log line per run.
+
+A group's snapshots are serialised by a Redis lock with a TTL (refreshed
+while the work runs, so it outlives a killed worker by at most the TTL) and,
+durably, by the UNIQUE in-flight column of group_snapshots.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery import Task
+from celery.exceptions import Retry
+from cutpoint.api.config import Settings, get_settings
+from cutpoint.api.db import get_sessionmaker
+from cutpoint.api.models import (
+    Group,
+    GroupSnapshot,
+    Host,
+    Job,
+    JobState,
+    Policy,
+    SnapState,
+    utcnow,
+)
+from cutpoint.api.worker import _lazy, send
+from prometheus_client import Counter, Histogram
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger("cutpoint.tasks")
+celery_app = _lazy.get()
+
+TASK_RUNS = Counter("cutpoint_task_runs", "Task runs by outcome", ["task", "outcome"])
+TASK_SECONDS = Histogram("cutpoint_task_seconds", "Task run time", ["task"])
+
+
+class Skip(Exception):
+    """Nothing to do on this delivery (another worker holds the work)."""
+
+
+class JobFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+@dataclass
+class Ctx:
+    settings: Settings
+    sf: sessionmaker[Session]
+    job_id: str | None
+    task: Task
+
+    @functools.cached_property
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.settings.redis_url, socket_timeout=5)
+
+
+def cutpoint_task(name: str, *, job: bool = True, **opts: Any) \
+        -> Callable[[Callable[[Ctx], dict[str, Any] | None]], Task]:
+    def wrap(fn: Callable[[Ctx], dict[str, Any] | None]) -> Task:
+        @celery_app.task(name=f"cutpoint.{name}", bind=True, acks_late=True,
+                         reject_on_worker_lost=True, **opts)
+        def run(self: Task, job_id: str | None = None) -> None:
+            settings = get_settings()
+            sf = get_sessionmaker(settings.database_url)
+            ctx = Ctx(settings, sf, job_id, self)
+            t0 = time.monotonic()
+            outcome = "ok"
+            try:
+                if job:
+                    _run_job(ctx, fn, name)
+                else:
+                    fn(ctx)
+            except Skip as exc:
+                outcome = "skipped"
+                log.info("task=%s job=%s outcome=skipped why=%s", name, job_id, exc)
+            except Retry:
+                outcome = "retry"
+                raise
+            except Exception:
+                outcome = "error"
+                log.exception("task=%s job=%s outcome=error", name, job_id)
+                raise
+            finally:
+                dt = time.monotonic() - t0
+                TASK_RUNS.labels(name, outcome).inc()
+                TASK_SECONDS.labels(name).observe(dt)
+                if outcome != "error":
+                    log.info("task=%s job=%s outcome=%s seconds=%.3f delivery=%s", name,
+                             job_id, outcome, dt,
+                             "redelivered" if self.request.delivery_info.get("redelivered")
+                             else "first")
+        return run
+    return wrap
+
+
+def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) -> None:
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        if job is None:
+            raise Skip(f"job {ctx.job_id} does not exist")
+        if job.state in (JobState.succeeded, JobState.failed):
+            raise Skip(f"job {ctx.job_id} is already {job.state.value}")
+        job.state = JobState.running
+        job.attempts += 1
+        job.started_at = job.started_at or utcnow()
+        s.commit()
+    try:
+        result = fn(ctx)
+    except JobFailed as exc:
+        _finish(ctx, JobState.failed, None, exc.code, str(exc))
+        return
+    except (Skip, Retry):
+        raise
+    except Exception as exc:
+        _finish(ctx, JobState.failed, None, "internal", f"{type(exc).__name__}: {exc}")
+        raise
+    _finish(ctx, JobState.succeeded, result, None, None)
+
+
+def _finish(ctx: Ctx, state: JobState, result: dict[str, Any] | None, code: str | None,
+            error: str | None) -> None:
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        if job is None:
+            return
+        job.state, job.result, job.error_code = state, result, code
+        job.error = error[:4000] if error else None
+        job.progress = 1.0
+        job.message = state.value
+        job.finished_at = utcnow()
+        s.commit()
+
+
+class GroupLock:
+    """Redis lock per group, with a TTL refreshed by a heartbeat thread."""
+
+    def __init__(self, r: redis.Redis, group_id: int, ttl_s: float) -> None:
+        self.key = f"cutpoint:lock:group:{group_id}"
+        self.lock = r.lock(self.key, timeout=ttl_s, thread_local=False)
+        self.ttl = ttl_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> bool:
+        if not self.lock.acquire(blocking=False):
+            return False
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+        return True
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.lock.reacquire()
+            except Exception:  # noqa: BLE001  the TTL covers us; stop beating
+                log.warning("lock=%s heartbeat failed", self.key)
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+        try:
+            self.lock.release()
+        except Exception:  # noqa: BLE001  expired: nothing to release
+            log.warning("lock=%s already expired at release", self.key)
+
+
+def group_locked(r: redis.Redis, group_id: int) -> bool:
+    return bool(r.exists(f"cutpoint:lock:group:{group_id}"))
+
+
+@cutpoint_task("group_snapshot", max_retries=None)
+def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import capture
+
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        assert job is not None
+        if job.snapshot_id is None:
+            raise JobFailed("no_snapshot", "the job names no snapshot")
+        snap = s.get(GroupSnapshot, job.snapshot_id)
+        assert snap is not None
+        snap_id, group_id = snap.id, snap.group_id
+        if snap.state in (SnapState.committed, SnapState.aborted, SnapState.failed):
+            return {"snapshot_id": snap.id, "state": snap.state.value}
+    lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s)
+    if not lock.acquire():
+        # Another worker runs this group (maybe this very job, delivered
+        # twice), or a killed worker's lock has not expired yet: look again
+        # later rather than ack the message away.
+        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+    try:
+        try:
+            summary = capture.run(ctx.sf, ctx.settings, snap_id)
+        except capture.CaptureError as exc:
+            capture.fail(ctx.sf, snap_id, exc.code, str(exc))
+            raise JobFailed(exc.code, str(exc)) from exc
+        except Exception as exc:
+            from cutpoint.coordinator.twophase import GroupBusy, TxnInFlight
+
+            if isinstance(exc, TxnInFlight):
+                # A killed worker's txn is not stale yet: come back after the
+                # lease, when the coordinator may resolve it.
+                raise ctx.task.retry(countdown=3, exc=exc) from exc
+            code = "group_busy" if isinstance(exc, GroupBusy) else type(exc).__name__
+            capture.fail(ctx.sf, snap_id, code, str(exc))
+            raise JobFailed(code, str(exc)) from exc
+    finally:
+        lock.release()
+    if summary["state"] != "committed":
+        raise JobFailed(summary.get("error_code") or "aborted",
+                        summary.get("reason") or "aborted")
+    return summary
+
+
+@cutpoint_task("inventory_sync")
+def inventory_sync(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import agents, inventory
+
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        assert job is not None
+        host = s.get(Host, job.host_id) if job.host_id else None
+        if host is None:
+            raise JobFailed("host_not_found", "the job's host is gone")
+        try:
+            hello, inv = agents.call(host, ctx.settings, ("hello", {}), ("inventory", {}))
+        except agents.AgentCallError as exc:
+            host.reachable = False
+            host.last_error = str(exc)[:2000]
+            s.commit()
+            raise JobFailed(exc.code.lower(), str(exc)) from exc
+        host.agent_version = str(hello.get("version", ""))[:64] or None
+        counts = inventory.apply(s, host, inv)
+        return {"host": host.name, **counts}
+
+
+@cutpoint_task("retention")
+def retention(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import retention as ret
+
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        assert job is not None and job.group_id is not None
+        g = s.get(Group, job.group_id)
+        if g is None:
+            raise JobFailed("group_not_found", "the job's group is gone")
+        group_id = g.id
+    lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s)
+    if not lock.acquire():
+        raise ctx.task.retry(countdown=5)
+    try:
+        return ret.apply(ctx.sf, ctx.settings, group_id)
+    finally:
+        lock.release()
+
+
+@cutpoint_task("scheduler_tick", job=False)
+def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import scheduler
+
+    lock = ctx.redis.lock("cutpoint:lock:scheduler", timeout=30, thread_local=False)
+    if not lock.acquire(blocking=False):
+        raise Skip("another tick is running")
+    try:
+        return scheduler.tick(ctx.sf, ctx.settings, ctx.redis, send)
+    finally:
+        lock.release()
+
+
+@cutpoint_task("retention_tick", job=False)
+def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import jobs
+
+    n = 0
+    with ctx.sf() as s:
+        ids = list(s.scalars(select(Group.id).join(Policy, Policy.group_id == Group.id)))
+        for gid in ids:
+            job = jobs.create(s, "retention", actor="scheduler", group_id=gid,
+                              params={"group_id": gid})
+            send("retention", job.id, ctx.settings)
+            n += 1
+    return {"groups": n}
+
+
+@cutpoint_task("inventory_tick", job=False)
+def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import jobs
+
+    with ctx.sf() as s:
+        for hid in list(s.scalars(select(Host.id))):
+            job = jobs.create(s, "inventory_sync", actor="scheduler", host_id=hid,
+                              params={"host_id": hid})
+            send("inventory_sync", job.id, ctx.settings)
+    return None

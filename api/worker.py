@@ -10,7 +10,6 @@ snapshot can never delay the tick that decides the next one.
 from __future__ import annotations
 
 from celery import Celery
-
 from cutpoint.api.config import Settings, get_settings
 
 QUEUES = {

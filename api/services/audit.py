@@ -2,9 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from cutpoint.api.models import AuditEntry
+from sqlalchemy.orm import Session
 
 
 def record(session: Session, *, actor: str | None, role: str | None, method: str, path: str,

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from cutpoint.api.errors import ApiError, NotFound, PreconditionFailed
 from sqlalchemy import Select
 from sqlalchemy.orm import Session
-
-from cutpoint.api.errors import ApiError, NotFound, PreconditionFailed
 
 M = TypeVar("M")
 

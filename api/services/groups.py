@@ -1,9 +1,5 @@
 from __future__ import annotations
 
-from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from cutpoint.api.errors import ApiError, Conflict, NotFound
 from cutpoint.api.models import (
     IN_FLIGHT,
@@ -27,6 +23,9 @@ from cutpoint.api.schemas.groups import (
 from cutpoint.api.schemas.policy import PolicyPublic, PolicyUpdate
 from cutpoint.api.services import sites
 from cutpoint.api.services.common import check_if_match, etag, get_or_404
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 
 def group_etag(g: Group) -> str:

@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from cutpoint.api.errors import Conflict, NotFound
 from cutpoint.api.models import GroupDisk, Host
 from cutpoint.api.schemas.hosts import HostCreate, HostPublic, HostUpdate
 from cutpoint.api.services import sites
 from cutpoint.api.services.common import check_if_match, etag, get_or_404
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 
 def host_etag(host: Host) -> str:

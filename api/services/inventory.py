@@ -5,11 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from cutpoint.api.models import Disk, Group, GroupDisk, GroupMember, Host, Vm, utcnow
 from cutpoint.api.schemas.inventory import DiskPublic, VmPublic
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 
 def disk_public(d: Disk, group: str | None = None) -> DiskPublic:

@@ -3,10 +3,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from cutpoint.api.models import Job
 from cutpoint.api.schemas.jobs import JobPublic
+from sqlalchemy.orm import Session
 
 
 def public(job: Job) -> JobPublic:

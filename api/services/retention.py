@@ -14,11 +14,11 @@ deleted, so a crash mid-way is finished by the next run.
 from __future__ import annotations
 
 import datetime as dt
-
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from typing import Any
 
 from cutpoint.api.models import Group, GroupSnapshot, SnapState
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 
 def plan(session: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
@@ -47,3 +47,52 @@ def plan(session: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
 def pending_deletes(session: Session, g: Group) -> list[GroupSnapshot]:
     return list(session.scalars(select(GroupSnapshot).where(
         GroupSnapshot.group_id == g.id, GroupSnapshot.state == SnapState.deleting)))
+
+
+def apply(sf: Any, settings: Any, group_id: int) -> dict[str, Any]:
+    """Delete what `plan` selects (and finish interrupted deletes) via the agents.
+
+    A member snapshot whose host cannot be reached stays `deleting`; the
+    next run retries it.  Commits after each group snapshot.
+    """
+    from cutpoint.api.models import Host, utcnow
+    from cutpoint.api.services import agents
+
+    deleted, failed = 0, []
+    with sf() as s:
+        g = s.get(Group, group_id)
+        if g is None:
+            return {"deleted": 0}
+        for snap in plan(s, g, utcnow()):
+            snap.state = SnapState.deleting
+        s.commit()
+        for snap in pending_deletes(s, g):
+            by_host: dict[str, list[Any]] = {}
+            for m in snap.members:
+                if m.state != "deleted":
+                    by_host.setdefault(m.host, []).append(m)
+            ok = True
+            for host_name, members in by_host.items():
+                host = s.scalar(select(Host).where(Host.name == host_name))
+                if host is None:
+                    ok = False
+                    failed.append(f"{snap.txn}: host {host_name} is gone")
+                    continue
+                try:
+                    agents.call(host, settings, *[("snapshot.delete",
+                                                   {"disk": m.disk, "name": m.name})
+                                                  for m in members])
+                except agents.AgentCallError as exc:
+                    ok = False
+                    failed.append(f"{snap.txn}: {exc}")
+                    continue
+                for m in members:
+                    m.state = "deleted"
+            if ok:
+                snap.state = SnapState.deleted
+                deleted += 1
+            s.commit()
+    out: dict[str, Any] = {"deleted": deleted}
+    if failed:
+        out["failed"] = failed
+    return out

@@ -18,11 +18,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from cutpoint.api.models import Group, GroupSnapshot, RpoMiss, SnapState, utcnow
 from cutpoint.api.schemas.rpo import RpoMissPublic, RpoStatus
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 DEFAULT_DURATION_S = 2.0
 HISTORY = 5
@@ -101,8 +100,8 @@ def miss_reason(session: Session, g: Group, a: Assessment) -> tuple[str, str]:
         code = (failed.error_code or failed.state.value).lower()
         return f"snapshot_{failed.state.value}:{code}"[:64], (failed.error or "")[:2000]
     if a.in_flight is not None:
-        return "snapshot_in_flight", f"snapshot {a.in_flight.id} ({a.in_flight.state.value}) " \
-                                     "has not finished"
+        return ("snapshot_in_flight",
+                f"snapshot {a.in_flight.id} ({a.in_flight.state.value}) has not finished")
     if not g.enabled:
         return "group_disabled", "the group is disabled"
     return "scheduler_late", "no capture finished in time"

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from cutpoint.api.errors import Conflict, NotFound
 from cutpoint.api.models import Host, Site
 from cutpoint.api.schemas.sites import SiteCreate, SiteUpdate
 from cutpoint.api.services.common import check_if_match, etag, get_or_404
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 
 def site_etag(site: Site) -> str:

@@ -6,10 +6,6 @@ import secrets
 import time
 import uuid
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from cutpoint.api.errors import Conflict
 from cutpoint.api.models import (
     Group,
@@ -20,7 +16,14 @@ from cutpoint.api.models import (
     SnapState,
     utcnow,
 )
-from cutpoint.api.schemas.snapshots import MemberSnapshotPublic, SnapshotDetail, SnapshotPublic
+from cutpoint.api.schemas.snapshots import (
+    MemberSnapshotPublic,
+    SnapshotDetail,
+    SnapshotPublic,
+)
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 
 def new_txn() -> str:

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from cutpoint.api.errors import Conflict
 from cutpoint.api.models import ApiToken, Role, utcnow
 from cutpoint.api.security import hash_token, new_token
 from cutpoint.api.services.common import get_or_404
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 
 def create(session: Session, name: str, role: Role, secret: str) -> tuple[ApiToken, str]:

@@ -16,10 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-from sqlalchemy import Connection
-from sqlalchemy.orm import Session, sessionmaker
-
 from cutpoint.api import services_local
 from cutpoint.api.app import create_app
 from cutpoint.api.config import Settings
@@ -27,6 +23,9 @@ from cutpoint.api.db import get_engine
 from cutpoint.api.migrate import upgrade
 from cutpoint.api.models import Role
 from cutpoint.api.services import tokens
+from fastapi.testclient import TestClient
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session, sessionmaker
 
 SECRET = "test-secret-0123456789abcdef"
 

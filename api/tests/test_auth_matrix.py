@@ -100,9 +100,8 @@ def test_revoked_token_is_refused(api: Any) -> None:
 
 
 def test_tokens_are_stored_hashed(api: Any, session_factory: Any) -> None:
-    from sqlalchemy import select
-
     from cutpoint.api.models import ApiToken
+    from sqlalchemy import select
 
     made = api.post("/v1/tokens", json={"name": "h", "role": "viewer"}).json()
     with session_factory() as s:

@@ -9,12 +9,11 @@ import uuid
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
-
 from cutpoint.api import services_local
 from cutpoint.api.migrate import current_heads, downgrade, upgrade
 from cutpoint.api.models import Base
 from cutpoint.coordinator.txlog import METADATA as TXLOG
+from sqlalchemy import create_engine, inspect, text
 
 
 def _fresh_url(kind: str, eps: services_local.Endpoints) -> str:

@@ -1,0 +1,224 @@
+"""Group snapshots through the coordinator, recorded in the API's tables.
+
+`run(ctx, snapshot_id)` builds a GroupSpec from the database, calls
+`cutpoint.coordinator.take_group_snapshot` with the snapshot's txn (so a
+redelivered job resumes or resolves the same transaction instead of taking
+a second one), and writes the outcome: state, member snapshots, timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from cutpoint.api.config import Settings
+from cutpoint.api.models import (
+    Disk,
+    Group,
+    GroupDisk,
+    GroupSnapshot,
+    Host,
+    Job,
+    MemberSnapshot,
+    SnapState,
+    Vm,
+    utcnow,
+)
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger("cutpoint.capture")
+
+PHASE_STATE = {"preparing": SnapState.preparing, "prepared": SnapState.preparing,
+               "committing": SnapState.committing, "aborting": SnapState.aborting}
+PHASE_PROGRESS = {"preparing": 0.2, "prepared": 0.4, "committing": 0.6, "committed": 0.9,
+                  "aborting": 0.8, "aborted": 0.9}
+UNREACHABLE = {"CONNECT", "TIMEOUT", "CLOSED"}
+
+
+class CaptureError(RuntimeError):
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+@dataclass
+class Plan:
+    spec: Any  # cutpoint.coordinator.spec.GroupSpec
+    members: list[dict[str, Any]]  # host, vm, disk, disk_id
+
+
+def build_spec(session: Session, g: Group, settings: Settings) -> Plan:
+    from cutpoint.coordinator.spec import (
+        AgentSpec,
+        GroupSpec,
+        SpecError,
+        TlsSpec,
+        VMSpec,
+    )
+
+    rows = session.execute(
+        select(Host, Vm, Disk).join(Vm, Vm.host_id == Host.id).join(Disk, Disk.vm_id == Vm.id)
+        .join(GroupDisk, GroupDisk.disk_id == Disk.id).where(GroupDisk.group_id == g.id)
+        .order_by(Host.name, Vm.name, Disk.node)).all()
+    if not rows:
+        raise CaptureError("group_empty", f"group {g.name} has no disks")
+    by_host: dict[int, tuple[Host, dict[str, list[str]]]] = {}
+    members = []
+    for host, vm, disk in rows:
+        if not disk.present:
+            raise CaptureError("disk_missing", f"disk {disk.key} is no longer reported by "
+                                                f"the agent on {host.name}")
+        h = by_host.setdefault(host.id, (host, defaultdict(list)))
+        h[1][vm.name].append(disk.node)
+        members.append({"host": host.name, "vm": vm.name, "disk": disk.key,
+                        "disk_id": disk.id})
+    tls = None
+    if settings.agent_ca and settings.agent_cert and settings.agent_key:
+        tls = TlsSpec(str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key))
+    p = g.policy
+    try:
+        spec = GroupSpec(
+            name=g.name, lease_ms=p.lease_ms, budget_ms=p.pause_budget_ms, tls=tls,
+            agents=tuple(AgentSpec(name=h.name, address=h.address, port=h.port,
+                                   vms=tuple(VMSpec(n, tuple(d)) for n, d in vms.items()))
+                         for h, vms in by_host.values()))
+    except SpecError as exc:
+        raise CaptureError("bad_spec", str(exc)) from exc
+    if tls is None:
+        raise CaptureError("agent_tls_unset", "CUTPOINT_AGENT_CA/CERT/KEY are not configured")
+    return Plan(spec, members)
+
+
+_txlogs: dict[str, Any] = {}
+
+
+def txlog_for(url: str) -> Any:
+    from cutpoint.api.db import get_engine
+    from cutpoint.coordinator.txlog import TxLog
+
+    if url not in _txlogs:
+        # Tables come from Alembic (migration 0002), not create_all.
+        _txlogs[url] = TxLog(get_engine(url), create=False)
+    return _txlogs[url]
+
+
+def _set_phase(sf: sessionmaker[Session], snap_id: int, job_id: str | None, phase: str) -> None:
+    with sf() as s:
+        snap = s.get(GroupSnapshot, snap_id)
+        if snap is None:
+            return
+        st = PHASE_STATE.get(phase)
+        if st is not None and snap.state not in (SnapState.committed, SnapState.aborted):
+            snap.state = st
+        if phase == "committing" and snap.cut_at is None:
+            snap.cut_at = utcnow()
+        if job_id:
+            job = s.get(Job, job_id)
+            if job is not None:
+                job.progress = PHASE_PROGRESS.get(phase, job.progress)
+                job.message = phase
+        s.commit()
+
+
+def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict[str, Any]:
+    """Drive one group snapshot to a final state; returns a summary for the job."""
+    from cutpoint.coordinator.twophase import take_group_snapshot
+
+    with sf() as s:
+        snap = s.get(GroupSnapshot, snapshot_id)
+        assert snap is not None
+        g = s.get(Group, snap.group_id)
+        assert g is not None
+        plan = build_spec(s, g, settings)
+        job_id, txn = snap.job_id, snap.txn
+        if snap.started_at is None:
+            snap.started_at = utcnow()
+        snap.state = SnapState.preparing if snap.state == SnapState.pending else snap.state
+        s.commit()
+
+    def on_event(_txn: str, phase: str) -> None:
+        _set_phase(sf, snapshot_id, job_id, phase)
+
+    t0 = time.monotonic()
+    result = asyncio.run(take_group_snapshot(plan.spec, txlog_for(settings.database_url),
+                                             txn=txn, on_event=on_event))
+    elapsed_ms = (time.monotonic() - t0) * 1000
+    return record(sf, snapshot_id, plan, result, elapsed_ms)
+
+
+def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
+           elapsed_ms: float) -> dict[str, Any]:
+    now = utcnow()
+    with sf() as s:
+        snap = s.get(GroupSnapshot, snapshot_id)
+        assert snap is not None
+        timing = {v.vm: v for v in result.vms}
+        existing = {m.disk for m in snap.members}
+        for m in plan.members:
+            if m["disk"] in existing:
+                continue
+            t = timing.get(m["vm"])
+            disk_t = {}
+            if t is not None:
+                for d in t.disks:
+                    if d.get("disk") == m["disk"]:
+                        disk_t = d
+            snap.members.append(MemberSnapshot(
+                disk_id=m["disk_id"], host=m["host"], vm=m["vm"], disk=m["disk"],
+                name=plan.spec.snapshot_name(snap.txn),
+                state="present" if result.committed else "deleted",
+                consistency="crash" if result.committed else None,
+                method=t.method if t else None,
+                stop_ms=t.stop_ms if t else None, barrier_ms=t.barrier_ms if t else None,
+                snapshot_ms=disk_t.get("snapshot_ms", t.snapshot_ms if t else None),
+                cont_ms=t.cont_ms if t else None, paused_ms=t.paused_ms if t else None))
+        pauses = [v.paused_ms for v in result.vms if v.paused_ms is not None]
+        snap.max_pause_ms = max(pauses) if pauses else None
+        snap.finished_at = now
+        snap.inflight_group_id = None
+        total = result.timings.get("total_ms") if result.timings else None
+        snap.duration_ms = float(total) if isinstance(total, (int, float)) else elapsed_ms
+        hosts = {h.name: h for h in s.scalars(select(Host).where(
+            Host.name.in_({m["host"] for m in plan.members})))}
+        if result.committed:
+            snap.state = SnapState.committed
+            snap.consistency = "crash"
+            if snap.cut_at is None:
+                snap.cut_at = now - dt.timedelta(milliseconds=snap.duration_ms or 0)
+            for h in hosts.values():
+                h.reachable, h.last_seen_at, h.last_error = True, now, None
+        else:
+            snap.state = SnapState.aborted
+            codes = [e.get("code") for e in result.errors if e.get("code")]
+            snap.error_code = (codes[0] if codes else "aborted")[:64]
+            snap.error = (result.reason or "aborted")[:4000]
+            for e in result.errors:
+                h = hosts.get(str(e.get("agent")))
+                if h is not None and e.get("code") in UNREACHABLE:
+                    h.reachable = False
+                    h.last_error = f"{e.get('code')}: {e.get('message')}"[:2000]
+        s.commit()
+        return {"snapshot_id": snap.id, "txn": snap.txn, "state": snap.state.value,
+                "max_pause_ms": snap.max_pause_ms, "duration_ms": snap.duration_ms,
+                "error_code": snap.error_code, "reason": result.reason}
+
+
+def fail(sf: sessionmaker[Session], snapshot_id: int, code: str, message: str) -> None:
+    """The snapshot never reached an agent (or its outcome is final): close it."""
+    with sf() as s:
+        snap = s.get(GroupSnapshot, snapshot_id)
+        if snap is None or snap.state in (SnapState.committed, SnapState.aborted,
+                                          SnapState.failed):
+            return
+        snap.state = SnapState.failed
+        snap.inflight_group_id = None
+        snap.error_code = code[:64]
+        snap.error = message[:4000]
+        snap.finished_at = utcnow()
+        s.commit()
