@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Query, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
-
 from cutpoint.api.config import Settings
 from cutpoint.api.errors import Forbidden, Unauthorized
 from cutpoint.api.models import ApiToken, Role, utcnow
 from cutpoint.api.security import role_allows
 from cutpoint.api.services import tokens
+from fastapi import Depends, Header, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
 
 
 def get_settings_dep(request: Request) -> Settings:

@@ -15,6 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from cutpoint.api.models import (
+    Group,
+    GroupSnapshot,
+    Host,
+    Job,
+    JobState,
+    RpoMiss,
+    SnapState,
+    utcnow,
+)
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,8 +35,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
-
-from cutpoint.api.models import Group, GroupSnapshot, Host, Job, JobState, RpoMiss, SnapState, utcnow
 
 PAUSE_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 

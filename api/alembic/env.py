@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import pool
-
 from cutpoint.api.db import get_engine
 from cutpoint.api.models import Base
 from cutpoint.coordinator.txlog import METADATA as TXLOG_METADATA
+from sqlalchemy import pool
 
 config = context.config
 # The coordinator's transaction log lives in the same database, so that a

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
-from sqlalchemy import select
-
 from cutpoint.api.deps import Admin, Cursor, Limit, SessionDep
 from cutpoint.api.models import AuditEntry
 from cutpoint.api.schemas.audit import AuditPublic
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.services.common import paginate
+from fastapi import APIRouter
+from sqlalchemy import select
 
 router = APIRouter(prefix="/audit", tags=["audit"])
 

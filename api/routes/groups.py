@@ -2,9 +2,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, Response
-from sqlalchemy import select
-
 from cutpoint.api.deps import (
     Admin,
     Cursor,
@@ -30,6 +27,8 @@ from cutpoint.api.schemas.rpo import RpoMissPublic, RpoStatus
 from cutpoint.api.schemas.snapshots import SnapshotPublic
 from cutpoint.api.services import groups, jobs, rpo, snapshots
 from cutpoint.api.services.common import paginate
+from fastapi import APIRouter, Path, Request, Response
+from sqlalchemy import select
 
 router = APIRouter(prefix="/groups", tags=["groups"])
 GroupRef = Annotated[str, Path(max_length=64, description="Group id or name")]

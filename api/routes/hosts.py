@@ -1,15 +1,22 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
-from sqlalchemy import select
-
-from cutpoint.api.deps import Admin, Cursor, IfMatch, Limit, Operator, SessionDep, Viewer
+from cutpoint.api.deps import (
+    Admin,
+    Cursor,
+    IfMatch,
+    Limit,
+    Operator,
+    SessionDep,
+    Viewer,
+)
 from cutpoint.api.models import Host
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.hosts import HostCreate, HostPublic, HostUpdate
 from cutpoint.api.schemas.jobs import JobPublic
 from cutpoint.api.services import hosts, jobs
 from cutpoint.api.services.common import get_or_404, paginate
+from fastapi import APIRouter, Request, Response
+from sqlalchemy import select
 
 router = APIRouter(prefix="/hosts", tags=["hosts"])
 

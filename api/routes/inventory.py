@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
-from sqlalchemy import select
-
 from cutpoint.api.deps import Cursor, Limit, SessionDep, Viewer
 from cutpoint.api.models import Disk, Host, Vm
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.inventory import DiskPublic, VmPublic
 from cutpoint.api.services import inventory
 from cutpoint.api.services.common import get_or_404, paginate
+from fastapi import APIRouter, Query
+from sqlalchemy import select
 
 router = APIRouter(tags=["inventory"])
 

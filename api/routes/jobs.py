@@ -2,9 +2,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
-from sqlalchemy import select
-
 from cutpoint.api.deps import Limit, SessionDep, Viewer
 from cutpoint.api.errors import ApiError
 from cutpoint.api.models import Job
@@ -12,6 +9,8 @@ from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.jobs import JobPublic
 from cutpoint.api.services import jobs
 from cutpoint.api.services.common import get_or_404
+from fastapi import APIRouter, Path, Query
+from sqlalchemy import select
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

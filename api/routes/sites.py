@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
-from sqlalchemy import select
-
 from cutpoint.api.deps import Admin, Cursor, IfMatch, Limit, SessionDep, Viewer
 from cutpoint.api.models import Site
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.sites import SiteCreate, SitePublic, SiteUpdate
 from cutpoint.api.services import sites
 from cutpoint.api.services.common import get_or_404, paginate
+from fastapi import APIRouter, Response
+from sqlalchemy import select
 
 router = APIRouter(prefix="/sites", tags=["sites"])
 

@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from cutpoint.api.deps import SessionDep, Viewer
 from cutpoint.api.models import Group, GroupSnapshot
 from cutpoint.api.schemas.snapshots import SnapshotDetail
 from cutpoint.api.services import snapshots
 from cutpoint.api.services.common import get_or_404
+from fastapi import APIRouter
 
 router = APIRouter(prefix="/snapshots", tags=["snapshots"])
 

@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
-from sqlalchemy import select
-
 from cutpoint.api.deps import Admin, Cursor, Limit, SessionDep, SettingsDep
 from cutpoint.api.models import ApiToken, Role
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.tokens import TokenCreate, TokenCreated, TokenPublic
 from cutpoint.api.services import tokens
 from cutpoint.api.services.common import paginate
+from fastapi import APIRouter
+from sqlalchemy import select
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 

@@ -3,10 +3,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import Field, model_validator
-
 from cutpoint.api.schemas.common import Description, Name, Public, Strict
 from cutpoint.api.schemas.policy import PolicyPublic, PolicyUpdate
+from pydantic import Field, model_validator
 
 
 class GroupCreate(Strict):

@@ -3,9 +3,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated
 
-from pydantic import Field, StringConstraints
-
 from cutpoint.api.schemas.common import Name, Public, Strict
+from pydantic import Field, StringConstraints
 
 Address = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-\[\]]{1,255}$")]
 Fingerprint = Annotated[str, StringConstraints(pattern=r"^([0-9a-fA-F]{2}:?){31}[0-9a-fA-F]{2}$")]

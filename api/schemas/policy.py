@@ -2,9 +2,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from cutpoint.api.schemas.common import Name, Public, Strict
+from pydantic import Field
 
 
 class PolicyUpdate(Strict):
