@@ -311,6 +311,27 @@ journal_recover(struct agent *a)
     free(e);
 }
 
+static void *
+connect_one(void *arg)
+{
+    struct vm *v = arg;
+    struct qmp_err e;
+
+    if (vm_qmp(v, "query-status", NULL, 2000, NULL, &e) < 0)
+        log_warnx("event=qmp_connect_failed vm=%s msg=\"%s\"", v->cfg->name,
+                  e.msg);
+    return NULL;
+}
+
+/* Opens every QMP socket now, so that no pause window holds a connect,
+ * greeting and qmp_capabilities (design "Coordinator latency"). */
+static void
+connect_all(struct agent *a)
+{
+    if (a->nvms > 0)
+        run_parallel(connect_one, a->vms, sizeof(a->vms[0]), a->nvms);
+}
+
 int
 agent_start(struct agent *a, const struct agent_config *cfg, char *err,
             size_t errlen)
@@ -367,6 +388,7 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
     }
     if (journal_open(a->cfg.journal, &a->journal, err, errlen) < 0)
         return -1;
+    connect_all(a);
     journal_recover(a);
     if (pthread_create(&a->reaper, NULL, reaper_main, a) != 0) {
         snprintf(err, errlen, "cannot start the lease thread");
@@ -551,6 +573,7 @@ struct prep_job {
     double t0, t1;
     int rc;
     int journaled;
+    enum qmp_errkind qmp_kind;
     const char *code;
     char msg[512];
 };
@@ -577,6 +600,7 @@ prep_one(void *arg)
     j->rc = vm_stop(j->vm, j->a->cfg.qmp_timeout_ms, &err);
     j->t1 = mono_ms();
     if (j->rc < 0) {
+        j->qmp_kind = err.kind;
         j->code = vm_err_code(&err);
         snprintf(j->msg, sizeof(j->msg), "vm %s: %s", j->vm->cfg->name,
                  err.msg);
@@ -651,6 +675,14 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
         pthread_mutex_unlock(&a->mu);
         return result;
     }
+    for (int k = 0; k < n; k++)
+        if (vms[k]->needs_resume) {
+            /* A background resume is pending: pausing now would let that
+             * late `cont` break the new cut. */
+            pthread_mutex_unlock(&a->mu);
+            FAIL("BUSY", "vm %s has a pending resume (QEMU not answering)",
+                 names[k]);
+        }
     x = txn_begin_prepare(&a->txns, id, names, n, code, msg, msglen);
     pthread_mutex_unlock(&a->mu);
     if (!x)
@@ -663,10 +695,24 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     for (int k = 0; k < n; k++) {
         if (jobs[k].rc < 0 && failed < 0)
             failed = k;
-        /* Undo every VM we may have paused, including one whose stop timed
-         * out: a hung QEMU may still execute the queued `stop` later. */
-        if (jobs[k].journaled)
+        if (!jobs[k].journaled)
+            continue;
+        if (jobs[k].rc == 0) {
             undo[nundo++] = vms[k];
+        } else if (jobs[k].qmp_kind == QMP_E_ERROR) {
+            /* QEMU refused the stop: not paused, nothing to undo. */
+            char jerr[256];
+            journal_remove(a->journal, vms[k]->cfg->name, jerr, sizeof(jerr));
+        } else {
+            /* Timed out or lost: a hung QEMU may still run the queued
+             * `stop` later.  The reaper keeps sending `cont` in the
+             * background, so the error reply is not delayed by it. */
+            pthread_mutex_lock(&a->mu);
+            vms[k]->needs_resume = 1;
+            snprintf(vms[k]->needs_resume_txn,
+                     sizeof(vms[k]->needs_resume_txn), "%s", x->id);
+            pthread_mutex_unlock(&a->mu);
+        }
     }
     if (failed >= 0) {
         resume_vms(a, undo, nundo, x->id, "prepare_failed", rj);

@@ -354,15 +354,20 @@ qmp_open(struct qmp_conn *q, int timeout_ms, struct qmp_err *err)
         return -1;
     }
     strcpy(sa.sun_path, q->path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking connect: a stopped QEMU does not accept(), and once its
+     * listen backlog is full a blocking connect(2) would wait forever. */
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         set_err(err, QMP_E_IO, "connect: socket: %s", strerror(errno));
         return -1;
     }
-    /* connect(2) on a UNIX socket does not block on a stopped QEMU (the
-     * kernel queues it); the greeting read carries the deadline. */
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        set_err(err, QMP_E_IO, "connect %s: %s", q->path, strerror(errno));
+        if (errno == EAGAIN)
+            set_err(err, QMP_E_TIMEOUT, "connect %s: QEMU is not accepting "
+                    "monitor connections (hung?)", q->path);
+        else
+            set_err(err, QMP_E_IO, "connect %s: %s", q->path,
+                    strerror(errno));
         close(fd);
         return -1;
     }
@@ -377,8 +382,12 @@ qmp_call(struct qmp_conn *q, const char *cmd, json_t *args, int timeout_ms,
     int rc = -1;
 
     err->kind = QMP_E_NONE;
-    if (q->fd < 0 && qmp_open(q, timeout_ms, err) < 0)
+    if (q->fd < 0 && qmp_open(q, timeout_ms, err) < 0) {
+        char inner[sizeof(err->msg)];
+        memcpy(inner, err->msg, sizeof(inner));
+        snprintf(err->msg, sizeof(err->msg), "%s: %.400s", cmd, inner);
         goto cleanup;
+    }
     rc = do_call(q, cmd, args, deadline, ret, err);
     /* After a timeout or a broken stream the connection state is unknown. */
     if (rc < 0 && err->kind != QMP_E_ERROR)

@@ -14,6 +14,7 @@ SUITES=(
   "py-unit|$PYTEST -m 'not lab and not slow' api coordinator agent/client dr-tests"
   "lab|$PYTEST -m 'lab and not slow' dr-tests/tests"
   "coordinator-lab|$PYTEST -m 'lab and not slow' coordinator/tests"
+  "agent-lab|$PYTEST -m 'lab and not slow' agent/tests"
 )
 if [ "${CUTPOINT_SLOW:-0}" = 1 ]; then
   SUITES=(

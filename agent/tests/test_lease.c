@@ -154,18 +154,42 @@ test_abort_unknown_and_gc(void **state)
     struct txn *x;
 
     (void)state;
-    x = txn_abort(&tab, "ghost");
+    struct txn *y;
+    int was;
+
+    x = txn_begin_abort(&tab, "ghost", &was);
     assert_non_null(x);
+    assert_false(was);
+    assert_int_equal(x->state, TXN_ABORTING);
+    txn_finish_abort(&tab, x);
     assert_int_equal(x->state, TXN_ABORTED);
     assert_ptr_equal(txn_find(&tab, "ghost"), x);
     x = prepare("t", "vm1", NULL, 50);
-    assert_ptr_equal(txn_abort(&tab, "t"), x);
-    assert_int_equal(x->state, TXN_ABORTED);
-    assert_null(lease_claim_due(&tab));            /* aborted: no lease */
+    assert_ptr_equal(txn_begin_abort(&tab, "t", &was), x);
+    assert_true(was);
+    /* while aborting, vm1 is still taken: a new prepare must wait */
+    {
+        const char *vms[] = {"vm1"};
+        const char *code;
+        char msg[64];
+        assert_null(txn_begin_prepare(&tab, "u", vms, 1, &code, msg,
+                                      sizeof(msg)));
+    }
+    fake_now += 100;
+    assert_null(lease_claim_due(&tab));            /* aborting: no lease */
+    /* a second abort while the first runs is told to wait */
+    assert_null(txn_begin_abort(&tab, "t", &was));
+    txn_finish_abort(&tab, x);
+    y = txn_begin_abort(&tab, "t", &was);          /* idempotent */
+    assert_ptr_equal(y, x);
+    assert_false(was);
+    txn_finish_abort(&tab, y);
+    /* ghost finished 100 ms before t: each goes at its own time */
     fake_now += TXN_KEEP_MS - 1;
-    assert_int_equal(txn_gc(&tab), 0);
+    assert_int_equal(txn_gc(&tab), 1);
+    assert_non_null(txn_find(&tab, "t"));
     fake_now += 2;
-    assert_int_equal(txn_gc(&tab), 2);
+    assert_int_equal(txn_gc(&tab), 1);
     assert_null(txn_find(&tab, "ghost"));
 }
 
