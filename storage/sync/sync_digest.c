@@ -88,3 +88,62 @@ sync_buf_is_zero(const void *buf, size_t len)
         return 0;
     return memcmp(p, p + 1, len - 1) == 0;
 }
+
+/* Reflected Castagnoli polynomial. */
+#define CRC32C_POLY 0x82f63b78u
+
+static uint32_t
+crc32c_soft(uint32_t crc, const unsigned char *p, size_t len)
+{
+    static uint32_t table[256];
+    static int ready;
+    size_t i;
+    int k;
+
+    /* Benign race: every thread computes the same table. */
+    if (!ready) {
+        for (i = 0; i < 256; i++) {
+            uint32_t c = (uint32_t)i;
+
+            for (k = 0; k < 8; k++)
+                c = (c >> 1) ^ (CRC32C_POLY & (0u - (c & 1u)));
+            table[i] = c;
+        }
+        ready = 1;
+    }
+    for (i = 0; i < len; i++)
+        crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2")))
+static uint32_t
+crc32c_hw(uint32_t crc, const unsigned char *p, size_t len)
+{
+    uint64_t c = crc, w;
+
+    while (len >= 8) {
+        memcpy(&w, p, 8);
+        c = __builtin_ia32_crc32di(c, w);
+        p += 8;
+        len -= 8;
+    }
+    crc = (uint32_t)c;
+    while (len > 0) {
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+        len--;
+    }
+    return crc;
+}
+#endif
+
+uint32_t
+sync_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.2"))
+        return crc32c_hw(crc, buf, len);
+#endif
+    return crc32c_soft(crc, buf, len);
+}

@@ -8,6 +8,7 @@
 #define CUTPOINT_SYNC_DIGEST_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define SYNC_DIGEST_LEN 32
 #define SYNC_DIGEST_HEX (2 * SYNC_DIGEST_LEN + 1)
@@ -27,6 +28,15 @@ void sync_hash_free(struct sync_hash *h);
 /* Lower-case hex of a digest, NUL-terminated. */
 void sync_digest_hex(const unsigned char d[SYNC_DIGEST_LEN],
                      char out[SYNC_DIGEST_HEX]);
+
+/*
+ * CRC-32C (Castagnoli) update in Ceph's convention: no pre- or
+ * post-inversion, the caller passes the seed (Ceph uses 0xffffffff).
+ * This is what an OSD computes for LIBRADOS_CHECKSUM_TYPE_CRC32C, so a
+ * DR extent can be verified by asking its OSD for the CRC instead of
+ * reading the data back.  Uses SSE4.2 when the CPU has it.
+ */
+uint32_t sync_crc32c(uint32_t crc, const void *buf, size_t len);
 
 /* 1 if the len bytes at buf are all zero, else 0. */
 int sync_buf_is_zero(const void *buf, size_t len);

@@ -1,5 +1,6 @@
 #include "sync_engine.h"
 
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -31,6 +32,10 @@ struct copy {
     const struct sync_opts *o;
     rbd_image_t src;
     rbd_image_t dst;
+    rados_ioctx_t dio;         /* DR pool, for OSD-side checksums */
+    char prefix[RBD_MAX_BLOCK_NAME_SIZE];   /* DR data object prefix */
+    int order;                 /* DR object size = 1 << order */
+    int osd_verify;            /* SYNC_VERIFY_OSD in effect */
     const struct sync_extent *items;
     size_t n;
     pthread_mutex_t mu;
@@ -103,7 +108,7 @@ sync_opts_init(struct sync_opts *o)
 {
     memset(o, 0, sizeof(*o));
     o->chunk = 4u << 20;
-    o->workers = 4;
+    o->workers = 8;
     o->progress_ms = 500;
     o->state_dir = "/var/lib/cutpoint/sync";
 }
@@ -342,13 +347,53 @@ collect_diff(rbd_image_t img, const char *from, uint64_t size, int kind,
 
 /* ---- copy workers ---------------------------------------------------- */
 
+/* Seed Ceph uses for CRC-32C checksums (little-endian u32 on the wire). */
+#define CRC_SEED 0xffffffffu
+
+/*
+ * Ask the DR OSD for the CRC-32C of the bytes it now stores for extent e.
+ * Items never cross an object boundary (the chunk divides the object
+ * size), so each is one range of one data object.
+ */
+static int
+osd_crc(struct copy *c, const struct sync_extent *e, uint32_t *crc,
+        char *msg, size_t msglen)
+{
+    char oid[RBD_MAX_BLOCK_NAME_SIZE + 24], out[8];
+    uint32_t seed = htole32(CRC_SEED), count, v;
+    uint64_t objsize = 1ULL << c->order;
+    int rc;
+
+    snprintf(oid, sizeof(oid), "%s.%016" PRIx64, c->prefix,
+             e->off >> c->order);
+    rc = rados_checksum(c->dio, oid, LIBRADOS_CHECKSUM_TYPE_CRC32C,
+                        (const char *)&seed, sizeof(seed), e->len,
+                        e->off & (objsize - 1), e->len, out, sizeof(out));
+    if (rc < 0) {
+        seterr(msg, msglen, "dr checksum of %s off=%" PRIu64 " len=%" PRIu64
+               ": %s", oid, e->off, e->len, strerror(-rc));
+        return -1;
+    }
+    memcpy(&count, out, 4);
+    memcpy(&v, out + 4, 4);
+    if (le32toh(count) != 1) {
+        seterr(msg, msglen, "dr checksum of %s: %u values, expected 1", oid,
+               le32toh(count));
+        return -1;
+    }
+    *crc = le32toh(v);
+    return 0;
+}
+
 static int
 copy_one(struct copy *c, const struct sync_extent *e, char *buf, char *back,
          char *msg, size_t msglen)
 {
     unsigned char want[SYNC_DIGEST_LEN], got[SYNC_DIGEST_LEN];
+    uint32_t want_crc = 0, got_crc = 0;
     uint64_t wait_ns;
     ssize_t n;
+    int use_osd = c->osd_verify && e->kind == SYNC_DATA;
 
     if (e->kind == SYNC_DATA) {
         n = rbd_read(c->src, e->off, e->len, buf);
@@ -358,7 +403,9 @@ copy_one(struct copy *c, const struct sync_extent *e, char *buf, char *back,
                    n < 0 ? strerror((int)-n) : "short read");
             return SYNC_ERR;
         }
-        if (sync_digest_buf(buf, e->len, want) < 0) {
+        if (use_osd) {
+            want_crc = sync_crc32c(CRC_SEED, buf, e->len);
+        } else if (sync_digest_buf(buf, e->len, want) < 0) {
             seterr(msg, msglen, "digest failed");
             return SYNC_ERR;
         }
@@ -381,6 +428,17 @@ copy_one(struct copy *c, const struct sync_extent *e, char *buf, char *back,
                e->kind == SYNC_DATA ? "write" : "write-zeroes", e->off,
                e->len, n < 0 ? strerror((int)-n) : "short write");
         return SYNC_ERR;
+    }
+    if (use_osd) {
+        if (osd_crc(c, e, &got_crc, msg, msglen) < 0)
+            return SYNC_ERR;
+        if (got_crc != want_crc) {
+            seterr(msg, msglen, "checksum mismatch at dr off=%" PRIu64
+                   " len=%" PRIu64 ": sent crc32c %08x, dr osd has %08x",
+                   e->off, e->len, want_crc, got_crc);
+            return SYNC_EVERIFY;
+        }
+        return SYNC_OK;
     }
     n = rbd_read(c->dst, e->off, e->len, back);
     if (n < 0 || (uint64_t)n != e->len) {
@@ -491,6 +549,7 @@ progress_event(uint64_t bytes, uint64_t extents, uint64_t offset,
  */
 static int
 copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
+         const struct copy *layout,
          const struct sync_extent *items, size_t n, uint64_t total,
          const char *prog_path, struct sync_progress *prog,
          struct sync_result *r, char *err, size_t errlen)
@@ -506,6 +565,10 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
     c.o = o;
     c.src = src;
     c.dst = dst;
+    c.dio = layout->dio;
+    memcpy(c.prefix, layout->prefix, sizeof(c.prefix));
+    c.order = layout->order;
+    c.osd_verify = layout->osd_verify;
     c.items = items;
     c.n = n;
     c.done_offset = base_done;
@@ -588,6 +651,45 @@ cleanup:
     return ret;
 }
 
+/*
+ * Decide how extents are verified at DR.  OSD-side CRCs need to know which
+ * object holds an extent: plain layout (stripe count 1, stripe unit = object
+ * size) and a chunk that divides the object size, so no item spans two
+ * objects.  Anything else is verified by reading back.
+ */
+static int
+choose_verify(const struct sync_opts *o, rados_ioctx_t dio, rbd_image_t dst,
+              struct copy *layout, char *err, size_t errlen)
+{
+    rbd_image_info_t info;
+    uint64_t su = 0, sc = 0, objsize;
+    int rc;
+
+    layout->dio = dio;
+    layout->osd_verify = 0;
+    if ((rc = rbd_stat(dst, &info, sizeof(info))) < 0 ||
+        (rc = rbd_get_stripe_unit(dst, &su)) < 0 ||
+        (rc = rbd_get_stripe_count(dst, &sc)) < 0) {
+        seterr(err, errlen, "dr: stat %s: %s", o->image, strerror(-rc));
+        return -1;
+    }
+    layout->order = info.order;
+    snprintf(layout->prefix, sizeof(layout->prefix), "%s",
+             info.block_name_prefix);
+    objsize = 1ULL << info.order;
+    if (o->extent_verify != SYNC_VERIFY_OSD)
+        return 0;
+    if (sc == 1 && su == objsize && objsize % o->chunk == 0 &&
+        layout->prefix[0] != '\0') {
+        layout->osd_verify = 1;
+        return 0;
+    }
+    logkv(o, "info", "msg=\"verifying extents by read-back\" image=%s "
+          "stripe_unit=%" PRIu64 " stripe_count=%" PRIu64 " object_size=%"
+          PRIu64 " chunk=%" PRIu64, o->image, su, sc, objsize, o->chunk);
+    return 0;
+}
+
 /* ---- the run --------------------------------------------------------- */
 
 static int
@@ -626,6 +728,10 @@ done_event(const struct sync_opts *o, const struct sync_result *r)
                           "resumed_from", (json_int_t)r->resumed_from,
                           "seconds", r->seconds);
 
+    if (j != NULL && !r->already)
+        json_object_set_new(j, "extent_verify", json_string(
+            r->extent_verify == SYNC_VERIFY_OSD ? "osd-crc32c"
+                                                : "readback-sha256"));
     if (j != NULL && r->src_hash[0] != '\0') {
         json_object_set_new(j, "verified_full", json_boolean(r->verified_full));
         json_object_set_new(j, "primary_sha256", json_string(r->src_hash));
@@ -708,10 +814,12 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
                                                               : NULL;
     uint64_t t0 = now_ns(), size = 0, dsize = 0;
     rbd_image_info_t info;
+    struct copy layout;
     size_t first = 0;
     int ret = SYNC_ERR, rc, ex, full, lock_fd = -1, have_rec = 0;
 
     memset(r, 0, sizeof(*r));
+    memset(&layout, 0, sizeof(layout));
     if (o->image == NULL || o->target == NULL || o->chunk == 0 ||
         o->workers < 1 || o->rate_mbps < 0) {
         seterr(err, errlen, "invalid options");
@@ -873,6 +981,10 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         logkv(o, "info", "msg=\"resized dr image\" image=%s from=%" PRIu64
               " to=%" PRIu64, o->image, dsize, size);
     }
+    if (choose_verify(o, dc.io, dst, &layout, err, errlen) < 0)
+        goto cleanup;
+    r->extent_verify = layout.osd_verify ? SYNC_VERIFY_OSD
+                                         : SYNC_VERIFY_READBACK;
     if (collect_diff(src, full ? NULL : base, size, 0, &diff, "primary", err,
                      errlen) < 0)
         goto cleanup;
@@ -946,7 +1058,8 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
                       (json_int_t)r->resumed_from));
 
     /* COPY */
-    ret = copy_all(o, src, dst, items.v + first, items.n - first, r->total,
+    ret = copy_all(o, src, dst, &layout, items.v + first, items.n - first,
+                   r->total,
                    prog_path, &want, r, err, errlen);
     if (ret != SYNC_OK)
         goto cleanup;

@@ -19,9 +19,10 @@
  *      │            ∪ ranges that drifted at DR since base (repair)
  *      │       split at chunk boundaries; a matching progress record
  *      │       skips every extent below its done_offset (resume)
- *   COPY ───── N workers: read primary → rate limit → write DR
- *      │       (data, or write-zeroes for discarded ranges) → read back
- *      │       from DR → compare SHA-256 (mismatch → SYNC_EVERIFY);
+ *   COPY ───── N workers: read primary → checksum → rate limit → write DR
+ *      │       (data, or write-zeroes for discarded ranges) → verify at
+ *      │       DR: CRC-32C computed by the DR OSD, or a read-back and
+ *      │       SHA-256 (mismatch → SYNC_EVERIFY);
  *      │       the contiguous done prefix is saved durably as it grows
  *   SNAP ───── flush DR, create the target snapshot at DR
  *      │
@@ -58,6 +59,17 @@ typedef void (*sync_event_fn)(const char *json, void *arg);
 /* Called with a key=value log line body (no newline); may be NULL. */
 typedef void (*sync_log_fn)(const char *level, const char *line, void *arg);
 
+/* How a written extent is verified at DR. */
+enum {
+    /* Ask the OSD holding the DR object for the CRC-32C of what it stored
+     * (rados checksum op) and compare it with the CRC of the bytes sent:
+     * no data comes back over the wire.  Needs the plain RBD layout (no
+     * fancy striping); otherwise falls back to read-back. */
+    SYNC_VERIFY_OSD = 0,
+    /* Read the extent back through librbd and compare SHA-256 digests. */
+    SYNC_VERIFY_READBACK = 1,
+};
+
 struct sync_opts {
     struct sync_site src;
     struct sync_site dst;
@@ -67,6 +79,7 @@ struct sync_opts {
     int full_resync;           /* copy everything even if base is missing */
     int verify_full;           /* hash both whole snapshots at the end */
     int verify_only;           /* only compare the two existing snapshots */
+    int extent_verify;         /* SYNC_VERIFY_OSD or SYNC_VERIFY_READBACK */
     double rate_mbps;          /* MB/s (10^6 bytes); 0 = unlimited */
     const char *state_dir;     /* where progress records live */
     uint64_t chunk;            /* work-list piece size, bytes */
@@ -90,12 +103,13 @@ struct sync_result {
     int full;                  /* 1 = full copy, 0 = incremental */
     int already;               /* DR already had the target snapshot */
     int verified_full;         /* full hashes compared and equal */
+    int extent_verify;         /* the per-extent method actually used */
     double seconds;
     char src_hash[SYNC_DIGEST_HEX];   /* "" unless hashed */
     char dst_hash[SYNC_DIGEST_HEX];
 };
 
-/* Fill o with defaults (chunk 4 MiB, 4 workers, 500 ms, state dir). */
+/* Fill o with defaults (chunk 4 MiB, 8 workers, 500 ms, state dir). */
 void sync_opts_init(struct sync_opts *o);
 
 /*

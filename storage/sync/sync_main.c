@@ -41,10 +41,12 @@ usage(FILE *f)
 "  --full-resync        copy everything even if BASE is missing at DR\n"
 "  --verify-full        compare SHA-256 of both whole snapshots at the end\n"
 "  --verify-only        only compare the two existing snapshots\n"
+"  --extent-verify M    osd (default: the DR OSD computes each extent's\n"
+"                       CRC-32C) or readback (read back, compare SHA-256)\n"
 "  --rate-mbps N        limit data to N MB/s (10^6 bytes/s; 0 = no limit)\n"
 "  --state-dir DIR      progress records (default /var/lib/cutpoint/sync)\n"
 "  --chunk-kib N        extent piece size (default 4096)\n"
-"  --jobs N             extents in flight (default 4)\n"
+"  --jobs N             extents in flight (default 8)\n"
 "  --progress-ms N      interval of progress events (default 500)\n"
 "exit: 0 ok, 1 error, 2 usage, 3 base missing at DR, 4 verification\n"
 "      failed, 5 image or snapshot missing at the primary\n");
@@ -120,7 +122,7 @@ main(int argc, char **argv)
     enum { O_SRC_CONF = 256, O_SRC_ID, O_SRC_KEYRING, O_SRC_POOL, O_DST_CONF,
            O_DST_ID, O_DST_KEYRING, O_DST_POOL, O_IMAGE, O_SNAP, O_BASE,
            O_FULL, O_VFULL, O_VONLY, O_RATE, O_STATE, O_CHUNK, O_JOBS,
-           O_PMS, O_HELP };
+           O_PMS, O_EVERIFY, O_HELP };
     static const struct option longopts[] = {
         {"src-conf", required_argument, NULL, O_SRC_CONF},
         {"src-id", required_argument, NULL, O_SRC_ID},
@@ -141,6 +143,7 @@ main(int argc, char **argv)
         {"chunk-kib", required_argument, NULL, O_CHUNK},
         {"jobs", required_argument, NULL, O_JOBS},
         {"progress-ms", required_argument, NULL, O_PMS},
+        {"extent-verify", required_argument, NULL, O_EVERIFY},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -195,6 +198,14 @@ main(int argc, char **argv)
                 bad = "--progress-ms wants an integer from 10 to 60000";
             else
                 o.progress_ms = (int)v;
+            break;
+        case O_EVERIFY:
+            if (strcmp(optarg, "osd") == 0)
+                o.extent_verify = SYNC_VERIFY_OSD;
+            else if (strcmp(optarg, "readback") == 0)
+                o.extent_verify = SYNC_VERIFY_READBACK;
+            else
+                bad = "--extent-verify wants osd or readback";
             break;
         case 'V':
             printf("cutpoint-sync %s\n", CUTPOINT_VERSION);
