@@ -182,11 +182,30 @@ class _Run:
                                  None, res, agent=a.name)
             return res
 
+        # R7: open every connection first, so that no agent pauses its VMs
+        # while another is still in its TLS handshake.  A no-op when the
+        # pool's connections are already open.
+        t = time.monotonic()
+        conns = await asyncio.gather(
+            *(asyncio.wait_for(self.client(a).connect(), pt) for a in self.spec.agents),
+            return_exceptions=True)
+        self.timings["connect_ms"] = (time.monotonic() - t) * 1000
+        reasons = []
+        for a, c in zip(self.spec.agents, conns, strict=True):
+            if isinstance(c, BaseException):
+                if isinstance(c, asyncio.CancelledError):
+                    raise c
+                if isinstance(c, TimeoutError):
+                    c = AgentError("TIMEOUT", f"connect: no connection within {pt * 1000:.0f} ms",
+                                   agent=a.name)
+                e = self.error("connect", a, c)
+                reasons.append(f"connect to {a.name}: {e['code']} {e['message']}")
+        if reasons:
+            return "; ".join(reasons)
         t = time.monotonic()
         outs = await asyncio.gather(*(one(a) for a in self.spec.agents),
                                     return_exceptions=True)
         self.timings["prepare_ms"] = (time.monotonic() - t) * 1000
-        reasons = []
         for a, out in zip(self.spec.agents, outs, strict=True):
             if isinstance(out, BaseException):
                 if isinstance(out, asyncio.CancelledError):

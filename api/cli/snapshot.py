@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -105,7 +106,8 @@ def snapshot(
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object per snapshot")] = False,
 ) -> None:
     """Take crash-consistent snapshots of a group of VMs (two-phase commit)."""
-    console = Console()
+    # Wide enough for the table when the output is a pipe or a log file.
+    console = Console(width=None if sys.stdout.isatty() else 132)
     err = Console(stderr=True)
     interval = parse_duration(every) if every else None
     n = count if count is not None else (None if interval else 1)
