@@ -1,0 +1,138 @@
+"""Issue 3, test 6: the libvirt driver does prepare → commit on a libvirt domain.
+
+A transient `type='qemu'` domain with one qcow2 disk is created through the
+real libvirtd (started by libvirt_env if it is not running); cutpointd uses
+`[libvirt] uri` with virDomainSuspend/Resume and a QMP `transaction` through
+virDomainQemuMonitorCommand.  No Ceph is needed, but root and libvirt are.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cutpoint.agentclient import AgentClient
+from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path, stop_agent_pid
+
+from conftest import coordinator_context
+from libvirt_env import libvirtd_running
+
+pytestmark = pytest.mark.lab
+
+DOMAIN = "cp-agenttest-lv1"
+# libvirt (9.x, -blockdev) names the format node of the first disk so.
+NODE = "libvirt-1-format"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def virsh(uri: str, *args: str) -> str:
+    return subprocess.run(["virsh", "-c", uri, *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+@pytest.fixture
+def libvirt_agent(tmp_path: Path) -> Iterator[tuple[dict, Path, str]]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    # libvirt runs QEMU as libvirt-qemu: the disk must be in a directory it
+    # can traverse (pytest's tmp_path is 0700).
+    vdir = Path(tempfile.mkdtemp(prefix="cp-agenttest-", dir="/var/tmp"))
+    vdir.chmod(0o755)
+    disk = vdir / "lv1.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
+    xml = tmp_path / "dom.xml"
+    xml.write_text(f"""<domain type='qemu'>
+  <name>{DOMAIN}</name>
+  <memory unit='MiB'>64</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type></os>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='{disk}'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+  </devices>
+</domain>
+""")
+    certs = tmp_path / "certs"
+    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
+    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+    with libvirtd_running() as uri:
+        subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], capture_output=True)
+        virsh(uri, "create", str(xml))
+        port = free_port()
+        cfg = tmp_path / "agent.ini"
+        cfg.write_text(f"""[agent]
+host = libvirt-test
+listen = 127.0.0.1:{port}
+journal = {tmp_path / 'journal'}
+
+[tls]
+ca = {certs / 'ca.pem'}
+cert = {certs / 'agent.pem'}
+key = {certs / 'agent.key'}
+
+[libvirt]
+uri = {uri}
+
+[vm {DOMAIN}]
+driver = libvirt
+domain = {DOMAIN}
+disk.{NODE} = qcow2:{disk}
+""")
+        log = open(tmp_path / "agent.log", "wb")
+        p = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stderr=log,
+                             stdout=log)
+        try:
+            t0 = time.monotonic()
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    assert p.poll() is None, (tmp_path / "agent.log").read_text()
+                    assert time.monotonic() - t0 < 20
+                    time.sleep(0.05)
+            yield {"address": "127.0.0.1", "port": port, "pid": p.pid}, certs, uri
+        finally:
+            stop_agent_pid(p.pid)
+            p.wait(timeout=10)
+            log.close()
+            subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], capture_output=True)
+            shutil.rmtree(vdir, ignore_errors=True)
+
+
+async def test_libvirt_prepare_commit(libvirt_agent: tuple[dict, Path, str]) -> None:
+    rec, certs, uri = libvirt_agent
+    disk = f"{DOMAIN}/{NODE}"
+    async with AgentClient(rec["address"], rec["port"],
+                           ssl_context=coordinator_context(certs)) as c:
+        inv = await c.inventory()
+        assert [(v["name"], v["driver"], v["state"]) for v in inv["vms"]] == \
+            [(DOMAIN, "libvirt", "running")]
+        await c.prepare("lv-t1", [DOMAIN], 5000)
+        assert virsh(uri, "domstate", DOMAIN).strip() == "paused"
+        res = await c.commit("lv-t1", {disk: "cp.lvtest.lv-t1"}, 5000)
+        vm = res["vms"][0]
+        assert vm["method"] == "qmp-transaction"
+        assert vm["disks"][0]["ok"] is True
+        assert virsh(uri, "domstate", DOMAIN).strip() == "running"
+        # the snapshot is in the qcow2 file (through QMP query-block, via libvirt)
+        assert "cp.lvtest.lv-t1" in await c.snapshot_list(disk)
+        ab = await c.abort("lv-t1")
+        assert ab["deleted"] == [{"disk": disk, "name": "cp.lvtest.lv-t1"}]
+        assert await c.snapshot_list(disk) == []
