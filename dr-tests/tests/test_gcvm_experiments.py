@@ -1,0 +1,231 @@
+"""GCVM §4.5.2's experiments, reproduced on the lab (issue 4, item 5).
+
+Every experiment runs the writer (docs/writer.md) in tiny guests whose disks
+are RBD images, takes group snapshots with the real coordinator
+(`cutpoint snapshot --group-file G`) through the real agents, and reads the
+member snapshots straight from Ceph with the checker
+(`cutpoint check writer`):
+
+(a) 1 VM x 3 disks: single-VM mode, records striped over the disks
+    (GCVM Figs. 4.4, 4.5).
+(b) 2 VMs on 2 hosts x 3 disks: distributed mode, a token ring across the
+    hosts, consecutive records alternate between the VMs (Figs. 4.6, 4.7).
+(c) negative control, "Necessity of Coordinated Pause" (Fig. 4.8): the
+    same setup, every disk snapshotted one after another with `rbd snap
+    create` and no pause.  At least one of N trials must show a gap; the
+    trial count is printed (run with -s to see it).  No delay is added
+    between disks: each `rbd snap create` is a separate process, which
+    takes long enough for the ring to write several records.
+(d) 20 consecutive group snapshots under load, every one prefix-consistent,
+    and the prefixes grow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cutpoint.checkers import writer as wr
+
+pytestmark = pytest.mark.lab
+
+CLI = [str(Path(sys.executable).parent / "cutpoint")]
+DISK_MB = 16  # small images: every check reads every byte of every member
+LAB_A = {"hosts": 1, "vms_per_host": 1, "disks": 3, "workload": "writer",
+         "disk_size_mb": DISK_MB}
+LAB_B = {"hosts": 2, "vms_per_host": 1, "disks": 3, "workload": "writer",
+         "disk_size_mb": DISK_MB}
+NEGATIVE_TRIALS = 5
+CONSECUTIVE = 20
+PROGRESS = re.compile(r"cp-writer: progress vm=(\d+) seq=(\d+)")
+
+
+def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True,
+                          timeout=timeout, check=False,
+                          env=dict(os.environ, COLUMNS="250"))
+
+
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """Every top-level JSON object in text (one per snapshot)."""
+    dec = json.JSONDecoder()
+    out, i = [], 0
+    while (i := text.find("{", i)) >= 0:
+        obj, end = dec.raw_decode(text, i)
+        out.append(obj)
+        i = end
+    return out
+
+
+def writer_seq(status: dict[str, Any]) -> int:
+    """Highest seq any guest's writer reported on its console."""
+    best = 0
+    for vm in status["vms"]:
+        text = Path(vm["console"]).read_text(errors="replace")
+        for m in PROGRESS.finditer(text):
+            best = max(best, int(m.group(2)))
+        if "cp-writer: error" in text or "unknown workload" in text:
+            pytest.fail(f"writer failed on {vm['name']}: {text[-600:]}")
+    return best
+
+
+def wait_writer(status: dict[str, Any], at_least: int, timeout: float = 240) -> int:
+    """Wait until the writers reported seq >= at_least (progress, not time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seq = writer_seq(status)
+        if seq >= at_least:
+            return seq
+        if time.monotonic() > deadline:
+            tails = {vm["name"]: Path(vm["console"]).read_text(errors="replace")[-500:]
+                     for vm in status["vms"]}
+            pytest.fail(f"writer reached seq {seq} < {at_least} after {timeout}s: {tails}")
+        time.sleep(0.5)
+
+
+class Group:
+    """Agents on every lab host and a group file for every primary VM."""
+
+    def __init__(self, status: dict[str, Any], tmp: Path) -> None:
+        from cutpoint.coordinator import write_group_file
+        from cutpoint.lab.agents import start_agents
+        self.status = status
+        self.certs = Path(status["state_dir"]) / "certs"
+        self.agents = start_agents(status, self.certs)
+        self.file = tmp / "group.yaml"
+        write_group_file(status, self.file, certs_dir=self.certs, group="writer")
+        self.db = f"sqlite:///{tmp / 'coordinator.db'}"
+
+    def close(self) -> None:
+        from cutpoint.lab.agents import stop_agents
+        stop_agents(self.status)
+
+    def snapshot(self, count: int = 1) -> list[dict[str, Any]]:
+        res = cutpoint("snapshot", "--group-file", str(self.file), "--db", self.db,
+                       "--json", "--count", str(count))
+        results = json_objects(res.stdout)
+        assert res.returncode == 0 and len(results) == count, (
+            f"cutpoint snapshot exit {res.returncode}\nstdout: {res.stdout[-3000:]}\n"
+            f"stderr: {res.stderr[-3000:]}")
+        for r in results:
+            assert r["state"] == "committed", r
+        return results
+
+    def members(self, result: dict[str, Any]) -> list[wr.Spec]:
+        """The member snapshots of a committed group snapshot, as images."""
+        return wr.specs_for_group_snapshot(result["txn"], self.db, self.status)
+
+    def disks(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return [(vm, d) for vm in self.status["vms"] for d in vm["disks"]]
+
+
+@pytest.fixture
+def group(lab: dict[str, Any], tmp_path: Path) -> Iterator[Group]:
+    g = Group(lab, tmp_path)
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+def check_cli(g: Group, txn: str) -> dict[str, Any]:
+    """`cutpoint check writer --group-snapshot TXN --json` (the real CLI)."""
+    res = cutpoint("check", "writer", "--group-snapshot", txn, "--db", g.db, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == (0 if doc.get("ok") else 1), res.stderr
+    return doc
+
+
+def pauses(result: dict[str, Any]) -> str:
+    return ", ".join(f"{v['vm']} {v['paused_ms']:.1f} ms" for v in result["vms"]
+                     if v.get("paused_ms") is not None)
+
+
+@pytest.mark.lab_config(**LAB_A)
+def test_a_one_vm_three_disks(group: Group) -> None:
+    wait_writer(group.status, 200)
+    first, = group.snapshot()
+    doc = check_cli(group, first["txn"])
+    assert doc["ok"], doc
+    assert doc["p"] >= 200
+    # Striped over the three disks of the one VM (GCVM Fig. 4.5).
+    vm = group.status["vms"][0]
+    labels = sorted((lab["vm"], lab["disk"]) for s in doc["sources"] for lab in s["labels"])
+    assert labels == [(vm["index"], 0), (vm["index"], 1), (vm["index"], 2)]
+    # The writer kept going: a later group snapshot holds a longer prefix.
+    wait_writer(group.status, doc["p"] + 100)
+    second, = group.snapshot()
+    doc2 = check_cli(group, second["txn"])
+    assert doc2["ok"] and doc2["p"] > doc["p"], doc2
+    print(f"\n(a) 1 VM x 3 disks: p={doc['p']} then p={doc2['p']}; "
+          f"pause {pauses(first)}; {pauses(second)}")
+
+
+@pytest.mark.lab_config(**LAB_B)
+def test_b_two_vms_two_hosts_distributed(group: Group) -> None:
+    vms = group.status["vms"]
+    assert len({vm["host"] for vm in vms}) == 2
+    wait_writer(group.status, 60)
+    result, = group.snapshot()
+    doc = check_cli(group, result["txn"])
+    assert doc["ok"], doc
+    # Both VMs' disks hold records: the ring alternated between the hosts.
+    labels = sorted((lab["vm"], lab["disk"]) for s in doc["sources"] for lab in s["labels"])
+    assert labels == sorted((vm["index"], d) for vm in vms for d in range(3))
+    assert doc["p"] >= 60
+    print(f"\n(b) 2 VMs x 3 disks on 2 hosts: p={doc['p']}; pause {pauses(result)}")
+
+
+@pytest.mark.lab_config(**LAB_B)
+def test_c_uncoordinated_snapshots_show_gaps(group: Group) -> None:
+    """The negative control: proves the checker can fail."""
+    from cutpoint.lab.ceph import rbd_cmd
+    sites = group.status["sites"]
+    wait_writer(group.status, 60)
+    found = None
+    for trial in range(1, NEGATIVE_TRIALS + 1):
+        name = f"uncoordinated.{trial}"
+        specs: list[wr.Spec] = []
+        for vm, d in group.disks():  # one after another, no pause
+            site = sites[vm["site"]]
+            argv = rbd_cmd(site, "snap", "create", f"{d['pool']}/{d['image']}@{name}")
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            assert res.returncode == 0, f"{argv}: {res.stderr}"
+            specs.append(wr.RbdSpec(d["pool"], d["image"], name, site["ceph_conf"],
+                                    site.get("client_id", "admin"), site.get("keyring")))
+        v = wr.scan_specs(specs)
+        # Whatever the cut, every record in it is whole: only order can break.
+        assert (v.torn, v.corrupt, v.duplicates) == (0, 0, 0), v.summary()
+        print(f"\n(c) trial {trial}: {v.summary()[:300]}")
+        if v.gaps:
+            found = (trial, v)
+            break
+    assert found is not None, f"no gap in {NEGATIVE_TRIALS} uncoordinated trials"
+    trial, v = found
+    print(f"(c) negative control: gap found in trial {trial} of {NEGATIVE_TRIALS}: "
+          f"p={v.p}, prefix={v.prefix}, {v.missing} missing in {len(v.gaps)} gaps")
+
+
+@pytest.mark.lab_config(**LAB_B)
+def test_d_consecutive_group_snapshots_under_load(group: Group) -> None:
+    wait_writer(group.status, 60)
+    results = group.snapshot(count=CONSECUTIVE)
+    ps = []
+    for r in results:
+        v = wr.scan_specs(group.members(r))
+        assert v.ok, f"txn {r['txn']}: {v.summary()}"
+        ps.append(v.p)
+    assert ps == sorted(ps), ps
+    assert ps[-1] > ps[0], f"the writer made no progress across the snapshots: {ps}"
+    worst = max(v["paused_ms"] for r in results for v in r["vms"]
+                if v.get("paused_ms") is not None)
+    print(f"\n(d) {CONSECUTIVE} consecutive group snapshots, all prefix-consistent: "
+          f"p = {ps}; worst pause {worst:.1f} ms")
