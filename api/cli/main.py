@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cutpoint.api.cli import bench, check, lab
+from cutpoint.api.cli import bench, check, group, inventory, job, lab, rpo, server, token
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 
 VERSION = "0.1.0"
@@ -20,6 +20,13 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(lab.app, name="lab")
+app.add_typer(server.app, name="server")
+app.add_typer(token.app, name="token")
+app.add_typer(group.app, name="group")
+app.add_typer(job.app, name="job")
+app.add_typer(rpo.app, name="rpo")
+app.add_typer(inventory.site_app, name="site")
+app.add_typer(inventory.host_app, name="host")
 app.add_typer(check.app, name="check")
 app.add_typer(bench.app, name="bench")
 app.command("snapshot")(snapshot_cmd)

@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-from sqlalchemy import func, select
-
 from cutpoint.api import services_local
 from cutpoint.api.app import create_app
 from cutpoint.api.config import Settings
@@ -29,6 +26,8 @@ from cutpoint.api.models import GroupSnapshot, Host, Job, RpoMiss, Site, SnapSta
 from cutpoint.api.schemas.groups import GroupCreate, MemberAdd
 from cutpoint.api.schemas.policy import PolicyUpdate
 from cutpoint.api.services import groups, inventory
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "worker-test-secret-0123456789"

@@ -1,0 +1,92 @@
+"""`cutpoint site …` and `cutpoint host …` over the API."""
+
+from __future__ import annotations
+
+import typer
+from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
+from cutpoint.api.cli.job import watch_job
+from rich.console import Console
+from rich.table import Table
+
+site_app = typer.Typer(help="Sites (failure domains).", no_args_is_help=True)
+host_app = typer.Typer(help="Hypervisor hosts and their agents.", no_args_is_help=True)
+
+
+@site_app.command("create")
+def site_create(name: str, description: str = "", url: str = UrlOpt, token: str = TokenOpt,
+                json_out: bool = JsonOpt) -> None:
+    """Create a site."""
+    s = run(lambda: Api(url, token).post("/v1/sites", json={"name": name,
+                                                             "description": description}))
+    print_json(s) if json_out else typer.echo(f"site {s['name']} id={s['id']}")
+
+
+@site_app.command("list")
+def site_list(url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """List sites."""
+    items = run(lambda: Api(url, token).all("/v1/sites"))
+    if json_out:
+        print_json(items)
+        return
+    t = Table("id", "name", "description")
+    for s in items:
+        t.add_row(str(s["id"]), s["name"], s["description"])
+    Console().print(t)
+
+
+@host_app.command("add")
+def host_add(name: str, site: str = typer.Option(..., "--site"),
+             address: str = typer.Option(..., "--address"),
+             port: int = typer.Option(7443, "--port"),
+             fingerprint: str | None = typer.Option(None, "--fingerprint",
+                                                    help="agent cert SHA-256 (hex)"),
+             sync: bool = typer.Option(True, "--sync/--no-sync",
+                                       help="pull the agent's inventory now"),
+             url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """Register a host's agent (and pull its inventory)."""
+    api = Api(url, token)
+    body = {"name": name, "site": site, "address": address, "port": port}
+    if fingerprint:
+        body["cert_fingerprint"] = fingerprint
+    h = run(lambda: api.post("/v1/hosts", json=body))
+    if not json_out:
+        typer.echo(f"host {h['name']} id={h['id']} {h['address']}:{h['port']}")
+    if sync:
+        job = run(lambda: api.post(f"/v1/hosts/{h['id']}/sync"))
+        job = watch_job(api, job["id"], quiet=json_out)
+        h["sync"] = job
+    if json_out:
+        print_json(h)
+
+
+@host_app.command("list")
+def host_list(url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """List hosts and whether their agents answer."""
+    items = run(lambda: Api(url, token).all("/v1/hosts"))
+    if json_out:
+        print_json(items)
+        return
+    t = Table("id", "name", "site", "address", "reachable", "last seen", "agent")
+    for h in items:
+        t.add_row(str(h["id"]), h["name"], h["site"], f"{h['address']}:{h['port']}",
+                  {True: "yes", False: "[red]no[/red]", None: "?"}[h["reachable"]],
+                  h["last_seen_at"] or "", h["agent_version"] or "")
+    Console().print(t)
+
+
+@host_app.command("sync")
+def host_sync(name: str, url: str = UrlOpt, token: str = TokenOpt,
+              json_out: bool = JsonOpt) -> None:
+    """Pull a host's inventory now and wait for it."""
+    api = Api(url, token)
+    hosts = run(lambda: api.all("/v1/hosts"))
+    h = next((x for x in hosts if x["name"] == name), None)
+    if h is None:
+        Console(stderr=True).print(f"error: no host named {name!r}")
+        raise typer.Exit(1)
+    job = run(lambda: api.post(f"/v1/hosts/{h['id']}/sync"))
+    job = watch_job(api, job["id"], quiet=json_out)
+    if json_out:
+        print_json(job)
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
