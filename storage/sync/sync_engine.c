@@ -44,6 +44,7 @@ struct copy {
     unsigned char *done;       /* per item: written and verified */
     size_t mark;               /* items[0..mark) are all done */
     uint64_t done_offset;      /* end of items[mark - 1] */
+    uint64_t mark_bytes;       /* data bytes of items[0..mark) */
     uint64_t shipped, zeroed, extents;
     int active;                /* workers still running */
     struct sync_rate rate;
@@ -516,6 +517,8 @@ copy_worker(void *arg)
             while (c->mark < c->n && c->done[c->mark]) {
                 c->done_offset = c->items[c->mark].off +
                                  c->items[c->mark].len;
+                if (c->items[c->mark].kind == SYNC_DATA)
+                    c->mark_bytes += c->items[c->mark].len;
                 c->mark++;
             }
         }
@@ -595,7 +598,7 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
     }
     while (c.active > 0) {
         struct timespec ts;
-        uint64_t off, bytes, ext, zeroed;
+        uint64_t off, bytes, ext, zeroed, mbytes, mark;
 
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += (long)(o->progress_ms % 1000) * 1000000L;
@@ -603,6 +606,8 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
         ts.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&c.cv, &c.mu, &ts);
         off = c.done_offset;
+        mbytes = c.mark_bytes;
+        mark = c.mark;
         bytes = c.shipped;
         ext = c.extents;
         zeroed = c.zeroed;
@@ -610,8 +615,10 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
 
         if (off != last_saved) {
             prog->done_offset = off;
-            prog->bytes = prev_bytes + bytes;
-            prog->extents = prev_ext + ext;
+            /* Only the done prefix counts: extents finished beyond it
+             * will be sent again by a resumed run. */
+            prog->bytes = prev_bytes + mbytes;
+            prog->extents = prev_ext + mark;
             if (sync_progress_save(prog_path, prog, perr, sizeof(perr)) < 0) {
                 /* Losing the record costs a resend after a crash, never
                  * data: warn once and keep copying. */

@@ -1,0 +1,266 @@
+"""cutpoint-sync against the lab's two real Ceph clusters (cephx on).
+
+Each test starts from a known state (an image written with a table of
+(offset, pattern) extents or a real `rbd bench` writer), injects one thing
+(a round of changes, a kill -9, a missing base, drift at DR), and checks
+the DR snapshot byte for byte: SHA-256 of `rbd export` at both sites, which
+is independent of the engine's own hashing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cutpoint.bench.replication import (
+    MiB,
+    bench_write,
+    create_image,
+    diff_bytes,
+    image_exists,
+    parse_events,
+    pattern,
+    rbd,
+    remove_image,
+    run_sync,
+    snap_create,
+    snap_sha256,
+    snaps,
+    spec,
+    sync_argv,
+    write_extents,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=0)]
+
+# Exit codes of cutpoint-sync (docs/replication.md).
+EXIT_NOBASE, EXIT_VERIFY = 3, 4
+
+
+@pytest.fixture
+def image(lab: dict[str, Any]) -> Iterator[str]:
+    """A fresh image name, removed from both sites afterwards (memstore is RAM)."""
+    name = f"sync-{uuid.uuid4().hex[:8]}"
+    yield name
+    for site in ("primary", "dr"):
+        remove_image(lab["sites"][site], name)
+
+
+def sites(lab: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return lab["sites"]["primary"], lab["sites"]["dr"]
+
+
+def assert_identical(lab: dict[str, Any], image: str, snap: str) -> str:
+    p, d = sites(lab)
+    want, got = snap_sha256(p, image, snap), snap_sha256(d, image, snap)
+    assert want == got, f"{image}@{snap}: primary {want} != dr {got}"
+    return want
+
+
+def read_range(site: dict[str, Any], image: str, snap: str, off: int, n: int) -> bytes:
+    out = subprocess.run(
+        [*rbd_argv(site, "export", "--no-progress", spec(site, image, snap), "-")],
+        capture_output=True, check=True, timeout=300).stdout
+    return out[off:off + n]
+
+
+def rbd_argv(site: dict[str, Any], *args: str) -> list[str]:
+    from cutpoint.lab.ceph import rbd_cmd
+    return rbd_cmd(site, *args)
+
+
+# (offset, length, seed): unaligned, object-straddling and tail extents.
+TABLE = [
+    (0, 4096, 1),
+    (5000, 3000, 2),
+    (4 * MiB - 512, 1024, 3),          # straddles two 4 MiB objects
+    (9 * MiB, 2 * MiB + 17, 4),
+    (63 * MiB, MiB, 5),                # last MiB of the first size
+]
+
+
+def test_three_rounds_under_writer_load(lab: dict[str, Any], image: str, tmp_path: Path) -> None:
+    p, d = sites(lab)
+    size = 64 * MiB
+    create_image(p, image, size)
+    write_extents(p, image, size, [(off, pattern(seed, n)) for off, n, seed in TABLE])
+    snap_create(p, image, "r0")
+    run = run_sync(lab, image, "r0", None, ["--verify-full"], str(tmp_path))
+    done = run.done
+    assert done["full"] is True and done["verified_full"] is True
+    assert done["primary_sha256"] == assert_identical(lab, image, "r0")
+    assert sorted(snaps(d, image)) == ["r0"]
+
+    prev = "r0"
+    for rnd in (1, 2, 3):
+        snap = f"r{rnd}"
+        if rnd == 2:
+            # The primary grows; DR must follow.  A whole object is
+            # discarded and a partial range zeroed, so the diff has zero
+            # extents that must arrive as zeroes.
+            size = 80 * MiB
+            rbd(p, "resize", "--no-progress", "--size", "80M", spec(p, image))
+            write_extents(p, image, size, [(8 * MiB, 4 * MiB), (5000, 1000),
+                                           (75 * MiB, pattern(20, 12345))])
+        # A real writer runs while the snapshot is taken.
+        writer = subprocess.Popen(
+            rbd_argv(p, "bench", "--io-type", "write", "--io-size", "4K", "--io-threads", "4",
+                     "--io-total", "1G", "--io-pattern", "rand", spec(p, image)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1.5)
+            assert writer.poll() is None, "the writer ended before the snapshot"
+            snap_create(p, image, snap)
+            time.sleep(0.5)
+        finally:
+            writer.send_signal(signal.SIGINT)
+            writer.wait(timeout=60)
+        data, zero = diff_bytes(p, image, snap, prev)
+        assert data > 0
+        run = run_sync(lab, image, snap, prev, ["--verify-full"], str(tmp_path))
+        done = run.done
+        assert done["full"] is False and done["verified_full"] is True
+        # Only what changed crosses the wire, byte for byte.
+        assert done["bytes_changed"] == data + zero
+        assert done["bytes_shipped"] == data, f"round {rnd}: shipped {done['bytes_shipped']} != rbd diff data {data}"
+        assert done["bytes_zeroed"] == zero
+        assert done["bytes_repaired"] == 0
+        assert done["primary_sha256"] == assert_identical(lab, image, snap)
+        info = json.loads(rbd(d, "info", "--format", "json", spec(d, image, snap)))
+        assert info["size"] == size
+        prev = snap
+    assert sorted(snaps(d, image)) == ["r0", "r1", "r2", "r3"]
+    # Old recovery points at DR still hold their old data (block-test
+    # style: written, overwritten since, read through the snapshot).
+    for off, n, seed in TABLE:
+        assert read_range(d, image, "r0", off, n) == pattern(seed, n), f"r0 at {off}"
+
+
+def test_kill9_mid_transfer_resumes_identical(lab: dict[str, Any], image: str,
+                                              tmp_path: Path) -> None:
+    p, d = sites(lab)
+    size = 96 * MiB
+    create_image(p, image, size)
+    bench_write(p, image, size, io_size=4 * MiB, pattern_kind="seq")
+    snap_create(p, image, "k1")
+    argv = sync_argv(lab, image, "k1", None, ["--rate-mbps", "8", "--progress-ms", "100"],
+                     str(tmp_path))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = 0
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            ev = json.loads(line)
+            if ev["event"] == "progress":
+                seen = ev["offset"]
+                if seen >= 24 * MiB:
+                    break
+            assert ev["event"] in ("start", "progress"), ev
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert 24 * MiB <= seen < size
+    # A partly copied target is never mistaken for complete.
+    assert "k1" not in snaps(d, image)
+    records = list(tmp_path.glob("*.progress"))
+    assert len(records) == 1
+    rec = dict(line.split("=", 1) for line in records[0].read_text().splitlines()[1:])
+    assert int(rec["done_offset"]) >= seen and rec["target"] == "k1"
+
+    run = run_sync(lab, image, "k1", None, ["--verify-full"], str(tmp_path))
+    done = run.done
+    assert done["resumed_from"] == int(rec["done_offset"])
+    assert done["bytes_shipped"] == size - done["resumed_from"]
+    assert done["bytes_shipped_total"] == size
+    assert done["verified_full"] is True
+    assert done["primary_sha256"] == assert_identical(lab, image, "k1")
+    assert not list(tmp_path.glob("*.progress")), "the record outlived the copy"
+    # Rerunning a finished copy is a no-op.
+    again = run_sync(lab, image, "k1", None, [], str(tmp_path)).done
+    assert again["already"] is True and again["bytes_shipped"] == 0
+
+
+def test_missing_base_at_dr_is_refused(lab: dict[str, Any], image: str, tmp_path: Path) -> None:
+    p, d = sites(lab)
+    size = 32 * MiB
+    create_image(p, image, size)
+    write_extents(p, image, size, [(0, pattern(1, MiB))])
+    snap_create(p, image, "a")
+    write_extents(p, image, size, [(MiB, pattern(2, MiB))])
+    snap_create(p, image, "b")
+
+    # No image at DR at all: refused, and nothing is created there.
+    run = run_sync(lab, image, "b", "a", [], str(tmp_path), check=False)
+    assert run.returncode == EXIT_NOBASE, run.stderr
+    err = run.error
+    assert err is not None and err["exit"] == EXIT_NOBASE
+    assert "missing at DR" in err["message"] and "--full-resync" in err["message"]
+    assert "missing at DR" in run.stderr
+    assert not image_exists(d, image)
+
+    # The image exists at DR but lacks the base: refused, DR untouched.
+    run_sync(lab, image, "a", None, [], str(tmp_path))
+    write_extents(p, image, size, [(2 * MiB, pattern(3, MiB))])
+    snap_create(p, image, "c")
+    run = run_sync(lab, image, "c", "b", [], str(tmp_path), check=False)
+    assert run.returncode == EXIT_NOBASE
+    assert snaps(d, image) == ["a"]
+
+    # Asked for, a full resync repairs it.
+    done = run_sync(lab, image, "c", "b", ["--full-resync", "--verify-full"], str(tmp_path)).done
+    assert done["full"] is True and done["verified_full"] is True
+    assert_identical(lab, image, "c")
+
+
+def test_dr_drift_is_repaired_and_a_mismatch_is_detected(lab: dict[str, Any], image: str,
+                                                        tmp_path: Path) -> None:
+    p, d = sites(lab)
+    size = 32 * MiB
+    create_image(p, image, size)
+    write_extents(p, image, size, [(0, pattern(1, 4 * MiB))])
+    snap_create(p, image, "a")
+    run_sync(lab, image, "a", None, [], str(tmp_path))
+
+    # Someone writes to the DR image behind replication's back.
+    write_extents(d, image, size, [(20 * MiB, pattern(99, 65536))])
+    snap_create(d, image, "x")
+    snap_create(p, image, "x")
+    run = run_sync(lab, image, "x", None, ["--verify-only"], str(tmp_path), check=False)
+    assert run.returncode == EXIT_VERIFY, run.stderr
+    assert run.error is not None and "hash mismatch" in run.error["message"]
+
+    # The next incremental copy puts the drifted range back.
+    write_extents(p, image, size, [(MiB, pattern(2, 8192))])
+    snap_create(p, image, "b")
+    done = run_sync(lab, image, "b", "a", ["--verify-full"], str(tmp_path)).done
+    assert done["bytes_repaired"] == 65536
+    assert done["bytes_shipped"] == 8192 + 65536
+    assert_identical(lab, image, "b")
+
+
+def test_progress_events_are_json_lines(lab: dict[str, Any], image: str, tmp_path: Path) -> None:
+    p, _ = sites(lab)
+    create_image(p, image, 16 * MiB)
+    write_extents(p, image, 16 * MiB, [(0, pattern(7, 8 * MiB))])
+    snap_create(p, image, "e")
+    argv = sync_argv(lab, image, "e", None, ["--progress-ms", "10"], str(tmp_path))
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
+    events = parse_events(cp.stdout)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "done" and "progress" in kinds
+    last = [e for e in events if e["event"] == "progress"][-1]
+    assert last["bytes"] == last["total"] == 8 * MiB and last["offset"] == 8 * MiB
+    for key in ("bytes_shipped", "bytes_changed", "seconds"):
+        assert key in events[-1]
+    # stderr is key=value logs.
+    for line in cp.stderr.splitlines():
+        assert line.startswith("ts=") and " level=" in line, line
