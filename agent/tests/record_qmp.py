@@ -11,7 +11,6 @@ Usage: record_qmp.py OUTDIR   (needs qemu-system-x86_64 and qemu-img)
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import coordinator_context
 from cutpoint.agentclient import AgentClient, AgentReplyError
 from cutpoint.lab import agents as A
 from cutpoint.lab.ceph import rbd_cmd
-
-from conftest import coordinator_context
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2)]
 
@@ -162,9 +161,9 @@ async def test_kill9_while_paused_restart_resumes(lab: dict[str, Any], agents: l
     os.kill(rec["pid"], signal.SIGKILL)
     t0 = time.monotonic()
     while A.pid_alive(rec["pid"]) and time.monotonic() - t0 < 5:
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
     # The agent is gone and nothing else will resume them: they stay paused.
-    time.sleep(0.3)
+    await asyncio.sleep(0.3)
     for vm in lab["vms"]:
         assert qmp_status(vm["qmp"]) == "paused"
     journal = Path(rec["config"]).parent / "journal"

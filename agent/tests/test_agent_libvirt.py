@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import coordinator_context
 from cutpoint.agentclient import AgentClient
 from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path, stop_agent_pid
-
-from conftest import coordinator_context
 from libvirt_env import libvirtd_running
 
 pytestmark = pytest.mark.lab
@@ -72,7 +71,7 @@ def libvirt_agent(tmp_path: Path) -> Iterator[tuple[dict, Path, str]]:
     subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
     subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
     with libvirtd_running() as uri:
-        subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], capture_output=True)
+        subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], check=False, capture_output=True)
         virsh(uri, "create", str(xml))
         port = free_port()
         cfg = tmp_path / "agent.ini"
@@ -94,7 +93,7 @@ driver = libvirt
 domain = {DOMAIN}
 disk.{NODE} = qcow2:{disk}
 """)
-        log = open(tmp_path / "agent.log", "wb")
+        log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 (closed in finally)
         p = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stderr=log,
                              stdout=log)
         try:
@@ -112,7 +111,7 @@ disk.{NODE} = qcow2:{disk}
             stop_agent_pid(p.pid)
             p.wait(timeout=10)
             log.close()
-            subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], capture_output=True)
+            subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], check=False, capture_output=True)
             shutil.rmtree(vdir, ignore_errors=True)
 
 

@@ -7,8 +7,18 @@ below; keep this file a table of contents.
 from __future__ import annotations
 
 import typer
-
-from cutpoint.api.cli import bench, check, group, inventory, job, lab, rpo, server, token
+from cutpoint.api.cli import (
+    agent,
+    bench,
+    check,
+    group,
+    inventory,
+    job,
+    lab,
+    rpo,
+    server,
+    token,
+)
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 
 VERSION = "0.1.0"
@@ -29,6 +39,7 @@ app.add_typer(inventory.site_app, name="site")
 app.add_typer(inventory.host_app, name="host")
 app.add_typer(check.app, name="check")
 app.add_typer(bench.app, name="bench")
+app.add_typer(agent.app, name="agent")
 app.command("snapshot")(snapshot_cmd)
 
 
