@@ -50,8 +50,10 @@ log = logging.getLogger(__name__)
 
 # A COMMIT reply may take the snapshot budget plus transport time.
 COMMIT_MARGIN_S = 2.0
-# ABORT only resumes VMs and deletes snapshots.
-ABORT_TIMEOUT_S = 10.0
+# ABORT only resumes VMs and deletes snapshots.  Waiting longer than the
+# lease for its reply gains nothing before COMMIT (the lease resumes the VMs
+# anyway); after COMMIT an unanswered ABORT leaves the txn ABORTING, retried.
+ABORT_TIMEOUT_MAX_S = 10.0
 # A txn not updated for lease + budget + this is no longer driven by a live
 # coordinator: its agents have resumed on their own (invariant 2).
 STALE_MARGIN_S = 2.0
@@ -258,9 +260,11 @@ class _Run:
     async def abort(self) -> bool:
         """ABORT everywhere (resume + delete member snapshots).  True when no
         member snapshot can remain (rule R5)."""
+        timeout = min(ABORT_TIMEOUT_MAX_S, self.spec.lease_ms / 1000 + 1.0)
+
         async def one(a: AgentSpec) -> dict[str, Any]:
             return await self.client(a).abort(self.txn, self.disk_names(a),
-                                              timeout=ABORT_TIMEOUT_S)
+                                              timeout=timeout)
 
         outs = await asyncio.gather(*(one(a) for a in self.spec.agents),
                                     return_exceptions=True)

@@ -204,13 +204,15 @@ async def test_one_agent_times_out_on_prepare(lab: dict[str, Any], agents: list[
     frozen = agents[1] if agents[1]["host"] == spec.agents[1].name else next(
         a for a in agents if a["host"] == spec.agents[1].name)
     log = TxLog(f"sqlite:///{tmp_path}/coordinator.db")
+    await vm_states(pool, spec)  # open the connections: PREPARE is what times out
     os.kill(frozen["pid"], signal.SIGSTOP)
     try:
         res = await take_group_snapshot(spec, log, txn="prep-timeout", pool=pool)
     finally:
         os.kill(frozen["pid"], signal.SIGCONT)
     assert res.state == "aborted" and "TIMEOUT" in (res.reason or ""), res.reason
-    assert any(e["agent"] == frozen["host"] and e["code"] == "TIMEOUT" for e in res.errors)
+    assert any(e["agent"] == frozen["host"] and e["code"] == "TIMEOUT"
+               and e["phase"] == "prepare" for e in res.errors), res.errors
     # The frozen agent may now pause its VM for the late PREPARE; the ABORT
     # queued behind it (or at worst its lease) resumes it.
     await wait_all_running(pool, spec, timeout=spec.lease_ms / 1000 + 5)
