@@ -6,7 +6,8 @@ are RBD images, takes group snapshots with the real coordinator
 member snapshots straight from Ceph with the checker
 (`cutpoint check writer`):
 
-(a) 1 VM x 3 disks: single-VM mode, records striped over the disks
+(a) 1 VM x 3 disks (RBD, and qcow2 internal snapshots): single-VM mode,
+    records striped over the disks
     (GCVM Figs. 4.4, 4.5).
 (b) 2 VMs on 2 hosts x 3 disks: distributed mode, a token ring across the
     hosts, consecutive records alternate between the VMs (Figs. 4.6, 4.7).
@@ -149,7 +150,8 @@ def pauses(result: dict[str, Any]) -> str:
                      if v.get("paused_ms") is not None)
 
 
-@pytest.mark.lab_config(**LAB_A)
+@pytest.mark.parametrize("lab", [LAB_A, {**LAB_A, "backend": "qcow2"}],
+                         ids=["rbd", "qcow2"], indirect=True)
 def test_a_one_vm_three_disks(group: Group) -> None:
     wait_writer(group.status, 200)
     first, = group.snapshot()
@@ -165,7 +167,8 @@ def test_a_one_vm_three_disks(group: Group) -> None:
     second, = group.snapshot()
     doc2 = check_cli(group, second["txn"])
     assert doc2["ok"] and doc2["p"] > doc["p"], doc2
-    print(f"\n(a) 1 VM x 3 disks: p={doc['p']} then p={doc2['p']}; "
+    print(f"\n(a) 1 VM x 3 {vm['disks'][0]['backend']} disks: p={doc['p']} then "
+          f"p={doc2['p']}; "
           f"pause {pauses(first)}; {pauses(second)}")
 
 
