@@ -75,8 +75,8 @@ def sharedlog(
     disks: Annotated[list[str] | None, typer.Argument(
         help="Raw disk of every node (files or block devices).")] = None,
     live: Annotated[str | None, typer.Option(
-        "--live", help="Also read the running log through a storage "
-        "server: IP:PORT of any storage server.")] = None,
+        "--live", help="Also subscribe to the running log: comma-separated "
+        "IP:PORT of every storage server in ring order.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Check a cp-sharedlog (Scalog) after recovery."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -133,6 +134,25 @@ def test_nofsync_fails_only_acked_survives(cluster) -> None:
     v = c.check()
     assert v.stats["acked_mutations"] > 20, v.stats
     assert v.failed() == ["acked_survives"], v.as_dict()
+
+
+def test_staggered_copies_fail(cluster, tmp_path: Path) -> None:
+    """Disks copied one after another under load (no coordinated cut): the
+    late disks hold acks and dependent writes the early ones never saw."""
+    c = cluster()
+    c.start()
+    c.wait_log("serving on")
+    time.sleep(1)
+    copies = []
+    for i, d in enumerate(c.disks):
+        dst = tmp_path / f"copy{i}.img"
+        shutil.copyfile(d, dst)
+        copies.append(dst)
+        time.sleep(1)
+    c.kill9()
+    v = kv.check_disks(copies)
+    assert not v.ok
+    assert "acked_survives" in v.failed(), v.as_dict()
 
 
 def test_damaged_middle_record_is_reported(cluster) -> None:

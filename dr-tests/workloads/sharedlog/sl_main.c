@@ -1,0 +1,183 @@
+/*
+ * cp-sharedlog: entry point.  One binary runs every role:
+ *
+ *   cp-sharedlog [--role all|storage|order|client|admin] [--node I]
+ *                [--peers A,B,...] [--disk PATH] [--ops N] [--delay-ms MS]
+ *                [--interval-ms MS] [--no-fsync] [--simulate-power-loss]
+ *                [--finalize SHARD --grace CUTS | --trim GSN] [-n]
+ *
+ * --role all (the default, as in the guest) runs on node i the storage
+ * server i, the ordering replica i when i < 3, and client i+1, as one
+ * process group.  The configuration comes from CP_PEERS, CP_IP, CP_DISKS
+ * and CP_ARGS in the guest, or from the flags on the host.
+ */
+#include "sl.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <unistd.h>
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: cp-sharedlog [--role all|storage|order|client|admin]\n"
+            "       [--node I] [--peers IP[:PORT],...] [--disk PATH]\n"
+            "       [--ops N] [--delay-ms MS] [--interval-ms MS]\n"
+            "       [--no-fsync] [--simulate-power-loss]\n"
+            "       [--finalize SHARD --grace CUTS | --trim GSN] [-n]\n");
+    exit(2);
+}
+
+static struct wl_dev *open_dev(const char *path, int nofsync, int sim)
+{
+    char err[256];
+    struct wl_dev *d = wl_dev_open(path, nofsync, sim, err, sizeof(err));
+
+    if (!d)
+        wl_fatal("%s", err);
+    return d;
+}
+
+static void child(void)
+{
+    /* children die with the parent (kill -9 of the group also works) */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+}
+
+int main(int argc, char **argv)
+{
+    static struct sl_config cfg;
+    const char *role = "all", *disk = NULL, *peers = getenv("CP_PEERS");
+    int node = -1, nofsync = 0, sim = 0, check_only = 0, ac;
+    long finalize = -1, grace = 10, trim = -1;
+    struct sl_client_opts co = { .ops = -1 };
+    char **av, err[256], diskbuf[256];
+    static const struct option longopts[] = {
+        { "role", required_argument, NULL, 'r' },
+        { "node", required_argument, NULL, 'i' },
+        { "peers", required_argument, NULL, 'p' },
+        { "disk", required_argument, NULL, 'd' },
+        { "ops", required_argument, NULL, 'o' },
+        { "delay-ms", required_argument, NULL, 'D' },
+        { "interval-ms", required_argument, NULL, 'I' },
+        { "no-fsync", no_argument, NULL, 'F' },
+        { "simulate-power-loss", no_argument, NULL, 'S' },
+        { "finalize", required_argument, NULL, 'f' },
+        { "grace", required_argument, NULL, 'g' },
+        { "trim", required_argument, NULL, 't' },
+        { NULL, 0, NULL, 0 },
+    };
+
+    cfg.interval_ms = 10;
+    if (wl_args_merge(argc, argv, &ac, &av) < 0)
+        wl_fatal("out of memory");
+    for (int ch; (ch = getopt_long(ac, av, "n", longopts, NULL)) != -1;) {
+        switch (ch) {
+        case 'r': role = optarg; break;
+        case 'i': node = atoi(optarg); break;
+        case 'p': peers = optarg; break;
+        case 'd': disk = optarg; break;
+        case 'o': co.ops = atol(optarg); break;
+        case 'D': co.delay_ms = atoi(optarg); break;
+        case 'I': cfg.interval_ms = atoi(optarg); break;
+        case 'F': nofsync = 1; break;
+        case 'S': sim = 1; break;
+        case 'f': finalize = atol(optarg); break;
+        case 'g': grace = atol(optarg); break;
+        case 't': trim = atol(optarg); break;
+        case 'n': check_only = 1; break;
+        default: usage();
+        }
+    }
+    if (!peers)
+        wl_fatal("no peer list (--peers or CP_PEERS)");
+    char *copy = strdup(peers), *save = NULL;
+    for (char *t = strtok_r(copy, ", ", &save); t;
+         t = strtok_r(NULL, ", ", &save)) {
+        if (cfg.nnodes >= SL_MAX_NODES ||
+            wl_addr_parse(t, SL_DEFAULT_PORT, &cfg.addrs[cfg.nnodes]) < 0)
+            wl_fatal("bad peer address '%s'", t);
+        cfg.nnodes++;
+    }
+    free(copy);
+    if (cfg.nnodes < 2 || cfg.nnodes % 2)
+        wl_fatal("need an even number of nodes (2 storage servers per "
+                 "shard), got %d", cfg.nnodes);
+    if (cfg.interval_ms < 1)
+        wl_fatal("--interval-ms must be positive");
+    if (strcmp(role, "admin") == 0) {
+        uint8_t cmd[16];
+        if (finalize >= 0 && finalize < cfg.nnodes / 2) {
+            cmd[0] = SL_CMD_FINALIZE;
+            wl_put32(cmd + 1, (uint32_t)finalize);
+            wl_put64(cmd + 5, (uint64_t)grace);
+            return sl_admin(&cfg, cmd, 13);
+        }
+        if (trim >= 0) {
+            cmd[0] = SL_CMD_TRIM;
+            wl_put64(cmd + 1, (uint64_t)trim);
+            return sl_admin(&cfg, cmd, 9);
+        }
+        wl_fatal("admin needs --finalize SHARD (< %d) or --trim GSN",
+                 cfg.nnodes / 2);
+    }
+    if (node < 0 && getenv("CP_IP")) {
+        struct wl_addr me;
+        if (wl_addr_parse(getenv("CP_IP"), SL_DEFAULT_PORT, &me) < 0)
+            wl_fatal("bad CP_IP '%s'", getenv("CP_IP"));
+        for (int i = 0; i < cfg.nnodes; i++)
+            if (strcmp(cfg.addrs[i].host, me.host) == 0)
+                node = i;
+    }
+    if (node < 0 || node >= cfg.nnodes)
+        wl_fatal("cannot tell which node this is (--node or CP_IP)");
+    cfg.node = node;
+    if (!disk && getenv("CP_DISKS")) {
+        snprintf(diskbuf, sizeof(diskbuf), "%s", getenv("CP_DISKS"));
+        disk = strtok(diskbuf, " ");
+    }
+    if (!disk)
+        wl_fatal("no disk (--disk or CP_DISKS)");
+    struct wl_dev *d0 = open_dev(disk, 0, 0);
+    if (sl_superblock_load(d0, &cfg, err, sizeof(err)) < 0)
+        wl_fatal("%s: %s", disk, err);
+    wl_dev_free(d0);
+    if (check_only) {
+        printf("node %d of %d (shard %d), disk %s ok\n", node, cfg.nnodes,
+               sl_shard_of(node), disk);
+        return 0;
+    }
+    wl_log("cp-sharedlog role=%s node=%d nodes=%d disk=%s%s%s", role, node,
+           cfg.nnodes, disk, nofsync ? " NO-FSYNC" : "",
+           sim ? " simulated-page-cache" : "");
+    if (strcmp(role, "storage") == 0)
+        return sl_storage_run(&cfg, open_dev(disk, nofsync, sim));
+    if (strcmp(role, "order") == 0)
+        return sl_order_run(&cfg, open_dev(disk, nofsync, sim));
+    if (strcmp(role, "client") == 0)
+        return sl_client_run(&cfg, open_dev(disk, 0, sim), &co);
+    if (strcmp(role, "all"))
+        usage();
+    if (node < sl_norder(&cfg)) {
+        pid_t pid = fork();
+        if (pid < 0)
+            wl_fatal("fork failed");
+        if (pid == 0) {
+            child();
+            return sl_order_run(&cfg, open_dev(disk, nofsync, sim));
+        }
+    }
+    pid_t pid = fork();
+    if (pid < 0)
+        wl_fatal("fork failed");
+    if (pid == 0) {
+        child();
+        /* the journal is the oracle: synced even under --no-fsync */
+        return sl_client_run(&cfg, open_dev(disk, 0, sim), &co);
+    }
+    return sl_storage_run(&cfg, open_dev(disk, nofsync, sim));
+}
