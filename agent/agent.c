@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <libvirt/virterror.h>
 
@@ -311,6 +312,43 @@ journal_recover(struct agent *a)
     free(e);
 }
 
+/*
+ * Records this agent's RADOS client address next to the journal and
+ * blocklists the one recorded by the previous run, if any (see
+ * rbdsnap_blocklist for why).  Failures are logged, not fatal.
+ */
+static void
+fence_previous(struct agent *a)
+{
+    char path[1100], old[256] = "", cur[256], err[256];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s.rados-client", a->cfg.journal);
+    if ((f = fopen(path, "r"))) {
+        if (!fgets(old, sizeof(old), f))
+            old[0] = '\0';
+        old[strcspn(old, "\n")] = '\0';
+        fclose(f);
+    }
+    if (rbdsnap_client_addr(a->ceph, cur, sizeof(cur), err, sizeof(err)) < 0) {
+        log_warnx("event=rados_addr_failed msg=\"%s\"", err);
+        return;
+    }
+    if (old[0] && strcmp(old, cur) != 0) {
+        if (rbdsnap_blocklist(a->ceph, old, 3600, err, sizeof(err)) < 0)
+            log_warnx("event=fence_previous_failed addr=%s msg=\"%s\"", old,
+                      err);
+        else
+            log_info("event=fence_previous addr=%s", old);
+    }
+    if ((f = fopen(path, "w"))) {
+        fprintf(f, "%s\n", cur);
+        fflush(f);
+        fsync(fileno(f));
+        fclose(f);
+    }
+}
+
 static void *
 connect_one(void *arg)
 {
@@ -373,6 +411,7 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
                             a->cfg.ceph_keyring[0] ? a->cfg.ceph_keyring : NULL,
                             &a->ceph, err, errlen) < 0)
             return -1;
+        fence_previous(a);
         /* Images are opened once, now, so that commit holds no open. */
         for (int i = 0; i < a->nvms; i++)
             for (int d = 0; d < a->cfg.vms[i].ndisks; d++) {

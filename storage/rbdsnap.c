@@ -70,6 +70,49 @@ rbdsnap_cluster_free(struct rbdsnap_cluster *c)
 }
 
 int
+rbdsnap_client_addr(struct rbdsnap_cluster *c, char *buf, size_t len,
+                    char *err, size_t errlen)
+{
+    char *addrs = NULL, *p, *end;
+    int r = rados_getaddrs(c->rados, &addrs);
+
+    if (r < 0) {
+        snprintf(err, errlen, "rados_getaddrs: %s", strerror(-r));
+        return -1;
+    }
+    /* "[v2:1.2.3.4:0/123,v1:...]" or "v2:1.2.3.4:0/123": keep the first
+     * address without its type prefix. */
+    p = addrs;
+    if (*p == '[')
+        p++;
+    end = p + strcspn(p, ",]");
+    *end = '\0';
+    if (strncmp(p, "v2:", 3) == 0 || strncmp(p, "v1:", 3) == 0)
+        p += 3;
+    else if (strncmp(p, "any:", 4) == 0)
+        p += 4;
+    snprintf(buf, len, "%s", p);
+    free(addrs);
+    return 0;
+}
+
+int
+rbdsnap_blocklist(struct rbdsnap_cluster *c, const char *addr,
+                  unsigned expire_s, char *err, size_t errlen)
+{
+    char tmp[256];
+    int r;
+
+    snprintf(tmp, sizeof(tmp), "%s", addr);
+    r = rados_blocklist_add(c->rados, tmp, expire_s);
+    if (r < 0) {
+        snprintf(err, errlen, "blocklist %s: %s", addr, strerror(-r));
+        return -1;
+    }
+    return 0;
+}
+
+int
 rbdsnap_open(struct rbdsnap_cluster *c, const char *pool, const char *image,
              struct rbdsnap_image **out, char *err, size_t errlen)
 {

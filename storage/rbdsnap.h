@@ -27,6 +27,18 @@ int rbdsnap_connect(const char *conf, const char *id, const char *keyring,
                     struct rbdsnap_cluster **out, char *err, size_t errlen);
 void rbdsnap_cluster_free(struct rbdsnap_cluster *c);
 
+/* This client's address as the OSDs see it ("ip:port/nonce"). */
+int rbdsnap_client_addr(struct rbdsnap_cluster *c, char *buf, size_t len,
+                        char *err, size_t errlen);
+/*
+ * Blocklists a previous incarnation of this agent.  A killed agent's
+ * watches on the image headers linger until the OSD watch timeout (30 s),
+ * and every snapshot's header notify waits for them (up to the 5 s notify
+ * timeout); fencing the dead client drops them at once.
+ */
+int rbdsnap_blocklist(struct rbdsnap_cluster *c, const char *addr,
+                      unsigned expire_s, char *err, size_t errlen);
+
 /* The image keeps a reference to the cluster; free images first. */
 int rbdsnap_open(struct rbdsnap_cluster *c, const char *pool,
                  const char *image, struct rbdsnap_image **out,
