@@ -60,6 +60,11 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def _error(msg: str) -> None:
+    # Plain text: error lines must not be wrapped or styled.
+    typer.echo(msg, err=True)
+
+
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -108,7 +113,6 @@ def snapshot(
     """Take crash-consistent snapshots of a group of VMs (two-phase commit)."""
     # Wide enough for the table when the output is a pipe or a log file.
     console = Console(width=None if sys.stdout.isatty() else 132)
-    err = Console(stderr=True)
     interval = parse_duration(every) if every else None
     n = count if count is not None else (None if interval else 1)
     if txn and (interval or (n or 1) > 1):
@@ -117,7 +121,7 @@ def snapshot(
     try:
         spec = load_group_file(group_file)
     except GroupFileError as exc:
-        err.print(f"cutpoint snapshot: error: {exc}")
+        _error(f"cutpoint snapshot: error: {exc}")
         raise typer.Exit(2) from None
     url = db or default_db_url()
     if url.startswith("sqlite:///") and not db:
@@ -159,13 +163,18 @@ def snapshot(
     try:
         rc = asyncio.run(run())
     except TxLogError as exc:
-        err.print(f"cutpoint snapshot: error: {exc}; nothing was paused"
-                  if "begin" in exc.operation or "schema" in exc.operation
-                  or "read" in exc.operation or "list" in exc.operation
-                  else f"cutpoint snapshot: error: {exc}")
+        op = exc.operation.split()[0]
+        if op in ("begin", "create", "read", "list"):
+            what = "nothing was paused"
+        elif op == "committed":
+            what = ("the member snapshots exist but COMMITTED is not recorded; "
+                    "`--resolve-only` finishes the txn")
+        else:
+            what = "the group was aborted and its VMs resumed (presumed abort)"
+        _error(f"cutpoint snapshot: error: {exc}; {what}")
         raise typer.Exit(3) from None
     except (CoordinatorError, SpecError) as exc:
-        err.print(f"cutpoint snapshot: error: {exc}")
+        _error(f"cutpoint snapshot: error: {exc}")
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

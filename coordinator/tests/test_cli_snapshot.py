@@ -1,0 +1,67 @@
+"""`cutpoint snapshot` end to end, as a separate process, against
+in-process agent-protocol peers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cutpoint.coordinator.groupfile import dump_group_spec
+
+CUTPOINT = str(Path(sys.executable).with_name("cutpoint"))
+
+
+async def cli(*args: str) -> tuple[int, str, str]:
+    p = await asyncio.create_subprocess_exec(CUTPOINT, *args, stdout=asyncio.subprocess.PIPE,
+                                             stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(p.communicate(), 60)
+    assert p.returncode is not None
+    return p.returncode, out.decode(), err.decode()
+
+
+async def test_every_count_json(peers: Any, make_spec: Any, tmp_path: Path) -> None:
+    a = await peers("h1", {"vm1": ["disk0", "disk1"]})
+    b = await peers("h2", {"vm2": ["disk0"]})
+    g = tmp_path / "g.yaml"
+    g.write_text(dump_group_spec(make_spec([a, b], group="cli")))
+    db = f"sqlite:///{tmp_path}/c.db"
+    rc, out, err = await cli("snapshot", "--group-file", str(g), "--every", "200ms",
+                             "--count", "3", "--db", db, "--json")
+    assert rc == 0, err
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["state"] for r in results] == ["committed"] * 3
+    assert len({r["txn"] for r in results}) == 3
+    assert a.all_snapshots()["vm1/disk1"] == {f"cp.cli.{r['txn']}" for r in results}
+    # The table form names the state and every VM.
+    rc, out, err = await cli("snapshot", "-g", str(g), "--db", db)
+    assert rc == 0 and "COMMITTED" in out and "vm1" in out and "vm2" in out, out + err
+
+
+async def test_aborted_snapshot_exits_1(peers: Any, make_spec: Any, tmp_path: Path) -> None:
+    a = await peers("h1", {"vm1": ["disk0"]})
+    a.refuse["prepare"] = "BUSY"
+    g = tmp_path / "g.yaml"
+    g.write_text(dump_group_spec(make_spec([a], group="cli")))
+    rc, out, err = await cli("snapshot", "-g", str(g), "--db", f"sqlite:///{tmp_path}/c.db")
+    assert rc == 1 and "ABORTED" in out and "BUSY" in out, out + err
+
+
+async def test_database_unavailable_exit_3(peers: Any, make_spec: Any, tmp_path: Path) -> None:
+    a = await peers("h1", {"vm1": ["disk0"]})
+    g = tmp_path / "g.yaml"
+    g.write_text(dump_group_spec(make_spec([a], group="cli")))
+    rc, out, err = await cli("snapshot", "-g", str(g),
+                             "--db", "postgresql+psycopg://cp@127.0.0.1:1/cp")
+    assert rc == 3, out + err
+    assert "transaction log" in err and "nothing was paused" in err
+    assert a.requests == []
+
+
+async def test_bad_group_file_exit_2(tmp_path: Path) -> None:
+    g = tmp_path / "g.yaml"
+    g.write_text("group: g\nagents: []\n")
+    rc, out, err = await cli("snapshot", "-g", str(g), "--db", f"sqlite:///{tmp_path}/c.db")
+    assert rc == 2 and "agents: expected a non-empty list" in err, out + err
