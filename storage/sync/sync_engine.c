@@ -897,7 +897,7 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         }
         ret = hash_both(o, src, dsnap, size, r, err, errlen);
         r->already = 1;
-        goto finish;
+        goto cleanup;
     }
 
     /* OPEN: the DR image; it is created only for a full copy. */
@@ -953,10 +953,10 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
                 goto cleanup;
             }
             ret = hash_both(o, src, dsnap, size, r, err, errlen);
-            goto finish;
+            goto cleanup;
         }
         ret = SYNC_OK;
-        goto finish;
+        goto cleanup;
     }
 
     /* PLAN */
@@ -1110,11 +1110,11 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         logkv(o, "warn", "msg=\"progress record not removed\" error=\"%s\"",
               perr);
     ret = SYNC_OK;
-finish:
+cleanup:
+    /* Success paths (copied, already there, verify-only) end here too. */
     r->seconds = (double)(now_ns() - t0) / 1e9;
     if (ret == SYNC_OK)
         emit(o, done_event(o, r));
-cleanup:
     if (dsnap != NULL)
         rbd_close(dsnap);
     if (dst != NULL)

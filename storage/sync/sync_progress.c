@@ -323,7 +323,7 @@ sync_progress_save(const char *path, const struct sync_progress *p,
                    char *err, size_t errlen)
 {
     char buf[SYNC_PROGRESS_MAX + 64], tmp[4200];
-    const char *op = "encode";
+    const char *op = NULL;     /* the step that failed with errno set */
     int fd = -1, ret = -1, n;
     size_t off = 0;
 
@@ -334,39 +334,46 @@ sync_progress_save(const char *path, const struct sync_progress *p,
         seterr(err, errlen, "progress path too long");
         return -1;
     }
-    op = "open";
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        goto fail;
-    op = "write";
+    if (fd < 0) {
+        op = "open";
+        goto cleanup;
+    }
     while (off < (size_t)n) {
         ssize_t w = write(fd, buf + off, (size_t)n - off);
 
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
-            goto fail;
+        if (w <= 0) {
+            op = "write";
+            goto cleanup;
+        }
         off += (size_t)w;
     }
-    op = "fsync";
-    if (fsync(fd) < 0)
-        goto fail;
-    op = "close";
+    if (fsync(fd) < 0) {
+        op = "fsync";
+        goto cleanup;
+    }
     n = close(fd);
     fd = -1;
-    if (n < 0)
-        goto fail;
-    op = "rename";
-    if (rename(tmp, path) < 0)
-        goto fail;
+    if (n < 0) {
+        op = "close";
+        goto cleanup;
+    }
+    if (rename(tmp, path) < 0) {
+        op = "rename";
+        goto cleanup;
+    }
+    /* The rename is durable only once the directory is. */
     if (fsync_dir_of(path, err, errlen) < 0)
         goto cleanup;
     ret = 0;
-    goto cleanup;
-fail:
-    seterr(err, errlen, "save progress %s: %s: %s", tmp, op, strerror(errno));
-    unlink(tmp);
 cleanup:
+    if (op != NULL) {
+        seterr(err, errlen, "save progress %s: %s: %s", tmp, op,
+               strerror(errno));
+        unlink(tmp);
+    }
     if (fd >= 0)
         close(fd);
     return ret;
