@@ -133,6 +133,8 @@ class DebianVM:
             "-append", f"{self.image.cmdline} {self.cmdline_extra}".strip(),
             "-serial", f"file:{self.console}",
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
+            # A second monitor for cutpointd: a QMP socket serves one client.
+            "-qmp", f"unix:{self.workdir / 'qmp-agent.sock'},server=on,wait=off",
             "-device", "virtio-serial-pci,id=vser0",
             "-chardev", f"socket,id=qga0,path={self.qga_path},server=on,wait=off",
             "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
@@ -148,7 +150,8 @@ class DebianVM:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for p in (self.console, self.qmp_path, self.qga_path):
+        for p in (self.console, self.qmp_path, self.qga_path,
+                  self.workdir / "qmp-agent.sock"):
             p.unlink(missing_ok=True)
         root = self.workdir / "root.qcow2"
         root.unlink(missing_ok=True)

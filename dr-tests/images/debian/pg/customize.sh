@@ -15,7 +15,7 @@ chroot "$R" systemctl enable cp-disks.service cp-postgres.service cp-workload.se
 # Nothing that wakes up on a timer, waits for a network, or asks for a login.
 chroot "$R" systemctl mask apt-daily.timer apt-daily-upgrade.timer \
     e2scrub_all.timer e2scrub_reap.service fstrim.timer \
-    serial-getty@ttyS0.service getty@tty1.service postgresql.service \
+    serial-getty@.service getty@.service getty.target postgresql.service \
     systemd-timesyncd.service remote-fs.target \
     systemd-networkd-wait-online.service 2>/dev/null || true
 # Trim: documentation, locales, apt lists and caches, and kernel modules a
