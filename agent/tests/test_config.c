@@ -1,0 +1,100 @@
+/* cmocka tests of config.c: the INI file and its -n checks. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+
+static struct agent_config cfg;
+
+static int
+load(const char *text, char *err, size_t errlen)
+{
+    char path[] = "/tmp/cp-config-XXXXXX";
+    int fd = mkstemp(path), rc;
+
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    rc = config_load(path, &cfg, err, errlen);
+    unlink(path);
+    return rc;
+}
+
+#define TLS "[tls]\nca = /c\ncert = /p\nkey = /k\n"
+
+static void
+test_full(void **state)
+{
+    char err[512];
+
+    (void)state;
+    assert_int_equal(load("[agent]\nhost = h1 ; comment\nlisten = 10.0.0.1:7000\n"
+                          "qmp_timeout_ms = 1500\n" TLS
+                          "[ceph]\nconf = /etc/ceph.conf\n"
+                          "[vm a]\nqmp = /s\ndisk.disk0 = rbd:rbd/img0\n"
+                          "disk.disk1 = rbd:rbd/img1\n"
+                          "[vm b]\nqmp = /t\ndisk.disk0 = qcow2:/x.qcow2\n",
+                          err, sizeof(err)), 0);
+    assert_string_equal(cfg.host, "h1");
+    assert_string_equal(cfg.listen_addr, "10.0.0.1");
+    assert_int_equal(cfg.listen_port, 7000);
+    assert_int_equal(cfg.qmp_timeout_ms, 1500);
+    assert_int_equal(cfg.nvms, 2);
+    assert_int_equal(cfg.vms[0].ndisks, 2);
+    assert_string_equal(cfg.vms[0].disks[1].image, "img1");
+    /* auto: all-rbd with a [ceph] section → rbd, else QMP transaction */
+    assert_int_equal(cfg.vms[0].method, CFG_METHOD_RBD);
+    assert_int_equal(cfg.vms[1].method, CFG_METHOD_QMP);
+    assert_string_equal(cfg.vms[1].disks[0].file, "/x.qcow2");
+}
+
+static void
+test_errors_name_the_line(void **state)
+{
+    char err[512];
+
+    (void)state;
+    assert_int_equal(load("[agent]\nlisten = nope\n" TLS, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, ":2: bad value for listen"));
+    assert_int_equal(load("[agent]\nbogus = 1\n" TLS, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "unknown key bogus"));
+    assert_int_equal(load("[nope]\n", err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "unknown section"));
+    assert_int_equal(load("[agent]\n", err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "[tls] ca, cert and key are required"));
+    assert_int_equal(load(TLS "[vm a]\nqmp = /s\ndisk.d0 = nfs:/x\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for disk.d0"));
+    assert_int_equal(load(TLS "[vm a]\ndisk.d0 = qcow2:/x\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "needs qmp = SOCKET"));
+    assert_int_equal(load(TLS "[vm a]\nqmp = /s\nmethod = rbd\n"
+                          "disk.d0 = qcow2:/x\n", err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "method = rbd needs only rbd disks"));
+    assert_int_equal(load(TLS "[vm a]\ndriver = libvirt\n", err, sizeof(err)),
+                     -1);
+    assert_non_null(strstr(err, "[libvirt] uri is not set"));
+    assert_int_equal(load(TLS "[vm a]\nqmp=/s\n[vm a]\nqmp=/s\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "defined twice"));
+    assert_int_equal(config_load("/nonexistent.ini", &cfg, err, sizeof(err)),
+                     -1);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full),
+        cmocka_unit_test(test_errors_name_the_line),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
