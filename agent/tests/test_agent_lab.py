@@ -259,3 +259,30 @@ def test_client_without_valid_certificate_refused(lab: dict[str, Any], agents: l
     assert len(_try_hello(rec["address"], rec["port"], good)) > 4
     log = Path(rec["log"]).read_text()
     assert log.count("event=tls_refused") >= 2
+
+
+# budget ---------------------------------------------------------------------
+async def test_budget_overrun_still_resumes(lab: dict[str, Any], agents: list[dict],
+                                            certs_dir: Path) -> None:
+    """A 1 ms budget cannot cover an RBD snapshot: BUDGET_EXCEEDED, VMs run."""
+    txn = new_txn()
+    name = f"cp.agenttest.{txn}"
+    vm = lab["vms"][0]
+    disks = {f"{vm['name']}/{d['node']}": d for d in vm["disks"]}
+    async with client(agents[0], certs_dir) as c:
+        await c.prepare(txn, [vm["name"]], 5000)
+        with pytest.raises(AgentReplyError) as ei:
+            await c.commit(txn, {d: name for d in disks}, 1)
+        assert ei.value.code == "BUDGET_EXCEEDED"
+        facts = ei.value.result
+        assert facts["vms"][0]["resumed"] is True
+        assert (await states(c))[vm["name"]] == "running"
+        # the same error again for a repeated commit (idempotent)
+        with pytest.raises(AgentReplyError) as ei2:
+            await c.commit(txn, {d: name for d in disks}, 1)
+        assert ei2.value.code == "BUDGET_EXCEEDED"
+        # abort removes the member snapshots that completed late
+        await asyncio.sleep(1)
+        await c.abort(txn)
+        for d in disks.values():
+            assert name not in rbd_snaps(lab, d)
