@@ -33,7 +33,10 @@ def get_session(request: Request) -> Iterator[Session]:
         session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the session closes when the route returns, before the
+# response is sent, so no transaction (on SQLite: no write lock) outlives the
+# route while the audit middleware writes its row.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token from `cutpoint token create`")
 

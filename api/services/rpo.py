@@ -99,6 +99,11 @@ def miss_reason(session: Session, g: Group, a: Assessment) -> tuple[str, str]:
     if failed is not None:
         code = (failed.error_code or failed.state.value).lower()
         return f"snapshot_{failed.state.value}:{code}"[:64], (failed.error or "")[:2000]
+    from cutpoint.api.models import GroupDisk
+
+    if session.scalar(select(GroupDisk.disk_id).where(GroupDisk.group_id == g.id).limit(1)) \
+            is None:
+        return "group_empty", "the group has no disks to snapshot"
     if a.in_flight is not None:
         return ("snapshot_in_flight",
                 f"snapshot {a.in_flight.id} ({a.in_flight.state.value}) has not finished")
