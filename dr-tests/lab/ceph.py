@@ -54,9 +54,11 @@ def write_conf(d: Path, site: str, fsid: str, osd: str, paxos: str) -> Path:
                  "memstore device bytes = 4294967296\n")
     else:
         store = ("osd objectstore = bluestore\n"
-                 "bluestore block path = $osd_data/block\n"
+                 # The block file sits next to (not in) the OSD data dir:
+                 # mkfs links $osd_data/block to it.
+                 f"bluestore block path = {d}/osd/$name.block\n"
                  "bluestore block create = true\n"
-                 "bluestore block size = 10737418240\n"
+                 "bluestore block size = 10737418240\n"  # sparse file, 10 GiB
                  "bluestore fsck on mkfs = false\n"
                  "bluestore cache size = 134217728\n")
     text = f"""# cutpoint lab, site {site} (generated; see docs/lab.md)

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from cutpoint.lab import config as C
-from cutpoint.lab.proc import run
+from cutpoint.lab.proc import kill_pids, run
 
 HOST_NS_RE = re.compile(r"^(primary|dr)-h\d+$")
 VETH_RE = re.compile(r"^cpv[pd]\d+$")
@@ -102,6 +102,13 @@ def teardown(extra_netns: list[str] | None = None) -> list[str]:
     removed = []
     left = leftovers()
     for n in sorted(set(left["netns"]) | set(extra_netns or [])):
+        # Whatever still runs in a host namespace (a guest, an agent) would
+        # keep the namespace alive after `ip netns del`: stop it first.
+        out = run(["ip", "netns", "pids", n], check=False).stdout.split()
+        pids = [int(p) for p in out if p.isdigit()]
+        if pids:
+            kill_pids(pids)
+            removed += [f"process {p} in netns {n}" for p in pids]
         if run(["ip", "netns", "del", n], check=False).returncode == 0:
             removed.append(f"netns {n}")
     for mp in leftovers()["mounts"]:

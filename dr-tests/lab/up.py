@@ -23,7 +23,22 @@ from cutpoint.lab.status import write_status
 
 
 def up(cfg: C.LabConfig, log: Any = print, wait_boot: bool = True) -> dict[str, Any]:
+    """Bring the lab up.  On failure, stop what was started (processes,
+    namespaces, links) but keep the files, logs included, then re-raise."""
     cfg.validate()
+    try:
+        return _up(cfg, log, wait_boot)
+    except BaseException as exc:
+        log(f"lab up failed: {exc}")
+        log(f"stopping what was started; logs stay in {cfg.state_dir} until `cutpoint lab down`")
+        try:
+            down.down(cfg.state_dir, log=log, keep_files=True)
+        except Exception as exc2:  # noqa: BLE001 - the first error is the one to report
+            log(f"cleanup after the failure also failed: {exc2}")
+        raise
+
+
+def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
