@@ -64,6 +64,19 @@ def test_lab_guests_write_disks_and_talk_across_hosts(lab: dict[str, Any], lab_s
     assert set(lab["sites"]) == {"primary", "dr"}
     assert [h["name"] for h in lab["hosts"]] == ["primary-h1", "primary-h2", "dr-h1"]
     assert len(lab["vms"]) == 4
+    # The shared status contract (contract.md "Lab") that other code reads.
+    assert lab["bridge"] == "cpbr0" and lab["accel"] in ("tcg", "kvm")
+    for site in lab["sites"].values():
+        assert {"ceph_conf", "keyring", "client_id", "pool", "mon_addr"} <= set(site)
+        assert site["pool"] == "rbd" and site["mon_addr"].startswith("10.77.0.")
+    for h in lab["hosts"]:
+        assert {"name", "site", "netns", "address"} <= set(h)
+    for vm in lab["vms"]:
+        assert {"name", "host", "site", "index", "address", "qmp", "pid", "console",
+                "backend", "disks"} <= set(vm)
+        for d in vm["disks"]:
+            assert {"node", "device", "backend", "pool", "image", "size_mb"} <= set(d)
+    assert {"kernel", "initrd", "hash"} <= set(lab["image"])
     for vm in lab["vms"]:
         assert Path(vm["qmp"]).is_socket()
         assert [d["node"] for d in vm["disks"]] == ["disk0", "disk1"]

@@ -105,3 +105,23 @@ def test_console_lines_parse(tmp_path: Path) -> None:
     recs = vms.console_lines({"console": str(con)})
     assert recs == [{"kind": "ping", "name": "v", "from": "1", "to": "2", "tries": "1",
                      "result": "ok"}, {"kind": "done", "name": "v"}]
+
+
+def test_image_recipe_hash_covers_its_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = C.newest_kernel()
+    if kernel is None:
+        pytest.skip("no /boot/vmlinuz-*")
+    wl = tmp_path / "wl" / "demo"
+    wl.mkdir(parents=True)
+    monkeypatch.setenv("CUTPOINT_WORKLOADS_DIR", str(tmp_path / "wl"))
+    base = image.recipe(kernel)
+    assert image.recipe(kernel)["hash"] == base["hash"]
+    assert base["workloads"] == []
+    binary = wl / "cp-demo"
+    binary.write_bytes(b"\x7fELF one")
+    binary.chmod(0o755)
+    one = image.recipe(kernel)
+    assert [w["name"] for w in one["workloads"]] == ["cp-demo"]
+    assert one["hash"] != base["hash"]
+    binary.write_bytes(b"\x7fELF two")
+    assert image.recipe(kernel)["hash"] not in (base["hash"], one["hash"])
