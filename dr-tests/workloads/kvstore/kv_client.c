@@ -254,7 +254,7 @@ int kv_client_run(struct kv_config *c, struct wl_dev *dev,
     for (uint64_t n = cl.last_n + 1;
          o->ops < 0 || n <= cl.last_n + (uint64_t)o->ops; n++) {
         one_op(&cl, n);
-        if (n % 500 == 0)
+        if (n % 100 == 0)
             wl_log("client %d: op %llu, %ld replied, %ld unknown", cl.id,
                    (unsigned long long)n, cl.acked, cl.unknown);
         if (o->delay_ms)

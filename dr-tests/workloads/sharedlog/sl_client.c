@@ -204,7 +204,7 @@ int sl_client_run(struct sl_config *c, struct wl_dev *dev,
             journal(&cl, h, sizeof(h));
         }
         one_append(&cl, seq);
-        if (seq % 500 == 0)
+        if (seq % 100 == 0)
             wl_log("client %d: seq %llu, %ld acked, %ld failed, %ld/%ld "
                    "bad reads", cl.id, (unsigned long long)seq, cl.acked,
                    cl.failed, cl.bad_reads, cl.reads);

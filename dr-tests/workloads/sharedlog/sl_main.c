@@ -8,7 +8,8 @@
  *
  * --role all (the default, as in the guest) runs on node i the storage
  * server i, the ordering replica i when i < 3, and client i+1, as one
- * process group.  The configuration comes from CP_PEERS, CP_IP, CP_DISKS
+ * process group; --role servers runs the same without the client (a
+ * restored copy that is only checked).  The configuration comes from CP_PEERS, CP_IP, CP_DISKS
  * and CP_ARGS in the guest, or from the flags on the host.
  */
 #include "sl.h"
@@ -24,7 +25,7 @@
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: cp-sharedlog [--role all|storage|order|client|admin]\n"
+            "usage: cp-sharedlog [--role all|servers|storage|order|client|admin]\n"
             "       [--node I] [--peers IP[:PORT],...] [--disk PATH]\n"
             "       [--ops N] [--delay-ms MS] [--interval-ms MS]\n"
             "       [--no-fsync] [--simulate-power-loss]\n"
@@ -160,7 +161,7 @@ int main(int argc, char **argv)
         return sl_order_run(&cfg, open_dev(disk, nofsync, sim));
     if (strcmp(role, "client") == 0)
         return sl_client_run(&cfg, open_dev(disk, 0, sim), &co);
-    if (strcmp(role, "all"))
+    if (strcmp(role, "all") && strcmp(role, "servers"))
         usage();
     if (node < sl_norder(&cfg)) {
         pid_t pid = fork();
@@ -171,7 +172,7 @@ int main(int argc, char **argv)
             return sl_order_run(&cfg, open_dev(disk, nofsync, sim));
         }
     }
-    pid_t pid = fork();
+    pid_t pid = strcmp(role, "servers") ? fork() : 1;
     if (pid < 0)
         wl_fatal("fork failed");
     if (pid == 0) {

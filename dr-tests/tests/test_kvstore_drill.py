@@ -1,0 +1,296 @@
+"""Recovery drill of cp-kvstore on the lab (issue 7, item 4).
+
+Four tiny guests on two primary hosts run the store and its clients. Each
+guest is a ZHT node: server, secondary of its predecessor's partitions,
+and a client. Their disks are RBD images. The drill does five things:
+
+1. Negative control, uncoordinated: every disk is snapshotted one after
+   another with `rbd snap create` and no pause. The checker must fail.
+2. Group snapshots under load, through the real agents and coordinator
+   (`cutpoint snapshot --group-file`). The newest one is exported and
+   checked offline: every invariant holds.
+3. Restore: clones of that group snapshot's member snapshots boot on the
+   DR host (new addresses, so the copies run isolated next to the running
+   primaries). The store cold-restarts (load, replay, reconcile, serve;
+   the membership epoch goes up), and `cutpoint check kvstore --live`
+   finds the digests the offline check predicted.
+4. Negative control, fsync off: the clones boot again, as
+   `--no-fsync --simulate-power-loss` with clients. Every guest is
+   paused, the disks are read, and only "acknowledged survives" fails.
+5. Cleanup of the clones and the drill guests.
+
+`Drill` is shared with test_sharedlog_drill.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cutpoint.checkers import kvstore as kv
+
+pytestmark = pytest.mark.lab
+
+CLI = [str(Path(sys.executable).parent / "cutpoint")]
+DISK_MB = 32
+PARTS = 8
+LAB = {"hosts": 2, "vms_per_host": 2, "disks": 1, "workload": "kvstore",
+       "disk_size_mb": DISK_MB}
+
+
+def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True,
+                          timeout=timeout, check=False,
+                          env=dict(os.environ, COLUMNS="250"))
+
+
+def _sh(argv: list[str], timeout: float = 120) -> str:
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                         check=False)
+    assert res.returncode == 0, f"{argv}: {res.stderr[-2000:]}"
+    return res.stdout
+
+
+class Drill:
+    """One store on the lab: snapshots, exports, restored copies."""
+
+    def __init__(self, status: dict[str, Any], tmp: Path, group: str) -> None:
+        from cutpoint.coordinator import write_group_file
+        from cutpoint.lab.agents import start_agents
+        self.status = status
+        self.tmp = tmp
+        self.group = group
+        self.site = status["sites"]["primary"]
+        self.certs = Path(status["state_dir"]) / "certs"
+        self.agents = start_agents(status, self.certs)
+        self.file = tmp / "group.yaml"
+        write_group_file(status, self.file, certs_dir=self.certs, group=group)
+        self.db = f"sqlite:///{tmp / 'coordinator.db'}"
+        self.vms = sorted(status["vms"], key=lambda v: v["index"])
+        self.restored: list[dict[str, Any]] = []
+        self.clones: list[str] = []
+
+    # -- load --
+    def consoles(self, vms: list[dict[str, Any]] | None = None) -> list[str]:
+        return [Path(v["console"]).read_text(errors="replace")
+                for v in (vms or self.vms)]
+
+    def wait_console(self, pattern: str, count: int = 1,
+                     vms: list[dict[str, Any]] | None = None,
+                     timeout: float = 300) -> None:
+        """Until every guest's console matched pattern count times."""
+        rx = re.compile(pattern)
+        end = time.monotonic() + timeout
+        while True:
+            texts = self.consoles(vms)
+            if all(len(rx.findall(t)) >= count for t in texts):
+                return
+            for t in texts:
+                assert "FATAL" not in t, t[-1500:]
+            if time.monotonic() > end:
+                pytest.fail(f"no {count}x '{pattern}' after {timeout}s: "
+                            + " | ".join(t[-400:] for t in texts))
+            time.sleep(1)
+
+    # -- snapshots --
+    def rbd(self, *args: str, timeout: float = 120) -> str:
+        from cutpoint.lab.ceph import rbd_cmd
+        return _sh(rbd_cmd(self.site, *args), timeout)
+
+    def image(self, vm: dict[str, Any]) -> str:
+        d = vm["disks"][0]
+        return f"{d['pool']}/{d['image']}"
+
+    def group_snapshot(self) -> str:
+        """A coordinated group snapshot; returns the member snapshot name."""
+        res = cutpoint("snapshot", "--group-file", str(self.file), "--db",
+                       self.db, "--json")
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        doc, _ = json.JSONDecoder().raw_decode(res.stdout, res.stdout.index("{"))
+        assert doc["state"] == "committed", doc
+        txn = doc["txn"]
+        snaps = json.loads(self.rbd("snap", "ls", "--format", "json",
+                                    self.image(self.vms[0])))
+        names = [s["name"] for s in snaps if txn in s["name"]]
+        assert len(names) == 1, (txn, snaps)
+        return names[0]
+
+    def uncoordinated(self, name: str, gap_s: float) -> str:
+        """Every disk snapshotted one after another, no pause."""
+        for vm in self.vms:
+            self.rbd("snap", "create", f"{self.image(vm)}@{name}")
+            time.sleep(gap_s)
+        return name
+
+    def export(self, snap: str, tag: str) -> list[Path]:
+        out = []
+        for vm in self.vms:
+            p = self.tmp / f"{tag}-{vm['name']}.img"
+            p.unlink(missing_ok=True)
+            out.append(p)
+
+        def one(args: tuple[dict[str, Any], Path]) -> None:
+            vm, p = args
+            self.rbd("export", "--no-progress", f"{self.image(vm)}@{snap}", str(p))
+        with ThreadPoolExecutor(max_workers=4) as ex:
+            list(ex.map(one, zip(self.vms, out, strict=True)))
+        return out
+
+    # -- restored copies on the DR host --
+    def boot_restored(self, snap: str, args: str, tag: str) -> list[str]:
+        """Clones of snap booted on the DR host with new addresses;
+        returns the new peer addresses in ring order."""
+        from cutpoint.lab import config as C
+        from cutpoint.lab import net, vms
+        from cutpoint.lab.proc import read_pidfile
+        self.stop_restored()
+        dr_host = next(h["name"] for h in self.status["hosts"] if h["site"] == "dr")
+        state = Path(self.status["state_dir"])
+        for vm in self.vms:
+            try:
+                self.rbd("snap", "protect", f"{self.image(vm)}@{snap}")
+            except AssertionError:
+                pass              # already protected
+        new = []
+        for k, vm in enumerate(self.vms):
+            g = vm["index"] + 40
+            clone = f"{vm['disks'][0]['image']}-{tag}"
+            self.rbd("clone", f"{self.image(vm)}@{snap}",
+                     f"{vm['disks'][0]['pool']}/{clone}")
+            self.clones.append(f"{vm['disks'][0]['pool']}/{clone}")
+            d = state / "vms" / f"drill-{tag}-{vm['name']}"
+            d.mkdir(parents=True, exist_ok=True)
+            disk = dict(vm["disks"][0], image=clone, site="primary")
+            nv = dict(vm, name=f"drill-{tag}-{vm['name']}", host=dr_host,
+                      index=g, address=C.vm_addr(g), mac=C.vm_mac(g),
+                      tap=f"tap{k + 1}", qmp=str(d / "qmp.sock"),
+                      console=str(d / "console.log"),
+                      pidfile=str(d / "qemu.pid"), dir=str(d), disks=[disk])
+            new.append(nv)
+        peers = [v["address"] for v in new]
+        for nv in new:
+            net.add_tap(dr_host, nv["tap"])
+            argv = vms.qemu_argv(nv, self.status["image"], self.status["accel"],
+                                 peers, self.status["sites"], 160, args)
+            env = dict(os.environ, CUTPOINT_LAB_MARK=str(state))
+            res = subprocess.run(["ip", "netns", "exec", dr_host, *argv],
+                                 capture_output=True, text=True, timeout=60,
+                                 env=env, check=False)
+            assert res.returncode == 0, res.stderr
+            nv["pid"] = read_pidfile(Path(nv["pidfile"]))
+            self.restored.append(nv)
+        vms.wait_ready(new, log=lambda m: None)
+        return peers
+
+    def pause_restored(self) -> None:
+        """QMP stop on every restored guest: drained and flushed, a cut."""
+        for nv in self.restored:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(nv["qmp"])
+                f = s.makefile("rw")
+                f.readline()
+                for cmd in ("qmp_capabilities", "stop"):
+                    f.write(json.dumps({"execute": cmd}) + "\n")
+                    f.flush()
+                    while True:
+                        reply = json.loads(f.readline())
+                        if "return" in reply or "error" in reply:
+                            break
+                    assert "return" in reply, reply
+
+    def export_restored(self, tag: str) -> list[Path]:
+        out = []
+        for nv in self.restored:
+            p = self.tmp / f"{tag}-{nv['name']}.img"
+            p.unlink(missing_ok=True)
+            self.rbd("export", "--no-progress",
+                     f"{nv['disks'][0]['pool']}/{nv['disks'][0]['image']}", str(p))
+            out.append(p)
+        return out
+
+    def stop_restored(self) -> None:
+        from cutpoint.lab import net
+        from cutpoint.lab.proc import pid_alive
+        for nv in self.restored:
+            if nv.get("pid") and pid_alive(nv["pid"]):
+                os.kill(nv["pid"], signal.SIGKILL)
+                for _ in range(100):
+                    if not pid_alive(nv["pid"]):
+                        break
+                    time.sleep(0.05)
+            subprocess.run(["ip", "netns", "exec", nv["host"], "ip", "link",
+                            "del", nv["tap"]], capture_output=True, check=False)
+        _ = net
+        self.restored = []
+        for c in self.clones:
+            subprocess.run(self._rbd_argv("rm", "--no-progress", c),
+                           capture_output=True, check=False, timeout=120)
+        self.clones = []
+
+    def _rbd_argv(self, *args: str) -> list[str]:
+        from cutpoint.lab.ceph import rbd_cmd
+        return rbd_cmd(self.site, *args)
+
+    def close(self) -> None:
+        from cutpoint.lab.agents import stop_agents
+        try:
+            self.stop_restored()
+        finally:
+            stop_agents(self.status)
+
+
+@pytest.mark.lab_config(**LAB)
+def test_kvstore_drill(lab: dict[str, Any], tmp_path: Path) -> None:
+    d = Drill(lab, tmp_path, "kvstore")
+    try:
+        d.wait_console(r"serving on", 1)
+        d.wait_console(r"client \d+: op \d+", 1)
+
+        # 1. uncoordinated snapshots, one after another: must fail
+        bad = kv.check_disks(d.export(d.uncoordinated(f"unc.{int(time.time())}", 2.0), "unc"))
+        print(f"\nuncoordinated: failed {bad.failed()} {bad.stats}")
+        assert not bad.ok, bad.as_dict()
+        assert "acked_survives" in bad.failed() or "dependent_order" in bad.failed()
+
+        # 2. group snapshots under load; the newest is checked offline
+        d.group_snapshot()
+        d.wait_console(r"client \d+: op \d+", 2)
+        snap = d.group_snapshot()
+        disks = d.export(snap, "gs")
+        v = kv.check_disks(disks)
+        print(f"group snapshot {snap}: {v.failed() or 'ok'} {v.stats}")
+        assert v.ok, v.as_dict()
+        assert v.stats["acked_mutations"] > 20, v.stats
+        res = cutpoint("check", "kvstore", *map(str, disks), "--json")
+        assert res.returncode == 0 and json.loads(res.stdout)["ok"], res.stdout
+
+        # 3. restore clones at DR, cold restart, live digests
+        peers = d.boot_restored(snap, "--role=server", "live")
+        d.wait_console(r"serving on", 1, vms=d.restored)
+        addrs = ",".join(f"{p}:7700" for p in peers)
+        res = cutpoint("check", "kvstore", *map(str, disks), "--live", addrs, "--json")
+        doc = json.loads(res.stdout)
+        print(f"live at DR: ok={doc['ok']} failed={doc['failed']}")
+        assert res.returncode == 0 and doc["ok"], doc
+        assert any("membership changed" in t for t in d.consoles(d.restored))
+
+        # 4. fsync off (servers), clients on: only acked_survives fails
+        d.boot_restored(snap, "--no-fsync,--simulate-power-loss", "nofsync")
+        d.wait_console(r"client \d+: op \d+", 2, vms=d.restored)
+        d.pause_restored()
+        nv = kv.check_disks(d.export_restored("nofsync"))
+        print(f"no-fsync: failed {nv.failed()} {nv.stats}")
+        assert nv.failed() == ["acked_survives"], nv.as_dict()
+    finally:
+        d.close()
