@@ -85,3 +85,5 @@ def replication(
             json.dump(doc, f, indent=2)
             f.write("\n")
         typer.echo(f"\nwrote {json_out}")
+
+from cutpoint.api.cli import bench_groupsnap  # noqa: F401  (pause, snapsize, overhead)

@@ -1,0 +1,147 @@
+"""`cutpoint bench pause|snapsize|overhead`: the group snapshot benchmarks
+(issue 4, item 7).  They hang off the `bench` app of bench.py, which imports
+this module.  Each prints a table, writes JSON with --json, and never
+asserts on time; the logic is in cutpoint.bench.groupsnap.
+
+pause and overhead bring up their own lab under the lab lock (and take it
+down afterwards); snapsize uses a running healthy lab, or a VM-less one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from cutpoint.api.cli.bench import _ints, app
+
+
+def _log(msg: str) -> None:
+    typer.echo(msg)
+    sys.stdout.flush()
+
+
+def _with_lab(params: dict[str, Any] | None,
+              body: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Run body(status) on a lab: a fresh one with params, or (params None)
+    the running healthy lab or else a VM-less one."""
+    from cutpoint.lab import config as C
+    from cutpoint.lab import down as lab_down
+    from cutpoint.lab import lock
+    from cutpoint.lab import up as lab_up
+    from cutpoint.lab.errors import LabNotUp
+    from cutpoint.lab.status import health, load_status
+    with ExitStack() as stack:
+        stack.enter_context(lock.lab_lock(wait=True, log=_log))
+        if params is None:
+            try:
+                status = load_status()
+                if not health(status)["ok"]:
+                    raise LabNotUp("lab not healthy")
+                _log("using the running lab")
+            except LabNotUp:
+                _log("bringing up a VM-less lab (two Ceph sites)")
+                status = lab_up.up(C.LabConfig(hosts=1, vms_per_host=0), log=_log)
+                stack.callback(lab_down.down, log=_log)
+        else:
+            _log(f"bringing up a lab: {params}")
+            stack.callback(lab_down.down, log=_log)
+            status = lab_up.up(C.LabConfig(**params), log=_log)
+        return body(status)
+
+
+def _finish(doc: dict[str, Any], table: str, json_out: str | None) -> None:
+    typer.echo("")
+    typer.echo(table)
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        with open(json_out, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        typer.echo(f"\nwrote {json_out}")
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    """What a benchmark run can fail with: shown to the user as is."""
+    from cutpoint.bench.groupsnap import BenchError
+    from cutpoint.coordinator import (
+        CoordinatorError,
+        GroupFileError,
+        SpecError,
+        TxLogError,
+    )
+    from cutpoint.lab.errors import LabError
+    return (BenchError, CoordinatorError, GroupFileError, SpecError, TxLogError,
+            LabError, OSError)
+
+
+def _fail(exc: Exception) -> None:
+    typer.echo(f"cutpoint bench: error: {exc}", err=True)
+    raise typer.Exit(1) from None
+
+
+@app.command()
+def pause(
+    vms: Annotated[str, typer.Option("--vms", help="VM counts, e.g. 2,4,6,8,10")] = "2,4,6,8,10",
+    disks: Annotated[int, typer.Option("--disks", min=1, max=8)] = 3,
+    hosts: Annotated[int, typer.Option("--hosts", min=1, max=9)] = 3,
+    rounds: Annotated[int, typer.Option("--rounds", min=1)] = 20,
+    workload: Annotated[str, typer.Option("--workload",
+                                          help="guest workload during the rounds")] = "none",
+    json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
+) -> None:
+    """Pause, backend time, overhead and group total per VM count (GCVM Fig. 4.14)."""
+    from cutpoint.bench import groupsnap as gs
+    cfg = gs.PauseConfig(vms=_ints(vms, "--vms"), disks=disks, hosts=hosts,
+                         rounds=rounds, workload=workload)
+    try:
+        doc = _with_lab(cfg.lab_params(), lambda st: gs.run_pause(st, cfg, _log))
+    except _errors() as exc:
+        _fail(exc)
+    _finish(doc, gs.pause_table(doc), json_out)
+
+
+@app.command()
+def snapsize(
+    sizes_gib: Annotated[str, typer.Option("--sizes-gib")] = "1,10,100",
+    fill_pct: Annotated[str, typer.Option("--fill-pct")] = "0,25,50,100",
+    fill_image_gib: Annotated[int, typer.Option("--fill-image-gib", min=1)] = 1,
+    rounds: Annotated[int, typer.Option("--rounds", min=1)] = 20,
+    json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
+) -> None:
+    """RBD snapshot time against image size and fill level (GCVM Fig. 4.13)."""
+    from cutpoint.bench import groupsnap as gs
+    fills = [int(x) for x in fill_pct.split(",") if x.strip()]
+    if any(not 0 <= f <= 100 for f in fills):
+        raise typer.BadParameter("--fill-pct wants percentages 0..100")
+    cfg = gs.SnapsizeConfig(sizes_gib=_ints(sizes_gib, "--sizes-gib"), fill_pct=fills,
+                            fill_image_gib=fill_image_gib, rounds=rounds)
+    try:
+        doc = _with_lab(None, lambda st: gs.run_snapsize(st, cfg, _log))
+    except _errors() as exc:
+        _fail(exc)
+    _finish(doc, gs.snapsize_table(doc), json_out)
+
+
+@app.command()
+def overhead(
+    interval: Annotated[str, typer.Option("--interval", help="between group snapshots")] = "10s",
+    phase: Annotated[str, typer.Option("--phase", help="length of each phase")] = "60s",
+    hosts: Annotated[int, typer.Option("--hosts", min=1, max=9)] = 2,
+    disks: Annotated[int, typer.Option("--disks", min=1, max=8)] = 3,
+    json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
+) -> None:
+    """Guest writer throughput without and with periodic group snapshots."""
+    from cutpoint.api.cli.snapshot import parse_duration
+    from cutpoint.bench import groupsnap as gs
+    cfg = gs.OverheadConfig(interval_s=parse_duration(interval),
+                            phase_s=parse_duration(phase), hosts=hosts, disks=disks)
+    try:
+        doc = _with_lab(cfg.lab_params(), lambda st: gs.run_overhead(st, cfg, _log))
+    except _errors() as exc:
+        _fail(exc)
+    _finish(doc, gs.overhead_table(doc), json_out)

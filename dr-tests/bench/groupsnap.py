@@ -1,0 +1,361 @@
+"""Group snapshot benchmarks (issue 4, item 7): pause, snapsize, overhead.
+
+Each prints a table and returns a JSON-able document; none asserts on time.
+
+- pause: per VM count, p50/p99/max of the per-VM pause, the backend
+  snapshot time, the coordination overhead (pause minus backend) and the
+  group total, through the real coordinator and agents (GCVM Fig. 4.14).
+- snapsize: `rbd_snap_create` time against image size (thin) and against
+  fill level (GCVM Fig. 4.13, Table 4.1), librbd on an opened image.
+- overhead: guest writer throughput without, with, and again without
+  periodic group snapshots, in one run (GCVM "Consecutive Snapshots").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cutpoint.lab.ceph import rbd_cmd
+
+Log = Callable[[str], None]
+HERE = Path(__file__).resolve().parent
+SYSTEM_PYTHON = "/usr/bin/python3"  # has Debian's python3-rbd
+
+
+class BenchError(Exception):
+    """A benchmark step failed; carries what was run and what came back."""
+
+
+# ---- statistics --------------------------------------------------------------
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no data."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = max(1, math.ceil(q / 100.0 * len(s)))
+    return s[k - 1]
+
+
+def summary(xs: list[float]) -> dict[str, float | int | None]:
+    return {"n": len(xs), "p50": percentile(xs, 50), "p99": percentile(xs, 99),
+            "max": max(xs) if xs else None,
+            "mean": sum(xs) / len(xs) if xs else None}
+
+
+def _f(v: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+# ---- pause -------------------------------------------------------------------
+
+@dataclass
+class PauseConfig:
+    vms: list[int]
+    disks: int = 3
+    hosts: int = 3
+    rounds: int = 20
+    warmup: int = 1
+    workload: str = "none"
+    disk_size_mb: int = 64
+    lease_ms: int = 2000
+    budget_ms: int = 1000
+
+    def lab_params(self) -> dict[str, Any]:
+        return {"hosts": self.hosts,
+                "vms_per_host": math.ceil(max(self.vms) / self.hosts),
+                "disks": self.disks, "workload": self.workload,
+                "disk_size_mb": self.disk_size_mb}
+
+
+def spread_vms(status: dict[str, Any], n: int) -> list[str]:
+    """n primary VMs, taken round-robin over the hosts (so a group of n
+    spans min(n, hosts) hosts)."""
+    by_host: dict[str, list[str]] = {}
+    for vm in status["vms"]:
+        if vm.get("site", "primary") == "primary":
+            by_host.setdefault(vm["host"], []).append(vm["name"])
+    order: list[str] = []
+    for i in range(max((len(v) for v in by_host.values()), default=0)):
+        for host in sorted(by_host):
+            if i < len(by_host[host]):
+                order.append(by_host[host][i])
+    if n > len(order):
+        raise BenchError(f"the lab has {len(order)} primary VMs, {n} wanted")
+    return order[:n]
+
+
+async def _pause_rounds(status: dict[str, Any], cfg: PauseConfig, certs: Path,
+                        db_url: str, log: Log) -> list[dict[str, Any]]:
+    from cutpoint.coordinator import TxLog, pool_for, take_group_snapshot
+    from cutpoint.coordinator.groupfile import spec_from_lab
+    rows = []
+    txlog = TxLog(db_url)
+    try:
+        for n in cfg.vms:
+            names = spread_vms(status, n)
+            spec = spec_from_lab(status, group=f"bench-pause-{n}", certs_dir=certs,
+                                 vms=names, lease_ms=cfg.lease_ms,
+                                 budget_ms=cfg.budget_ms)
+            pool = pool_for(spec)
+            row: dict[str, Any] = {"vms": n, "disks": n * cfg.disks,
+                                   "hosts": len({a.name for a in spec.agents}),
+                                   "committed": 0, "aborted": 0, "reasons": [],
+                                   "pause_ms": [], "snapshot_ms": [],
+                                   "overhead_ms": [], "total_ms": [],
+                                   "stop_ms": [], "cont_ms": []}
+            try:
+                for i in range(cfg.warmup + cfg.rounds):
+                    r = await take_group_snapshot(spec, txlog, pool=pool)
+                    if i < cfg.warmup:  # opens connections: not counted
+                        continue
+                    if not r.committed:
+                        row["aborted"] += 1
+                        row["reasons"].append(r.reason)
+                        continue
+                    row["committed"] += 1
+                    for v in r.vms:
+                        for key, val in (("pause_ms", v.paused_ms),
+                                         ("snapshot_ms", v.snapshot_ms),
+                                         ("overhead_ms", v.overhead_ms),
+                                         ("stop_ms", v.stop_ms),
+                                         ("cont_ms", v.cont_ms)):
+                            if val is not None:
+                                row[key].append(val)
+                    total = r.timings.get("total_ms")
+                    if total is not None:
+                        row["total_ms"].append(float(total))
+            finally:
+                await pool.close()
+            for key in ("pause_ms", "snapshot_ms", "overhead_ms", "total_ms",
+                        "stop_ms", "cont_ms"):
+                row[key] = {"samples": row[key], **summary(row[key])}
+            log(f"pause: {n} VMs x {cfg.disks} disks on {row['hosts']} hosts: "
+                f"pause p99 {_f(row['pause_ms']['p99'])} ms, overhead p99 "
+                f"{_f(row['overhead_ms']['p99'])} ms ({row['committed']} committed, "
+                f"{row['aborted']} aborted)")
+            rows.append(row)
+    finally:
+        txlog.dispose()
+    return rows
+
+
+def run_pause(status: dict[str, Any], cfg: PauseConfig, log: Log) -> dict[str, Any]:
+    """Agents on every host, then cfg.rounds group snapshots per VM count."""
+    from cutpoint.lab.agents import start_agents, stop_agents
+    certs = Path(status["state_dir"]) / "certs"
+    start_agents(status, certs)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cp-bench-") as tmp:
+            rows = asyncio.run(_pause_rounds(status, cfg, certs,
+                                             f"sqlite:///{tmp}/coord.db", log))
+    finally:
+        stop_agents(status)
+    return {"benchmark": "pause", "config": asdict(cfg),
+            "lab": {"accel": status.get("accel"), "hosts": len(status["hosts"]),
+                    "vms": len(status["vms"])},
+            "rows": rows}
+
+
+def pause_table(doc: dict[str, Any]) -> str:
+    head = ("| VMs | disks | hosts | pause p50 / p99 / max (ms) | backend p50 / p99 / "
+            "max (ms) | overhead p50 / p99 / max (ms) | group total p50 / p99 / max (ms)"
+            " | committed / aborted |")
+    lines = [head, "|" + "---|" * 8]
+    for r in doc["rows"]:
+        def trio(k: str, r: dict[str, Any] = r) -> str:
+            s = r[k]
+            return f"{_f(s['p50'])} / {_f(s['p99'])} / {_f(s['max'])}"
+        lines.append(f"| {r['vms']} | {r['disks']} | {r['hosts']} | {trio('pause_ms')} | "
+                     f"{trio('snapshot_ms')} | {trio('overhead_ms')} | "
+                     f"{trio('total_ms')} | {r['committed']} / {r['aborted']} |")
+    return "\n".join(lines)
+
+
+# ---- snapsize ----------------------------------------------------------------
+
+@dataclass
+class SnapsizeConfig:
+    sizes_gib: list[int]
+    fill_pct: list[int]
+    fill_image_gib: int = 1
+    rounds: int = 20
+    pool: str = "rbd"
+
+
+def _run(argv: list[str], timeout: float = 600) -> str:
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if res.returncode != 0:
+        raise BenchError(f"command failed (rc={res.returncode}): {' '.join(argv)}: "
+                         f"{res.stderr.strip()[-500:]}")
+    return res.stdout
+
+
+def _snaptime(site: dict[str, Any], pool: str, image: str, rounds: int) -> list[float]:
+    argv = [SYSTEM_PYTHON, str(HERE / "rbd_snaptime.py"), site["ceph_conf"],
+            site.get("client_id", "admin"), site["keyring"], pool, image, str(rounds)]
+    out = _run(argv)
+    return [float(x) for x in json.loads(out)["snap_ms"]]
+
+
+def run_snapsize(status: dict[str, Any], cfg: SnapsizeConfig, log: Log) -> dict[str, Any]:
+    site = status["sites"]["primary"]
+    rows_size, rows_fill = [], []
+    made: list[str] = []
+    try:
+        for gib in cfg.sizes_gib:
+            image = f"{cfg.pool}/bench-snapsize-{gib}g"
+            _run(rbd_cmd(site, "create", "--size", f"{gib}G", image))
+            made.append(image)
+            ms = _snaptime(site, cfg.pool, image.split("/", 1)[1], cfg.rounds)
+            rows_size.append({"size_gib": gib, "fill_pct": 0, "snap_ms": ms, **summary(ms)})
+            log(f"snapsize: {gib} GiB thin: p50 {_f(percentile(ms, 50))} ms")
+        size_b = cfg.fill_image_gib << 30
+        for pct in cfg.fill_pct:
+            image = f"{cfg.pool}/bench-snapfill-{pct}"
+            _run(rbd_cmd(site, "create", "--size", f"{cfg.fill_image_gib}G", image))
+            made.append(image)
+            fill = size_b * pct // 100
+            if fill:
+                _run(rbd_cmd(site, "bench", "--io-type", "write", "--io-size", "4M",
+                             "--io-pattern", "seq", "--io-threads", "4",
+                             "--io-total", str(fill), image), timeout=1800)
+            ms = _snaptime(site, cfg.pool, image.split("/", 1)[1], cfg.rounds)
+            rows_fill.append({"size_gib": cfg.fill_image_gib, "fill_pct": pct,
+                              "snap_ms": ms, **summary(ms)})
+            log(f"snapsize: {cfg.fill_image_gib} GiB {pct}% full: p50 "
+                f"{_f(percentile(ms, 50))} ms")
+    finally:
+        for image in made:
+            subprocess.run(rbd_cmd(site, "rm", "--no-progress", image),
+                           capture_output=True, check=False)
+    return {"benchmark": "snapsize", "config": asdict(cfg),
+            "paxos": status["sites"]["primary"].get("paxos"),
+            "by_size": rows_size, "by_fill": rows_fill}
+
+
+def snapsize_table(doc: dict[str, Any]) -> str:
+    lines = ["| image | fill | snapshot p50 (ms) | p99 (ms) | max (ms) | n |",
+             "|---|---|---|---|---|---|"]
+    for r in doc["by_size"] + doc["by_fill"]:
+        lines.append(f"| {r['size_gib']} GiB thin | {r['fill_pct']}% | {_f(r['p50'])} | "
+                     f"{_f(r['p99'])} | {_f(r['max'])} | {r['n']} |")
+    return "\n".join(lines)
+
+
+# ---- overhead ----------------------------------------------------------------
+
+PROGRESS = re.compile(r"cp-writer: progress vm=(\d+) seq=(\d+)")
+
+
+@dataclass
+class OverheadConfig:
+    interval_s: float = 10.0
+    phase_s: float = 60.0
+    hosts: int = 2
+    disks: int = 3
+
+    def lab_params(self) -> dict[str, Any]:
+        return {"hosts": self.hosts, "vms_per_host": 1, "disks": self.disks,
+                "workload": "writer", "workload_args": "--progress=1",
+                "disk_size_mb": 64}
+
+
+def writer_seq(status: dict[str, Any]) -> int:
+    """The highest seq any guest's writer has reported (ring-global)."""
+    best = 0
+    for vm in status["vms"]:
+        text = Path(vm["console"]).read_text(errors="replace")
+        for m in PROGRESS.finditer(text):
+            best = max(best, int(m.group(2)))
+    return best
+
+
+def _wait_seq(status: dict[str, Any], at_least: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while writer_seq(status) < at_least:
+        if time.monotonic() > deadline:
+            raise BenchError(f"the guest writer did not reach seq {at_least} in {timeout}s")
+        time.sleep(0.5)
+
+
+async def _overhead_phases(status: dict[str, Any], cfg: OverheadConfig, certs: Path,
+                           db_url: str, log: Log) -> list[dict[str, Any]]:
+    from cutpoint.coordinator import TxLog, pool_for, take_group_snapshot
+    from cutpoint.coordinator.groupfile import spec_from_lab
+    spec = spec_from_lab(status, group="bench-overhead", certs_dir=certs)
+    txlog = TxLog(db_url)
+    pool = pool_for(spec)
+    phases = []
+    try:
+        for name, snapshots in (("baseline-before", False), ("snapshots", True),
+                                ("baseline-after", False)):
+            s0, t0 = writer_seq(status), time.monotonic()
+            taken, aborted, pauses = 0, 0, []
+            next_at = t0
+            while time.monotonic() - t0 < cfg.phase_s:
+                if snapshots and time.monotonic() >= next_at:
+                    r = await take_group_snapshot(spec, txlog, pool=pool)
+                    taken += r.committed
+                    aborted += not r.committed
+                    pauses += [v.paused_ms for v in r.vms if v.paused_ms is not None]
+                    next_at += cfg.interval_s
+                await asyncio.sleep(0.2)
+            s1, t1 = writer_seq(status), time.monotonic()
+            rate = (s1 - s0) / (t1 - t0)
+            phases.append({"phase": name, "seconds": t1 - t0, "records": s1 - s0,
+                           "records_per_s": rate, "snapshots": taken, "aborted": aborted,
+                           "pause_ms": summary(pauses)})
+            log(f"overhead: {name}: {rate:.1f} records/s over {t1 - t0:.0f} s"
+                + (f", {taken} group snapshots" if snapshots else ""))
+    finally:
+        await pool.close()
+        txlog.dispose()
+    return phases
+
+
+def run_overhead(status: dict[str, Any], cfg: OverheadConfig, log: Log) -> dict[str, Any]:
+    from cutpoint.lab.agents import start_agents, stop_agents
+    certs = Path(status["state_dir"]) / "certs"
+    _wait_seq(status, 100)
+    start_agents(status, certs)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cp-bench-") as tmp:
+            phases = asyncio.run(_overhead_phases(status, cfg, certs,
+                                                  f"sqlite:///{tmp}/coord.db", log))
+    finally:
+        stop_agents(status)
+    base = [p["records_per_s"] for p in phases if p["phase"].startswith("baseline")]
+    with_snap = next(p["records_per_s"] for p in phases if p["phase"] == "snapshots")
+    base_mean = sum(base) / len(base)
+    return {"benchmark": "overhead", "config": asdict(cfg),
+            "vms": len(status["vms"]), "phases": phases,
+            "baseline_records_per_s": base_mean,
+            "with_snapshots_records_per_s": with_snap,
+            "ratio": with_snap / base_mean if base_mean else None}
+
+
+def overhead_table(doc: dict[str, Any]) -> str:
+    lines = ["| phase | seconds | records | records/s | group snapshots | pause p50 / max (ms) |",
+             "|---|---|---|---|---|---|"]
+    for p in doc["phases"]:
+        pz = p["pause_ms"]
+        lines.append(f"| {p['phase']} | {p['seconds']:.0f} | {p['records']} | "
+                     f"{p['records_per_s']:.1f} | {p['snapshots']} | "
+                     f"{_f(pz['p50'])} / {_f(pz['max'])} |")
+    ratio = doc.get("ratio")
+    lines.append("")
+    lines.append(f"throughput with snapshots every {doc['config']['interval_s']:g} s: "
+                 f"{_f(ratio * 100 if ratio else None)}% of the baseline "
+                 f"(mean of the two baseline phases)")
+    return "\n".join(lines)
