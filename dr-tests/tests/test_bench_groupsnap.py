@@ -1,0 +1,55 @@
+"""Unit tests of the group snapshot benchmark helpers (no lab): statistics,
+VM spreading over hosts, and the tables built from recorded documents."""
+
+from __future__ import annotations
+
+import pytest
+from cutpoint.bench import groupsnap as gs
+
+
+def test_percentile_nearest_rank() -> None:
+    xs = [float(x) for x in range(1, 101)]
+    assert gs.percentile(xs, 50) == 50.0
+    assert gs.percentile(xs, 99) == 99.0
+    assert gs.percentile(xs, 100) == 100.0
+    assert gs.percentile([7.0], 99) == 7.0
+    assert gs.percentile([], 50) is None
+    s = gs.summary([3.0, 1.0, 2.0])
+    assert (s["n"], s["p50"], s["max"], s["mean"]) == (3, 2.0, 3.0, 2.0)
+
+
+def status_with(hosts: int, per_host: int) -> dict[str, object]:
+    vms = [{"name": f"primary-h{h}-vm{i}", "host": f"primary-h{h}", "site": "primary"}
+           for h in range(1, hosts + 1) for i in range(1, per_host + 1)]
+    return {"vms": vms}
+
+
+def test_spread_vms_round_robin_over_hosts() -> None:
+    st = status_with(3, 4)
+    assert gs.spread_vms(st, 2) == ["primary-h1-vm1", "primary-h2-vm1"]
+    four = gs.spread_vms(st, 4)
+    assert four[3] == "primary-h1-vm2"
+    assert len({n.split("-vm")[0] for n in gs.spread_vms(st, 3)}) == 3
+    with pytest.raises(gs.BenchError, match="12 primary VMs, 13 wanted"):
+        gs.spread_vms(st, 13)
+
+
+def test_pause_config_lab_params() -> None:
+    cfg = gs.PauseConfig(vms=[2, 4, 10], hosts=3)
+    assert cfg.lab_params()["vms_per_host"] == 4
+
+
+def test_tables() -> None:
+    row = {"vms": 2, "disks": 6, "hosts": 2, "committed": 20, "aborted": 0}
+    for k in ("pause_ms", "snapshot_ms", "overhead_ms", "total_ms"):
+        row[k] = gs.summary([10.0, 20.0])
+    t = gs.pause_table({"rows": [row]})
+    assert "| 2 | 6 | 2 | 10.0 / 20.0 / 20.0 |" in t
+    doc = {"config": {"interval_s": 10.0}, "ratio": 0.7, "phases": [
+        {"phase": "baseline-before", "seconds": 60, "records": 600, "records_per_s": 10.0,
+         "snapshots": 0, "pause_ms": gs.summary([])},
+        {"phase": "snapshots", "seconds": 60, "records": 420, "records_per_s": 7.0,
+         "snapshots": 6, "pause_ms": gs.summary([50.0])}]}
+    t = gs.overhead_table(doc)
+    assert "| snapshots | 60 | 420 | 7.0 | 6 | 50.0 / 50.0 |" in t
+    assert "70.0% of the baseline" in t
