@@ -142,6 +142,24 @@ def test_kill9_restart_finalize_trim(cluster) -> None:
     assert c.check().ok
 
 
+def test_paxos_leader_failover(cluster) -> None:
+    """kill -9 of the ordering leader: another replica prepares a higher
+    ballot, re-proposes what was accepted, and cuts keep committing."""
+    import re
+    c = cluster()
+    c.start()
+    c.wait_ordered(100)
+    m = re.search(r"\[(\d+)\] order 0: leader", c.log(0))
+    assert m, c.log(0)
+    os.kill(int(m.group(1)), signal.SIGKILL)
+    before = c.status()
+    c.wait_ordered(before + 100)
+    assert re.search(r"order [12]: leader with ballot", c.log(1) + c.log(2)), c.logs()
+    c.kill9()
+    v = c.check()
+    assert v.ok, v.as_dict()
+
+
 def test_nofsync_fails_only_acked_present(cluster) -> None:
     c = cluster(["--no-fsync"])
     c.start()

@@ -666,7 +666,9 @@ int kv_server_run(struct kv_config *c, struct wl_dev *dev, const char *bind)
             }
             if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
                 conn_read(&s, cn);
-            if (!cn->dead)
+            /* flush even a connection about to close: a refused frame
+             * still gets its error reply */
+            if (cn->out.len)
                 conn_flush(&s, cn);
             if (cn->dead)
                 conn_close(&s, cn);

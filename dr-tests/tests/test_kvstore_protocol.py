@@ -1,0 +1,128 @@
+"""cp-kvstore's operations over its binary protocol (ZHT section 2.2.1),
+against a real single-node server on 127.0.0.1: insert, lookup, remove,
+append, cswap, callback with and without timeout, the epoch check, and a
+malformed frame.  The frame layout is the one in kvstore/kv.h."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "build/dr-tests/workloads/kvstore/cp-kvstore"
+INSERT, LOOKUP, REMOVE, APPEND, CSWAP, CALLBACK = range(1, 7)
+OK, NOTFOUND, MISMATCH, TIMEOUT, WRONG_EPOCH, ERROR = range(6)
+
+
+def request(addr: tuple[str, int], op: int, key: bytes, val: bytes = b"",
+            val2: bytes = b"", epoch: int = 1, timeout_ms: int = 0,
+            opid: int = 0) -> tuple[int, int, bytes]:
+    body = struct.pack("<B3xIQIIII", op, epoch, opid, len(key), len(val),
+                       len(val2), timeout_ms) + key + val + val2
+    with socket.create_connection(addr, timeout=10) as s:
+        s.sendall(struct.pack("<I", len(body)) + body)
+        n = struct.unpack("<I", _recv(s, 4))[0]
+        rep = _recv(s, n)
+    status, _epoch, seq, vlen = struct.unpack_from("<B3xIQI", rep)
+    return status, seq, rep[20:20 + vlen]
+
+
+def _recv(s: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        assert chunk, "server closed the connection"
+        out += chunk
+    return out
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    assert BIN.exists(), f"{BIN} is not built (ninja -C build)"
+    port = random.randrange(20000, 60000, 10)
+    disk = tmp_path / "d.img"
+    with open(disk, "wb") as f:
+        f.truncate(4 << 20)
+    with open(tmp_path / "log", "wb") as log:
+        p = subprocess.Popen([str(BIN), "--role", "server", "--node", "0",
+                              "--peers", f"127.0.0.1:{port}", "--disk", str(disk),
+                              "--partitions", "4"],
+                             stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    addr = ("127.0.0.1", port)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(addr, timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield addr
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_insert_lookup_remove(server: tuple[str, int]) -> None:
+    assert request(server, LOOKUP, b"k")[0] == NOTFOUND
+    st, seq1, _ = request(server, INSERT, b"k", b"v1")
+    assert st == OK and seq1 >= 1
+    st, seq2, _ = request(server, INSERT, b"k", b"v2")
+    assert st == OK and seq2 > seq1
+    assert request(server, LOOKUP, b"k")[::2] == (OK, b"v2")
+    assert request(server, REMOVE, b"k")[0] == OK
+    assert request(server, LOOKUP, b"k")[0] == NOTFOUND
+    assert request(server, REMOVE, b"k")[0] == NOTFOUND
+
+
+def test_append_returns_the_list(server: tuple[str, int]) -> None:
+    for tok in (b"a;", b"b;", b"c;"):
+        assert request(server, APPEND, b"dir", tok)[0] == OK
+    assert request(server, LOOKUP, b"dir")[::2] == (OK, b"a;b;c;")
+
+
+def test_cswap(server: tuple[str, int]) -> None:
+    assert request(server, CSWAP, b"ctr", b"", b"1")[0] == OK     # absent -> 1
+    st, _, cur = request(server, CSWAP, b"ctr", b"5", b"6")
+    assert (st, cur) == (MISMATCH, b"1")
+    assert request(server, CSWAP, b"ctr", b"1", b"2")[0] == OK
+    assert request(server, LOOKUP, b"ctr")[::2] == (OK, b"2")
+
+
+def test_callback_timeout_and_notify(server: tuple[str, int]) -> None:
+    t0 = time.monotonic()
+    assert request(server, CALLBACK, b"state", b"ready", timeout_ms=200)[0] == TIMEOUT
+    assert time.monotonic() - t0 >= 0.19
+    got: list[tuple[int, int, bytes]] = []
+    waiter = threading.Thread(target=lambda: got.append(
+        request(server, CALLBACK, b"state", b"ready", timeout_ms=10000)))
+    waiter.start()
+    time.sleep(0.2)
+    assert request(server, INSERT, b"state", b"ready")[0] == OK
+    waiter.join(10)
+    assert got and got[0][0] == OK and got[0][2] == b"ready"
+
+
+def test_wrong_epoch_gets_the_table(server: tuple[str, int]) -> None:
+    st, _, table = request(server, INSERT, b"k", b"v", epoch=7)
+    assert st == WRONG_EPOCH and table.startswith(b"epoch=1 nodes=1 parts=4")
+    assert request(server, LOOKUP, b"k")[0] == NOTFOUND          # not applied
+
+
+def test_malformed_frame_is_refused(server: tuple[str, int]) -> None:
+    with socket.create_connection(server, timeout=5) as s:
+        s.sendall(struct.pack("<I", 3) + b"xyz")
+        n = struct.unpack("<I", _recv(s, 4))[0]
+        assert _recv(s, n)[0] == ERROR
+        assert s.recv(1) == b""                     # and the connection closes
+    assert request(server, INSERT, b"still", b"up")[0] == OK
