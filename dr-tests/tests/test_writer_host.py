@@ -254,3 +254,17 @@ def test_configuration_errors(writer_bin: Path, tmp_path: Path) -> None:
     assert res.returncode == 2 and "--ring-index" in res.stderr
     res = run([str(writer_bin), "--disk", "x", "--count", "-1"], env=env)
     assert res.returncode == 2 and "bad number" in res.stderr
+
+
+def test_leftovers_of_an_earlier_run_are_caught_and_zero_clears_them(
+        writer_bin: Path, tmp_path: Path) -> None:
+    paths = make_disks(tmp_path, "", 2)
+    args = [str(writer_bin), *disk_args(paths), "--progress", "0"]
+    assert run([*args, "--count", "300"]).returncode == 0
+    assert run([*args, "--count", "100"]).returncode == 0
+    v = wr.check_files(paths)
+    assert not v.ok and len(v.runs) == 2
+    assert any(a.kind == "foreign-run" for a in v.anomalies)
+    assert run([*args, "--count", "100", "--zero"]).returncode == 0
+    v = wr.check_files(paths)
+    assert v.ok and v.p == 100

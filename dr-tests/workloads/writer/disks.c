@@ -161,22 +161,22 @@ int disks_zero(struct disks *d, char *err, size_t errlen)
     memset(d->buf, 0, DISKS_ZERO_CHUNK);
     for (int i = 0; i < d->n; i++) {
         uint64_t total = d->slots * RECORD_SIZE;
+        uint64_t off = 0;
 
-        for (uint64_t off = 0; off < total; off += DISKS_ZERO_CHUNK) {
+        while (off < total) {
             size_t len = total - off < DISKS_ZERO_CHUNK ?
                 (size_t)(total - off) : DISKS_ZERO_CHUNK;
             ssize_t n = pwrite(d->fd[i], d->buf, len, (off_t)off);
 
-            if (n < 0 && errno == EINTR) {
-                off -= DISKS_ZERO_CHUNK;
+            if (n < 0 && errno == EINTR)
                 continue;
-            }
             if (n != (ssize_t)len) {
                 set_err(err, errlen, "zeroing %s at %llu: %s", d->path[i],
                         (unsigned long long)off,
                         n < 0 ? strerror(errno) : "short write");
                 return -1;
             }
+            off += len;
         }
     }
     return 0;
