@@ -10,7 +10,7 @@ from cutpoint.api.errors import Forbidden, Unauthorized
 from cutpoint.api.models import ApiToken, Role, utcnow
 from cutpoint.api.security import role_allows
 from cutpoint.api.services import tokens
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -79,3 +79,6 @@ IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=200)]
 Limit = Annotated[int, Query(ge=1, le=500, description="Page size")]
 Cursor = Annotated[str | None, Query(max_length=20, pattern=r"^[0-9]*$",
                                      description="next_cursor of the previous page")]
+# Ids are 32-bit positive in every database we support; larger numbers are a
+# 422, not an overflow deep in the driver.
+IdPath = Annotated[int, Path(ge=1, le=2**31 - 1)]

@@ -5,6 +5,7 @@ from typing import Annotated
 from cutpoint.api.deps import (
     Admin,
     Cursor,
+    IdPath,
     IfMatch,
     Limit,
     Operator,
@@ -94,7 +95,7 @@ def add_member(group: GroupRef, data: MemberAdd, session: SessionDep, _: Admin) 
 
 
 @router.delete("/{group}/members/{member_id}", status_code=204)
-def remove_member(group: GroupRef, member_id: int, session: SessionDep, _: Admin) -> Response:
+def remove_member(group: GroupRef, member_id: IdPath, session: SessionDep, _: Admin) -> Response:
     groups.remove_member(session, groups.resolve(session, group), member_id)
     return Response(status_code=204)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from cutpoint.api.deps import (
     Admin,
     Cursor,
+    IdPath,
     IfMatch,
     Limit,
     Operator,
@@ -37,14 +38,14 @@ def create_host(data: HostCreate, session: SessionDep, _: Admin, response: Respo
 
 
 @router.get("/{host_id}", response_model=HostPublic)
-def get_host(host_id: int, session: SessionDep, _: Viewer, response: Response) -> HostPublic:
+def get_host(host_id: IdPath, session: SessionDep, _: Viewer, response: Response) -> HostPublic:
     host = get_or_404(session, Host, host_id, "host")
     response.headers["ETag"] = hosts.host_etag(host)
     return hosts.public(host)
 
 
 @router.patch("/{host_id}", response_model=HostPublic)
-def update_host(host_id: int, data: HostUpdate, session: SessionDep, _: Admin,
+def update_host(host_id: IdPath, data: HostUpdate, session: SessionDep, _: Admin,
                 response: Response, if_match: IfMatch = None) -> HostPublic:
     host = hosts.update(session, host_id, data, if_match)
     response.headers["ETag"] = hosts.host_etag(host)
@@ -52,13 +53,13 @@ def update_host(host_id: int, data: HostUpdate, session: SessionDep, _: Admin,
 
 
 @router.delete("/{host_id}", status_code=204)
-def delete_host(host_id: int, session: SessionDep, _: Admin, if_match: IfMatch = None) -> Response:
+def delete_host(host_id: IdPath, session: SessionDep, _: Admin, if_match: IfMatch = None) -> Response:
     hosts.delete(session, host_id, if_match)
     return Response(status_code=204)
 
 
 @router.post("/{host_id}/sync", status_code=202, response_model=JobPublic)
-def sync_host(host_id: int, session: SessionDep, token: Operator, request: Request,
+def sync_host(host_id: IdPath, session: SessionDep, token: Operator, request: Request,
               response: Response) -> JobPublic:
     """Pull the agent's inventory (VMs and disks) in a background job."""
     host = get_or_404(session, Host, host_id, "host")

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from cutpoint.api.deps import Cursor, Limit, SessionDep, Viewer
+from cutpoint.api.deps import Cursor, IdPath, Limit, SessionDep, Viewer
 from cutpoint.api.models import Disk, Host, Vm
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.inventory import DiskPublic, VmPublic
@@ -23,7 +23,7 @@ def list_vms(session: SessionDep, _: Viewer, limit: Limit = 50, cursor: Cursor =
 
 
 @router.get("/vms/{vm_id}", response_model=VmPublic)
-def get_vm(vm_id: int, session: SessionDep, _: Viewer) -> VmPublic:
+def get_vm(vm_id: IdPath, session: SessionDep, _: Viewer) -> VmPublic:
     return inventory.vm_public(session, get_or_404(session, Vm, vm_id, "vm"))
 
 
@@ -35,5 +35,5 @@ def list_disks(session: SessionDep, _: Viewer, limit: Limit = 50, cursor: Cursor
 
 
 @router.get("/disks/{disk_id}", response_model=DiskPublic)
-def get_disk(disk_id: int, session: SessionDep, _: Viewer) -> DiskPublic:
+def get_disk(disk_id: IdPath, session: SessionDep, _: Viewer) -> DiskPublic:
     return inventory.disk_public(get_or_404(session, Disk, disk_id, "disk"))

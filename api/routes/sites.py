@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from cutpoint.api.deps import Admin, Cursor, IfMatch, Limit, SessionDep, Viewer
+from cutpoint.api.deps import Admin, Cursor, IdPath, IfMatch, Limit, SessionDep, Viewer
 from cutpoint.api.models import Site
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.sites import SiteCreate, SitePublic, SiteUpdate
@@ -28,14 +28,14 @@ def create_site(data: SiteCreate, session: SessionDep, _: Admin, response: Respo
 
 
 @router.get("/{site_id}", response_model=SitePublic)
-def get_site(site_id: int, session: SessionDep, _: Viewer, response: Response) -> SitePublic:
+def get_site(site_id: IdPath, session: SessionDep, _: Viewer, response: Response) -> SitePublic:
     site = get_or_404(session, Site, site_id, "site")
     response.headers["ETag"] = sites.site_etag(site)
     return SitePublic.model_validate(site)
 
 
 @router.patch("/{site_id}", response_model=SitePublic)
-def update_site(site_id: int, data: SiteUpdate, session: SessionDep, _: Admin,
+def update_site(site_id: IdPath, data: SiteUpdate, session: SessionDep, _: Admin,
                 response: Response, if_match: IfMatch = None) -> SitePublic:
     site = sites.update(session, site_id, data, if_match)
     response.headers["ETag"] = sites.site_etag(site)
@@ -43,6 +43,6 @@ def update_site(site_id: int, data: SiteUpdate, session: SessionDep, _: Admin,
 
 
 @router.delete("/{site_id}", status_code=204)
-def delete_site(site_id: int, session: SessionDep, _: Admin, if_match: IfMatch = None) -> Response:
+def delete_site(site_id: IdPath, session: SessionDep, _: Admin, if_match: IfMatch = None) -> Response:
     sites.delete(session, site_id, if_match)
     return Response(status_code=204)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from cutpoint.api.deps import Admin, Cursor, Limit, SessionDep, SettingsDep
+from cutpoint.api.deps import Admin, Cursor, IdPath, Limit, SessionDep, SettingsDep
 from cutpoint.api.models import ApiToken, Role
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.tokens import TokenCreate, TokenCreated, TokenPublic
@@ -30,5 +30,5 @@ def create_token(data: TokenCreate, session: SessionDep, settings: SettingsDep, 
 
 
 @router.delete("/{token_id}", response_model=TokenPublic)
-def revoke_token(token_id: int, session: SessionDep, _: Admin) -> TokenPublic:
+def revoke_token(token_id: IdPath, session: SessionDep, _: Admin) -> TokenPublic:
     return TokenPublic.model_validate(tokens.revoke(session, token_id))

@@ -97,17 +97,22 @@ def _apply_policy(session: Session, p: Policy, data: PolicyUpdate) -> None:
 
 
 def create(session: Session, data: GroupCreate) -> Group:
+    if session.scalar(select(Group.id).where(Group.name == data.name)) is not None:
+        raise Conflict(f"group {data.name!r} already exists", code="group_exists")
     g = Group(name=data.name, description=data.description)
     g.policy = Policy()
     session.add(g)
-    session.flush()
-    if data.policy is not None:
-        _apply_policy(session, g.policy, data.policy)
     try:
+        session.flush()
+        if data.policy is not None:
+            _apply_policy(session, g.policy, data.policy)
         session.commit()
     except IntegrityError:
         session.rollback()
         raise Conflict(f"group {data.name!r} already exists", code="group_exists") from None
+    except BaseException:
+        session.rollback()
+        raise
     return g
 
 
