@@ -23,13 +23,14 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 RECORD_SIZE = 512
 MAGIC = b"CPWR"
@@ -194,7 +195,7 @@ class Scan:
         if self.counts[kind] <= MAX_LISTED:
             self.anomalies.append(Anomaly(kind, source, offset, detail))
 
-    def add_stream(self, name: str, stream: BinaryIO) -> SourceStats:
+    def add_stream(self, name: str, stream: IO[bytes]) -> SourceStats:
         """Scan one disk image read sequentially from stream."""
         stats = SourceStats(name)
         self.sources.append(stats)
@@ -425,7 +426,6 @@ def _scan_process(scan: Scan, name: str, argv: list[str]) -> None:
     assert proc.stdout is not None and proc.stderr is not None
     with tempfile.TemporaryFile() as errf:
         # Drain stderr on the side so a chatty tool cannot block us.
-        import threading
         t = threading.Thread(target=shutil.copyfileobj, args=(proc.stderr, errf))
         t.start()
         try:
@@ -534,7 +534,7 @@ def check_files(paths: Iterable[str | os.PathLike[str]]) -> Verdict:
     return scan_specs(FileSpec(os.fspath(p)) for p in paths)
 
 
-def check_streams(streams: Iterable[tuple[str, BinaryIO]]) -> Verdict:
+def check_streams(streams: Iterable[tuple[str, IO[bytes]]]) -> Verdict:
     scan = Scan()
     for name, stream in streams:
         scan.add_stream(name, stream)
