@@ -106,6 +106,7 @@ struct resume_job {
     const char *txn;
     double cont_ms;
     double t_end;           /* when cont returned */
+    double paused_ms;       /* pause window ended by this cont, -1 unknown */
     int rc;
     struct qmp_err err;
 };
@@ -124,8 +125,12 @@ resume_one(void *arg)
     j->t_end = mono_ms();
     j->cont_ms = j->t_end - t0;
     pthread_mutex_lock(&a->mu);
+    j->paused_ms = -1;
     if (j->rc == 0) {
         j->vm->needs_resume = 0;
+        if (j->vm->paused_at > 0)
+            j->paused_ms = j->t_end - j->vm->paused_at;
+        j->vm->paused_at = 0;
     } else {
         j->vm->needs_resume = 1;
         snprintf(j->vm->needs_resume_txn, sizeof(j->vm->needs_resume_txn),
@@ -137,8 +142,9 @@ resume_one(void *arg)
                            sizeof(jerr)) < 0)
             log_warnx("event=journal_error vm=%s msg=\"%s\"",
                       j->vm->cfg->name, jerr);
-        log_info("event=resumed vm=%s txn=%s why=%s cont_ms=%.3f",
-                 j->vm->cfg->name, j->txn ? j->txn : "-", j->why, j->cont_ms);
+        log_info("event=resumed vm=%s txn=%s why=%s cont_ms=%.3f "
+                 "paused_ms=%.3f", j->vm->cfg->name, j->txn ? j->txn : "-",
+                 j->why, j->cont_ms, j->paused_ms);
     } else {
         log_warnx("event=resume_failed vm=%s txn=%s why=%s msg=\"%s\" "
                   "retry=yes", j->vm->cfg->name, j->txn ? j->txn : "-",
@@ -638,6 +644,11 @@ prep_one(void *arg)
     j->t0 = mono_ms();
     j->rc = vm_stop(j->vm, j->a->cfg.qmp_timeout_ms, &err);
     j->t1 = mono_ms();
+    if (j->rc == 0) {
+        pthread_mutex_lock(&j->a->mu);
+        j->vm->paused_at = j->t0;
+        pthread_mutex_unlock(&j->a->mu);
+    }
     if (j->rc < 0) {
         j->qmp_kind = err.kind;
         j->code = vm_err_code(&err);
@@ -1150,7 +1161,7 @@ h_abort(struct agent *a, json_t *args, const char **code, char *msg,
     const char *id = json_string_value(json_object_get(args, "txn"));
     json_t *extra = json_object_get(args, "snapshots"), *todo, *nv;
     json_t *resumed = json_array(), *deleted = json_array();
-    json_t *not_deleted = json_array();
+    json_t *not_deleted = json_array(), *timings = json_array();
     struct vm *vms[CFG_MAX_VMS];
     struct resume_job rj[CFG_MAX_VMS];
     struct txn *x;
@@ -1178,8 +1189,12 @@ h_abort(struct agent *a, json_t *args, const char **code, char *msg,
 
     resume_vms(a, vms, n, id, "abort", rj);
     for (int i = 0; i < n; i++)
-        if (rj[i].rc == 0)
+        if (rj[i].rc == 0) {
             json_array_append_new(resumed, json_string(vms[i]->cfg->name));
+            json_array_append_new(timings, json_pack(
+                "{s:s,s:f,s:f}", "vm", vms[i]->cfg->name, "cont_ms",
+                rj[i].cont_ms, "paused_ms", rj[i].paused_ms));
+        }
     json_object_foreach(todo, key, nv) {
         struct vm *v;
         int d, rc;
@@ -1208,9 +1223,9 @@ h_abort(struct agent *a, json_t *args, const char **code, char *msg,
     log_info("event=aborted txn=%s resumed=%zu deleted=%zu not_deleted=%zu",
              id, json_array_size(resumed), json_array_size(deleted),
              json_array_size(not_deleted));
-    return json_pack("{s:s,s:s,s:o,s:o,s:o}", "txn", id, "state", "aborted",
-                     "resumed", resumed, "deleted", deleted, "not_deleted",
-                     not_deleted);
+    return json_pack("{s:s,s:s,s:o,s:o,s:o,s:o}", "txn", id, "state",
+                     "aborted", "resumed", resumed, "deleted", deleted,
+                     "not_deleted", not_deleted, "timings", timings);
 }
 
 static json_t *
@@ -1238,9 +1253,10 @@ h_resume(struct agent *a, json_t *args, const char **code, char *msg,
         }
     arr = json_array();
     for (int k = 0; k < n; k++)
-        json_array_append_new(arr, json_pack("{s:s,s:f}", "vm",
+        json_array_append_new(arr, json_pack("{s:s,s:f,s:f}", "vm",
                                              vms[k]->cfg->name, "cont_ms",
-                                             rj[k].cont_ms));
+                                             rj[k].cont_ms, "paused_ms",
+                                             rj[k].paused_ms));
     return json_pack("{s:o}", "vms", arr);
 cleanup:
     return NULL;

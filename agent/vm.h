@@ -27,6 +27,8 @@ struct vm {
     struct rbdsnap_image *img[CFG_MAX_DISKS];   /* rbd disks, or NULL */
     int needs_resume;                  /* a resume failed: the reaper retries */
     char needs_resume_txn[129];
+    double paused_at;                  /* start of the stop that paused it, 0 if
+                                          not paused by us (guarded by agent mu) */
 };
 
 int vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn);
