@@ -678,7 +678,7 @@ same_vms(const struct txn *x, json_t *vms)
 
 static json_t *
 h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
-          size_t msglen)
+          size_t msglen, json_t **err_result)
 {
     const char *id = json_string_value(json_object_get(args, "txn"));
     json_t *jvms = json_object_get(args, "vms"), *v, *result = NULL, *arr;
@@ -766,6 +766,26 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     }
     if (failed >= 0) {
         resume_vms(a, undo, nundo, x->id, "prepare_failed", rj);
+        /* Partial facts (agent-protocol §3.4): what was paused and undone. */
+        arr = json_array();
+        for (int k = 0, u = 0; k < n; k++) {
+            json_t *o = json_pack("{s:s,s:b}", "vm", names[k], "stopped",
+                                  jobs[k].rc == 0);
+            if (jobs[k].journaled)
+                json_object_set_new(o, "stop_ms",
+                                    json_real(jobs[k].t1 - jobs[k].t0));
+            if (jobs[k].rc == 0 && u < nundo) {
+                json_object_set_new(o, "resumed", json_boolean(rj[u].rc == 0));
+                json_object_set_new(o, "cont_ms", json_real(rj[u].cont_ms));
+                json_object_set_new(o, "paused_ms",
+                                    json_real(rj[u].paused_ms));
+                u++;
+            } else if (jobs[k].rc < 0) {
+                json_object_set_new(o, "error", json_string(jobs[k].msg));
+            }
+            json_array_append_new(arr, o);
+        }
+        *err_result = json_pack("{s:s,s:o}", "txn", id, "vms", arr);
         pthread_mutex_lock(&a->mu);
         txn_fail_prepare(&a->txns, x);
         pthread_cond_broadcast(&a->cond);
@@ -1387,7 +1407,7 @@ agent_handle(struct agent *a, const struct proto_request *req,
         r = h_inventory(a);
         break;
     case PROTO_CMD_PREPARE:
-        r = h_prepare(a, req->args, code, msg, msglen);
+        r = h_prepare(a, req->args, code, msg, msglen, err_result);
         break;
     case PROTO_CMD_COMMIT:
         r = h_commit(a, req->args, code, msg, msglen, err_result);

@@ -198,3 +198,42 @@ async def test_lease_expiry_qcow2(local_agent: dict[str, Any]) -> None:
         # abort of an expired txn is fine and idempotent
         assert (await c.abort("l1"))["resumed"] == []
         assert (await c.abort("l1"))["state"] == "aborted"
+
+
+async def test_all_or_nothing_prepare_with_hung_vm(local_agent: dict[str, Any]) -> None:
+    """vm2's QEMU is stopped: prepare of both fails, vm1 is resumed at once."""
+    import os
+    import signal
+
+    pid2 = local_agent["pids"][1]
+    async with _client(local_agent) as c:
+        os.kill(pid2, signal.SIGSTOP)
+        try:
+            with pytest.raises(AgentReplyError) as ei:
+                await c.prepare("h1", ["vm1", "vm2"], 5000)
+            assert ei.value.code == "QMP_TIMEOUT"
+            facts = {v["vm"]: v for v in ei.value.result["vms"]}
+            assert facts["vm1"]["stopped"] is True and facts["vm1"]["resumed"] is True
+            assert facts["vm2"]["stopped"] is False and "stop" in facts["vm2"]["error"]
+            st = {v["name"]: v["state"] for v in (await c.inventory())["vms"]}
+            assert st["vm1"] == "running"
+            # vm2 has a pending background resume: no new pause until it lands
+            with pytest.raises(AgentReplyError) as ei:
+                await c.prepare("h2", ["vm2"], 5000)
+            assert ei.value.code == "BUSY"
+        finally:
+            os.kill(pid2, signal.SIGCONT)
+        t0 = time.monotonic()
+        while {v["name"]: v["state"] for v in (await c.inventory())["vms"]}["vm2"] != "running":
+            assert time.monotonic() - t0 < 10
+            await asyncio.sleep(0.1)
+        # and it can be paused again once resumed
+        t0 = time.monotonic()
+        while True:
+            try:
+                await c.prepare("h3", ["vm2"], 5000)
+                break
+            except AgentReplyError as e:
+                assert e.code == "BUSY" and time.monotonic() - t0 < 10
+                await asyncio.sleep(0.1)
+        assert (await c.abort("h3"))["resumed"] == ["vm2"]
