@@ -14,6 +14,7 @@ SUITES=(
   "py-unit|$PYTEST -m 'not lab and not slow' api coordinator agent/client dr-tests"
   "lab|$PYTEST -m 'lab and not slow' dr-tests/tests"
   "api-schemathesis|python api/tests/tools/run_schemathesis.py --max-examples 15"
+  "api-lab|$PYTEST -m 'lab and not slow' api/tests"
   "coordinator-lab|$PYTEST -m 'lab and not slow' coordinator/tests"
   "agent-lab|$PYTEST -m 'lab and not slow' agent/tests"
 )

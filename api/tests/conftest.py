@@ -167,4 +167,32 @@ def inventory(session_factory: sessionmaker[Session]) -> dict[str, Any]:
 
 
 os.environ.setdefault("CUTPOINT_TOKEN_SECRET", SECRET)
-Path  # noqa: B018  (kept for type checkers of helper modules)
+
+
+# -- the lab ------------------------------------------------------------------
+# The `lab` fixture belongs to the lab (dr-tests/tests/conftest.py); load that
+# file under its own name and re-export its fixtures for the api-lab tests.
+def _load_lab_fixtures() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "dr-tests" / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("cutpoint_lab_fixtures_api", path)
+    if spec is None or spec.loader is None or not path.exists():
+        return None
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception:  # noqa: BLE001  the lab is optional for the API unit tests
+        return None
+    return mod
+
+
+_lab = _load_lab_fixtures()
+if _lab is not None:
+    lab_session = _lab.lab_session
+    lab = _lab.lab
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "lab_config(**params): parameters of the lab the `lab` fixture brings up")

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from cutpoint.api import services_local
 from cutpoint.api.db import session_scope
 from cutpoint.api.migrate import upgrade
