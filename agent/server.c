@@ -20,9 +20,13 @@
 #include <openssl/x509v3.h>
 
 #include "log.h"
+#include "mono.h"
 #include "proto.h"
 
 #define MAX_CONNS 1024
+/* A peer that does not finish the TLS handshake in this time is dropped,
+ * so idle half-open sockets cannot use up the connection slots. */
+#define HANDSHAKE_TIMEOUT_MS 10000.0
 
 enum conn_state { CONN_HANDSHAKE, CONN_OPEN, CONN_CLOSING };
 
@@ -31,6 +35,7 @@ struct conn {
     int fd;
     SSL *ssl;
     enum conn_state state;
+    double accepted_at;
     char peer[64];
     uint8_t *in;
     size_t in_len, in_cap;
@@ -125,6 +130,15 @@ conn_find(struct server *s, uint64_t id)
         if (s->conns[i] && s->conns[i]->id == id)
             return s->conns[i];
     return NULL;
+}
+
+static int
+conn_live(struct server *s, const struct conn *c)
+{
+    for (int i = 0; i < MAX_CONNS; i++)
+        if (s->conns[i] == c)
+            return 1;
+    return 0;
 }
 
 static void
@@ -477,6 +491,7 @@ accept_all(struct server *s)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         c->id = ++s->next_id;
         c->fd = fd;
+        c->accepted_at = mono_ms();
         snprintf(c->peer, sizeof(c->peer), "%s:%d",
                  inet_ntoa(sa.sin_addr), ntohs(sa.sin_port));
         c->ssl = SSL_new(s->ctx);
@@ -562,14 +577,23 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
              a->cfg.listen_addr, a->cfg.listen_port, a->cfg.host, a->nvms);
     while (!*stop) {
         int n = epoll_wait(s.efd, evs, 64, 500);
+        double now;
+
         for (int i = 0; i < n; i++) {
             if (evs[i].data.ptr == &s.lfd)
                 accept_all(&s);
             else if (evs[i].data.ptr == &s.evfd)
                 drain_replies(&s);
-            else
+            else if (conn_live(&s, evs[i].data.ptr))
+                /* (a reply drained earlier in this batch may have closed it) */
                 conn_event(&s, evs[i].data.ptr, evs[i].events);
         }
+        /* After the events: evs[] must not point at a connection freed here. */
+        now = mono_ms();
+        for (int i = 0; i < MAX_CONNS; i++)
+            if (s.conns[i] && s.conns[i]->state == CONN_HANDSHAKE &&
+                now - s.conns[i]->accepted_at > HANDSHAKE_TIMEOUT_MS)
+                conn_close(&s, s.conns[i], "handshake_timeout");
     }
     ret = 0;
 cleanup:
