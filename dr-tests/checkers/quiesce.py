@@ -65,6 +65,17 @@ class QGA:
         self.sock.settimeout(timeout)
         self.sock.connect(str(path))
         self.buf = b""
+        # (direction, bytes) of every exchange: the unit tests replay it.
+        self.transcript: list[tuple[str, bytes]] = []
+
+    def _send(self, data: bytes) -> None:
+        self.transcript.append(("sent", data))
+        self.sock.sendall(data)
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        self.transcript.append(("received", chunk))
+        return chunk
 
     def close(self) -> None:
         self.sock.close()
@@ -77,7 +88,7 @@ class QGA:
                                "timed out")
             self.sock.settimeout(left)
             try:
-                chunk = self.sock.recv(65536)
+                chunk = self._recv()
             except TimeoutError as e:
                 raise QGAError(sent, self.buf.decode(errors="replace"),
                                "timed out") from e
@@ -97,7 +108,7 @@ class QGA:
         sent = {"execute": "guest-sync-delimited", "arguments": {"id": rid}}
         deadline = time.monotonic() + timeout
         self.sock.settimeout(timeout)
-        self.sock.sendall(json.dumps(sent).encode() + b"\n")
+        self._send(json.dumps(sent).encode() + b"\n")
         # The reply is preceded by 0xFF; drop everything before it.
         while b"\xff" not in self.buf:
             self.buf = b""
@@ -106,7 +117,7 @@ class QGA:
                 raise QGAError(sent, None, "timed out")
             self.sock.settimeout(left)
             try:
-                chunk = self.sock.recv(65536)
+                chunk = self._recv()
             except TimeoutError as e:
                 raise QGAError(sent, None, "timed out") from e
             if not chunk:
@@ -121,7 +132,7 @@ class QGA:
     def execute(self, cmd: str, timeout: float) -> Any:
         sent = {"execute": cmd}
         deadline = time.monotonic() + timeout
-        self.sock.sendall(json.dumps(sent).encode() + b"\n")
+        self._send(json.dumps(sent).encode() + b"\n")
         msg = self._line(sent, deadline)
         if "error" in msg:
             raise QGAError(sent, msg, msg["error"].get("desc", "error"))
@@ -148,7 +159,8 @@ class QuiesceRecord:
 def quiesced_snapshot(qmp_exec: Callable[..., Any], qga_path: Path,
                       snapshot: Callable[[], None], mode: str = "fs-freeze",
                       sync_timeout: float = 1.0, freeze_timeout: float = 5.0,
-                      thaw_timeout: float = 5.0) -> QuiesceRecord:
+                      thaw_timeout: float = 5.0,
+                      transcripts: list[Any] | None = None) -> QuiesceRecord:
     """One member snapshot with optional fs-freeze and crash fallback.
 
     ``qmp_exec(cmd)`` runs a QMP command on the VM; ``snapshot()`` takes the
@@ -189,6 +201,9 @@ def quiesced_snapshot(qmp_exec: Callable[..., Any], qga_path: Path,
             thaw_err = None if err is not None else str(e)
         thaw_ms = (time.monotonic() - t4) * 1e3
         qga.close()
+        if transcripts is not None:
+            transcripts.append([(d, b.decode("latin-1"))
+                                for d, b in qga.transcript])
     t_end = time.monotonic()
     return QuiesceRecord(
         mode=mode, consistency=level, freeze_ms=round(freeze_ms, 2),
@@ -223,6 +238,7 @@ def measure(workdir: Path, rounds: int = 5, freeze_timeout: float = 5.0,
     shutil.rmtree(workdir, ignore_errors=True)
     out: dict[str, Any] = {"rounds": [], "dead_agent": [],
                            "freeze_timeout_s": freeze_timeout}
+    transcripts: dict[str, list[Any]] = {"live": [], "dead": []}
     for dead, n in ((False, rounds), (True, dead_rounds)):
         extra = "cp.mode=load"
         if dead:
@@ -239,12 +255,15 @@ def measure(workdir: Path, rounds: int = 5, freeze_timeout: float = 5.0,
                     rec = quiesced_snapshot(
                         vm.qmp.execute, vm.qga_path,  # type: ignore[union-attr]
                         _member_snapshot(vm, f"q{int(dead)}.{i}.{mode}"),
-                        mode=mode, freeze_timeout=freeze_timeout)
+                        mode=mode, freeze_timeout=freeze_timeout,
+                        transcripts=transcripts["dead" if dead else "live"])
                     out["dead_agent" if dead else "rounds"].append(
                         rec.as_dict())
                     time.sleep(1)
         finally:
             vm.kill()
+    (workdir / "qga-transcripts.json").write_text(
+        json.dumps(transcripts, indent=1))
     return out
 
 
