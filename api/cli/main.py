@@ -19,6 +19,7 @@ from cutpoint.api.cli import (
     server,
     token,
 )
+from cutpoint.api.benchmark import control_plane as bench_control_plane
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 
 VERSION = "0.1.0"
@@ -39,6 +40,7 @@ app.add_typer(inventory.site_app, name="site")
 app.add_typer(inventory.host_app, name="host")
 app.add_typer(check.app, name="check")
 app.add_typer(bench.app, name="bench")
+bench.app.command("control-plane")(bench_control_plane)
 app.add_typer(agent.app, name="agent")
 app.command("snapshot")(snapshot_cmd)
 
