@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -25,10 +26,25 @@ BIN = ROOT / "build/dr-tests/workloads/sharedlog/cp-sharedlog"
 NODES = 4
 
 
+def free_base(nodes: int) -> int:
+    """A random base port whose node ports (and +1) are all free now."""
+    for _ in range(100):
+        base = random.randrange(20000, 60000, 100)
+        try:
+            for i in range(nodes):
+                for port in (base + 10 * i, base + 10 * i + 1):
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port range")
+
+
 class Cluster:
     def __init__(self, tmp: Path, extra: list[str] | None = None) -> None:
         self.tmp = tmp
-        base = random.randrange(20000, 60000, 100)
+        base = free_base(NODES)
         self.peers = [f"127.0.0.1:{base + 10 * i}" for i in range(NODES)]
         self.disks = [tmp / f"node{i}.img" for i in range(NODES)]
         for d in self.disks:
@@ -83,6 +99,8 @@ class Cluster:
                     return
             except OSError:
                 pass
+            for p in self.procs:
+                assert p.poll() is None, f"a node exited:\n{self.logs()}"
             time.sleep(0.2)
         raise AssertionError(f"fewer than {n} records ordered:\n{self.logs()}")
 

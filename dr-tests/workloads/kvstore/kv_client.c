@@ -31,6 +31,7 @@ struct client {
     int *fds;
     long ctr;                    /* value of our cswap counter */
     long acked, unknown;
+    struct wl_window win;
 };
 
 static int journal_cb(void *arg, const uint8_t *p, uint32_t len)
@@ -191,7 +192,9 @@ static void one_op(struct client *cl, uint64_t n)
     int part = kv_partition_of(cl->c, rq.key, rq.klen);
 
     journal(cl, 'I', &rq, 0, 0, part);
+    uint64_t t0 = wl_now_us();
     st = call(cl, &rq, &seq, &reply);
+    wl_window_add(&cl->win, (double)(wl_now_us() - t0) / 1000.0);
     journal(cl, 'A', &rq, st, seq, part);
     if (rq.op == KV_OP_CSWAP) {
         if (st == KV_OK)
@@ -254,9 +257,12 @@ int kv_client_run(struct kv_config *c, struct wl_dev *dev,
     for (uint64_t n = cl.last_n + 1;
          o->ops < 0 || n <= cl.last_n + (uint64_t)o->ops; n++) {
         one_op(&cl, n);
-        if (n % 100 == 0)
-            wl_log("client %d: op %llu, %ld replied, %ld unknown", cl.id,
-                   (unsigned long long)n, cl.acked, cl.unknown);
+        if (n % 100 == 0) {
+            char w[128];
+            wl_window_fmt(&cl.win, w, sizeof(w));
+            wl_log("client %d: op %llu, %ld replied, %ld unknown, %s", cl.id,
+                   (unsigned long long)n, cl.acked, cl.unknown, w);
+        }
         if (o->delay_ms)
             wl_sleep_ms((unsigned)o->delay_ms);
     }

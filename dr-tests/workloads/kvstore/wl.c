@@ -511,6 +511,44 @@ uint64_t wl_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+uint64_t wl_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+void wl_window_add(struct wl_window *w, double ms)
+{
+    if (!w->start_us)
+        w->start_us = wl_now_us();
+    if (w->n < WL_WINDOW)
+        w->ms[w->n++] = ms;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void wl_window_fmt(struct wl_window *w, char *buf, size_t len)
+{
+    uint64_t now = wl_now_us();
+    double secs = w->start_us ? (double)(now - w->start_us) / 1e6 : 0;
+
+    if (!w->n || secs <= 0) {
+        snprintf(buf, len, "rate=0");
+    } else {
+        qsort(w->ms, (size_t)w->n, sizeof(double), cmp_double);
+        snprintf(buf, len, "rate=%.1f p50=%.2f p99=%.2f max=%.2f",
+                 w->n / secs, w->ms[w->n / 2], w->ms[(w->n * 99) / 100],
+                 w->ms[w->n - 1]);
+    }
+    w->n = 0;
+    w->start_us = now;
+}
+
 void wl_sleep_ms(unsigned ms)
 {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };

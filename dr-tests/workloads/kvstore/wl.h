@@ -96,8 +96,21 @@ void wl_buf_free(struct wl_buf *b);
  * the command line win.
  */
 int wl_args_merge(int argc, char **argv, int *out_argc, char ***out_argv);
-/* Current monotonic time in milliseconds. */
+/* Current monotonic time in milliseconds / microseconds. */
 uint64_t wl_now_ms(void);
+uint64_t wl_now_us(void);
+
+/* Latency window of a client: the progress lines of the consoles carry
+ * "rate=<ops/s> p50=<ms> p99=<ms> max=<ms>" for the benchmark. */
+#define WL_WINDOW 256
+struct wl_window {
+    uint64_t start_us;
+    int n;
+    double ms[WL_WINDOW];
+};
+void wl_window_add(struct wl_window *w, double ms);
+/* Formats the window into buf and starts a new one. */
+void wl_window_fmt(struct wl_window *w, char *buf, size_t len);
 void wl_sleep_ms(unsigned ms);
 
 #endif

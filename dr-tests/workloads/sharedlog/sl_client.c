@@ -31,6 +31,7 @@ struct client {
     int *fds;
     uint64_t dead_shards;
     long acked, failed, reads, bad_reads;
+    struct wl_window win;
 };
 
 static int journal_cb(void *arg, const uint8_t *p, uint32_t len)
@@ -130,7 +131,10 @@ static void one_append(struct client *cl, uint64_t seq)
     req.c = (uint64_t)shard;
     req.data = p;
     req.dlen = payload(cl->id, seq, p);
-    if (call(cl, server, &req, &rep, &body) < 0) {
+    uint64_t t0 = wl_now_us();
+    int crc = call(cl, server, &req, &rep, &body);
+    wl_window_add(&cl->win, (double)(wl_now_us() - t0) / 1000.0);
+    if (crc < 0) {
         cl->failed++;
         wl_sleep_ms(200);
         return;
@@ -204,10 +208,13 @@ int sl_client_run(struct sl_config *c, struct wl_dev *dev,
             journal(&cl, h, sizeof(h));
         }
         one_append(&cl, seq);
-        if (seq % 100 == 0)
+        if (seq % 100 == 0) {
+            char w[128];
+            wl_window_fmt(&cl.win, w, sizeof(w));
             wl_log("client %d: seq %llu, %ld acked, %ld failed, %ld/%ld "
-                   "bad reads", cl.id, (unsigned long long)seq, cl.acked,
-                   cl.failed, cl.bad_reads, cl.reads);
+                   "bad reads, %s", cl.id, (unsigned long long)seq, cl.acked,
+                   cl.failed, cl.bad_reads, cl.reads, w);
+        }
         if (o->delay_ms)
             wl_sleep_ms((unsigned)o->delay_ms);
     }
