@@ -30,7 +30,7 @@ def _with_facts(text: str, **change: object) -> str:
             f[outer][inner] = val
         else:
             f[outer] = val
-    return re.sub(r"CPCHECK \{.*\}", "CPCHECK " + json.dumps(f), text)
+    return re.sub(r"CPCHECK \{.*\}", lambda _m: "CPCHECK " + json.dumps(f), text)
 
 
 def test_recorded_drill_passes() -> None:
@@ -46,8 +46,9 @@ def test_no_redo_done_fails() -> None:
     text = "\n".join(ln for ln in GOOD.splitlines() if "redo done" not in ln)
     r = check_console(text)
     assert not r.passed
-    assert r.reasons == ["PostgreSQL log has no 'redo done' (no completed "
-                         "automatic recovery)"]
+    want = ("PostgreSQL log has no 'redo done' (no completed "
+            "automatic recovery)")
+    assert r.reasons == [want]
 
 
 def test_amcheck_failure_fails() -> None:
