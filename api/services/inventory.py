@@ -18,7 +18,7 @@ def disk_public(d: Disk, group: str | None = None) -> DiskPublic:
 
 
 def vm_public(session: Session, vm: Vm) -> VmPublic:
-    groups = dict(session.execute(
+    groups: dict[int, str] = dict(session.execute(
         select(GroupDisk.disk_id, Group.name).join(Group, Group.id == GroupDisk.group_id)
         .where(GroupDisk.disk_id.in_([d.id for d in vm.disks]))).all())
     return VmPublic(id=vm.id, name=vm.name, host=vm.host.name, driver=vm.driver, state=vm.state,

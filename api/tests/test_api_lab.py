@@ -147,8 +147,8 @@ def qmp_status(vm: dict[str, Any]) -> str:
 def test_scheduler_keeps_rpo_then_records_misses(lab: dict[str, Any], plane: Plane,
                                                  client: TestClient) -> None:
     c = client
+    plane.start("worker")  # inventory sync runs as a job
     register(c, lab, plane, rpo=10)
-    plane.start("worker")
     plane.start("beat")
     # The first capture is due at once; wait for it, then watch 60 s.
     wait_for(lambda: c.get("/v1/groups/app/rpo").json()["compliant"], 60,
@@ -209,8 +209,8 @@ def test_scheduler_keeps_rpo_then_records_misses(lab: dict[str, Any], plane: Pla
 def test_retention_deletes_through_agents(lab: dict[str, Any], plane: Plane,
                                           client: TestClient) -> None:
     c = client
-    register(c, lab, plane, rpo=None)
     plane.start("worker")
+    register(c, lab, plane, rpo=None)
     for _ in range(5):
         job = c.post("/v1/groups/app/snapshots").json()
         wait_for(lambda j=job: c.get(f"/v1/jobs/{j['id']}").json()["state"]
@@ -239,12 +239,14 @@ def test_retention_deletes_through_agents(lab: dict[str, Any], plane: Plane,
 def test_worker_kill9_during_snapshot(lab: dict[str, Any], plane: Plane,
                                       client: TestClient) -> None:
     c = client
+    plane.start("worker")
     register(c, lab, plane, rpo=None)
     eng_sf = plane.sf
     killed_in = None
     for _attempt in range(10):
-        plane.start("worker")
-        time.sleep(3)  # let it connect to the broker
+        if "worker" not in plane.procs:
+            plane.start("worker")
+            time.sleep(3)  # let it connect to the broker
         job = c.post("/v1/groups/app/snapshots").json()
         sid = job["snapshot_id"]
         t_end = time.monotonic() + 30
@@ -268,7 +270,6 @@ def test_worker_kill9_during_snapshot(lab: dict[str, Any], plane: Plane,
             break
         wait_for(lambda j=job: c.get(f"/v1/jobs/{j['id']}").json()["state"]
                  in ("succeeded", "failed"), 60, "job", plane)
-        plane.stop()
     assert killed_in, "never caught a snapshot in flight"
     print(f"\nworker killed with the txn in state {killed_in}")
     # Within lease + budget the agents resume every VM on their own.
