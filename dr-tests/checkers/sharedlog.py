@@ -341,12 +341,12 @@ def check_disks(paths: Iterable[str | Path], live: str | None = None) -> Verdict
                 v.violations["restart_gsns_higher"].append(
                     f"client {c}: after restart (epoch {latest_epoch}) gsn "
                     f"{min(new)} is not above the old maximum {max(old)}")
-    if live:
-        _check_live(v, live, acks, view.trim)
     v.stats = {"nodes": nnodes, "slots": top, "cuts": len(view.cuts),
                "ordered": len(order), "trim": view.trim,
                "acked": len(acks), "shards_active": len(view.active),
                "finalized": sorted(view.final_slot)}
+    if live:
+        _check_live(v, live, acks, view.trim)
     return v
 
 
