@@ -147,11 +147,18 @@ class _Run:
                  "cont_ms": t.cont_ms, "paused_ms": t.paused_ms, "method": t.method}
                 for t in self.vms.values()]
 
-    def write(self, state: str, **kw: Any) -> bool:
-        """Record a transition; a log failure is kept and reported at the end."""
+    def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:
+        """Record a transition; a log failure is kept and reported at the end.
+
+        light: only the state and its event row.  The COMMITTING write is
+        inside every VM's pause window, so it carries nothing else; the
+        per-VM facts of phase 1 are written with the final state.
+        """
+        if not light:
+            kw.setdefault("errors", list(self.errors))
+            kw.setdefault("vms", self.vm_rows())
         try:
-            self.txlog.transition(self.txn, state, errors=list(self.errors),
-                                  vms=self.vm_rows(), **kw)
+            self.txlog.transition(self.txn, state, **kw)
             return True
         except TxLogError as exc:
             log.error("event=txlog_failed txn=%s state=%s error=%s", self.txn, state, exc)
@@ -384,7 +391,7 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
         await run.emit("prepared")
         # R2: the cut is fixed; record the decision before any COMMIT.
         t = time.monotonic()
-        if not run.write(COMMITTING):
+        if not run.write(COMMITTING, light=True):
             await run.finish_abort(f"could not record the commit decision: {run.log_error}")
             assert run.log_error is not None
             raise run.log_error
