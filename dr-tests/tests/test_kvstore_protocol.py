@@ -126,3 +126,24 @@ def test_malformed_frame_is_refused(server: tuple[str, int]) -> None:
         assert _recv(s, n)[0] == ERROR
         assert s.recv(1) == b""                     # and the connection closes
     assert request(server, INSERT, b"still", b"up")[0] == OK
+
+
+def test_random_frames_do_not_kill_the_server(server: tuple[str, int]) -> None:
+    """Garbage on both ports (clients' and replicas'): every frame gets an
+    error reply or a closed connection, and the server keeps serving."""
+    rnd = random.Random(7)
+    for port in (server[1], server[1] + 1):
+        for _ in range(200):
+            n = rnd.choice([0, 3, 31, 32, 33, 64, 200])
+            body = bytes(rnd.randrange(256) for _ in range(n))
+            if n >= 32 and rnd.random() < 0.7:     # valid op, random fields
+                body = bytes([rnd.randrange(1, 12)]) + body[1:]
+            with socket.create_connection((server[0], port), timeout=5) as s:
+                s.sendall(struct.pack("<I", len(body)) + body)
+                s.settimeout(0.5)
+                try:
+                    s.recv(4)
+                except TimeoutError:
+                    pass                            # e.g. a callback waiting
+    assert request(server, INSERT, b"alive", b"yes")[0] == OK
+    assert request(server, LOOKUP, b"alive")[::2] == (OK, b"yes")

@@ -225,6 +225,32 @@ def test_damaged_backup_record_is_reported(cluster) -> None:
     assert "replay_clean" in v.failed() and "no_holes" in v.failed()
 
 
+def test_random_frames_do_not_kill_the_servers(cluster) -> None:
+    """Garbage to a storage server and an ordering replica: they answer or
+    close, and the log keeps growing."""
+    c = cluster()
+    c.start()
+    c.wait_ordered(50)
+    rnd = random.Random(11)
+    host, port = c.peers[3].rsplit(":", 1)
+    for p in (int(port), int(c.peers[2].rsplit(":", 1)[1]) + 1):
+        for _ in range(200):
+            n = rnd.choice([0, 5, 39, 40, 41, 80])
+            body = bytearray(rnd.randrange(256) for _ in range(n))
+            if n >= 40 and rnd.random() < 0.7:
+                body[0] = rnd.choice([1, 2, 3, 4, 6, 12, 13, 14])
+                body[32:36] = (n - 40).to_bytes(4, "little")   # consistent dlen
+            with socket.create_connection((host, p), timeout=5) as s:
+                s.sendall(len(body).to_bytes(4, "little") + bytes(body))
+                s.settimeout(0.5)
+                try:
+                    s.recv(4)
+                except TimeoutError:
+                    pass
+    before = c.status()
+    c.wait_ordered(before + 50)
+
+
 def test_not_a_sharedlog_disk(tmp_path: Path) -> None:
     p = tmp_path / "zero.img"
     p.write_bytes(bytes(8192))

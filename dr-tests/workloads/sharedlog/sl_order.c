@@ -232,6 +232,21 @@ static void *order_conn(void *arg)
             break;
         r.type = m.type;
         pthread_mutex_lock(&o->mu);
+        /* a slot far beyond what could be in flight, or a ballot whose
+         * successor would overflow, is garbage: refuse it before it sizes
+         * an array or blocks every future leader */
+        if (((m.type == SL_ACCEPT || m.type == SL_COMMIT) &&
+             (m.c == 0 || m.c > o->commit_index + 65536)) ||
+            ((m.type == SL_PREPARE || m.type == SL_ACCEPT) &&
+             (m.b >> 48) != 0)) {      /* a ballot no replica could make */
+            pthread_mutex_unlock(&o->mu);
+            r.status = SL_ERROR;
+            free(body);
+            body = NULL;
+            if (sl_reply(oc->fd, &r) < 0)
+                break;
+            continue;
+        }
         switch (m.type) {
         case SL_REPORT:
             if (m.a < (uint32_t)o->c->nnodes) {
