@@ -65,3 +65,32 @@ async def test_bad_group_file_exit_2(tmp_path: Path) -> None:
     g.write_text("group: g\nagents: []\n")
     rc, out, err = await cli("snapshot", "-g", str(g), "--db", f"sqlite:///{tmp_path}/c.db")
     assert rc == 2 and "agents: expected a non-empty list" in err, out + err
+
+
+async def test_resolve_only(peers: Any, make_spec: Any, tmp_path: Path) -> None:
+    """A PREPARING txn left by a dead coordinator is aborted by --resolve-only."""
+    import datetime as dt
+
+    from cutpoint.coordinator import TxLog
+    from cutpoint.coordinator.txlog import coord_txn
+    from sqlalchemy import update
+
+    a = await peers("h1", {"vm1": ["disk0"]})
+    spec = make_spec([a], group="cli")
+    g = tmp_path / "g.yaml"
+    g.write_text(dump_group_spec(spec))
+    db = f"sqlite:///{tmp_path}/c.db"
+    log = TxLog(db)
+    log.begin("dead", "cli", spec.to_dict(),
+              [{"disk": "vm1/disk0", "vm": "vm1", "agent": "h1", "name": "cp.cli.dead"}],
+              lease_ms=spec.lease_ms, budget_ms=spec.budget_ms)
+    with log.engine.begin() as c:  # as if the coordinator died a minute ago
+        c.execute(update(coord_txn).values(
+            updated_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)))
+    rc, out, err = await cli("snapshot", "-g", str(g), "--db", db, "--resolve-only", "--json")
+    assert rc == 0, out + err
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["txn"], r["state"]) for r in results] == [("dead", "aborted")]
+    assert a.cmds() == ["abort"]
+    assert log.get("dead").state == "aborted"  # type: ignore[union-attr]
+    log.dispose()
