@@ -10,7 +10,9 @@ To keep the achieved RPO under `rpo_seconds`, the next capture must start by
 
     due_at = newest_cut + rpo_seconds - (duration + lag + margin)
 
-where duration is the mean of the last few captures (group start to commit).
+where duration is the longest request-to-cut time of the last few captures
+(queue wait + worker pickup + PREPARE), so a busy worker starts captures
+earlier instead of missing.
 """
 
 from __future__ import annotations
@@ -62,12 +64,15 @@ def assess(session: Session, g: Group, now: dt.datetime, margin_s: float) -> Ass
         lags = [(v - c).total_seconds() for c, v in rows if c and v]
         lag = sum(lags) / len(lags) if lags else 0.0
     newest = session.scalar(rp.order_by(GroupSnapshot.cut_at.desc()).limit(1))
-    durations = [d for d in session.scalars(
-        select(GroupSnapshot.duration_ms).where(
+    # Lead time = request to cut (queueing, worker pickup, PREPARE), the
+    # longest of the last few: under load the queue wait dominates the
+    # protocol itself, and starting late is what makes a miss.
+    leads = [(c - r).total_seconds() for r, c in session.execute(
+        select(GroupSnapshot.requested_at, GroupSnapshot.cut_at).where(
             GroupSnapshot.group_id == g.id, GroupSnapshot.state == SnapState.committed,
-            GroupSnapshot.duration_ms.is_not(None))
-        .order_by(GroupSnapshot.id.desc()).limit(HISTORY)) if d is not None]
-    duration = (sum(durations) / len(durations) / 1000.0) if durations else DEFAULT_DURATION_S
+            GroupSnapshot.cut_at.is_not(None))
+        .order_by(GroupSnapshot.id.desc()).limit(HISTORY)).all() if c is not None]
+    duration = max(leads) if leads else DEFAULT_DURATION_S
     inflight = session.scalar(select(GroupSnapshot).where(
         GroupSnapshot.inflight_group_id == g.id))
     achieved = (now - newest).total_seconds() if newest else None
