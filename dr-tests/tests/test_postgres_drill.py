@@ -27,11 +27,12 @@ def _summary(rep: dict) -> str:
 
 
 def test_coordinated_group_snapshot_recovers(tmp_path: Path) -> None:
-    """One group snapshot (pause, 3-disk QMP transaction, resume) under
-    pgbench + ledger load: the copy boots, PostgreSQL logs 'redo done',
-    pg_amcheck passes and every journaled ledger number is in the table."""
+    """One real group snapshot (cutpointd + `cutpoint snapshot
+    --group-file`: pause, 3-disk QMP transaction, resume) under pgbench +
+    ledger load: the copy boots, PostgreSQL logs 'redo done', pg_amcheck
+    passes and every journaled ledger number is in the table."""
     rep = pgdrill.run(tmp_path / "drill", coordinated=1, uncoordinated=0,
-                      interval=6, delay=0, rate=20)
+                      interval=6, delay=0, rate=20, via="coordinator")
     d = rep["drills"][0]
     assert d["passed"], _summary(rep)
     c = d["check"]
@@ -39,6 +40,7 @@ def test_coordinated_group_snapshot_recovers(tmp_path: Path) -> None:
     # The load really ran: acknowledged ledger transactions were captured.
     assert c["journal_last"] > 0 and c["missing"] == 0
     assert any("redo done at" in line for line in c["recovery_log"])
+    assert d["snapshot"]["name"].startswith("cp.pg.")
     assert (tmp_path / "drill" / "report.html").read_text().count("PASS") == 1
 
 
