@@ -24,6 +24,10 @@ def _log(msg: str) -> None:
     sys.stdout.flush()
 
 
+def _log_err(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
 @app.command()
 def up(
     hosts: int = typer.Option(2, "--hosts", help="primary-site hosts (network namespaces)"),
@@ -54,8 +58,10 @@ def up(
                       kernel=kernel, accel=accel, state_dir=str(C.state_dir(state_dir)))
     try:
         cfg.validate()
-        with lock.lab_lock(wait=wait, log=_log):
-            status = lab_up.up(cfg, log=_log)
+        # With --json, stdout carries only the JSON; progress goes to stderr.
+        log = _log_err if json_out else _log
+        with lock.lab_lock(wait=wait, log=log):
+            status = lab_up.up(cfg, log=log)
     except LabError as exc:
         _fail(str(exc))
     if json_out:

@@ -112,7 +112,8 @@ def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
         write_status(status)
     say(f"guests: {len(status['vms'])} started under {status['accel']}")
     if wait_boot:
-        vms.wait_ready(status["vms"], log=say)
+        # TCG guests share the machine's cores: allow more time for more guests.
+        vms.wait_ready(status["vms"], timeout=max(180.0, 45.0 * len(status["vms"])), log=say)
     status["phase"] = "up"
     status["up_seconds"] = round(time.monotonic() - t0, 1)
     write_status(status)
