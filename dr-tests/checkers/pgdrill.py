@@ -163,7 +163,11 @@ def start_primary(image: Image, workdir: Path, rate: int = 20) -> DebianVM:
     vm = DebianVM(image, workdir, group_disks(workdir),
                   f"cp.mode=load cp.pgbench_rate={rate}")
     vm.start()
-    vm.wait_console(r"CPSTATE ledger-start", BOOT_TIMEOUT)
+    try:
+        vm.wait_console(r"CPSTATE ledger-start", BOOT_TIMEOUT)
+    except BaseException:
+        vm.kill()
+        raise
     return vm
 
 

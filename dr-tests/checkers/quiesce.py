@@ -179,31 +179,41 @@ def quiesced_snapshot(qmp_exec: Callable[..., Any], qga_path: Path,
         except (QGAError, OSError) as e:
             err = str(e)
         freeze_ms = (time.monotonic() - t_start) * 1e3
-    t0 = time.monotonic()
-    qmp_exec("stop")
-    t1 = time.monotonic()
-    try:
-        snapshot()
-    finally:
-        t2 = time.monotonic()
-        qmp_exec("cont")
-        t3 = time.monotonic()
-    thaw_err, thaw_ms = None, 0.0
-    if qga is not None:
-        # Thaw even after a failed freeze: a slow agent may have frozen
-        # after we stopped waiting.  Thaw of a thawed guest returns 0.
+    thaw: dict[str, Any] = {"err": None, "ms": 0.0}
+
+    def _thaw() -> None:
+        # Thaw even after a failed freeze (a slow agent may have frozen
+        # after we stopped waiting; thaw of a thawed guest returns 0) and
+        # even if stop, the snapshot or cont raised: a guest must never be
+        # left frozen.
+        if qga is None:
+            return
         t4 = time.monotonic()
         try:
             if err is not None:
                 qga.sync(sync_timeout)
             qga.execute("guest-fsfreeze-thaw", thaw_timeout)
         except (QGAError, OSError) as e:
-            thaw_err = None if err is not None else str(e)
-        thaw_ms = (time.monotonic() - t4) * 1e3
+            thaw["err"] = None if err is not None else str(e)
+        thaw["ms"] = (time.monotonic() - t4) * 1e3
         qga.close()
         if transcripts is not None:
             transcripts.append([(d, b.decode("latin-1"))
                                 for d, b in qga.transcript])
+
+    try:
+        t0 = time.monotonic()
+        qmp_exec("stop")
+        t1 = time.monotonic()
+        try:
+            snapshot()
+        finally:
+            t2 = time.monotonic()
+            qmp_exec("cont")
+            t3 = time.monotonic()
+    finally:
+        _thaw()
+    thaw_err, thaw_ms = thaw["err"], float(thaw["ms"])
     t_end = time.monotonic()
     return QuiesceRecord(
         mode=mode, consistency=level, freeze_ms=round(freeze_ms, 2),
