@@ -32,7 +32,6 @@ from cutpoint.api.models import (
     Host,
     Job,
     JobState,
-    Policy,
     SnapState,
     utcnow,
 )
@@ -287,14 +286,18 @@ def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
 
 @cutpoint_task("retention_tick", job=False)
 def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
+    """Queue a retention job for each group that has something to delete."""
     from cutpoint.api.services import jobs
+    from cutpoint.api.services import retention as ret
 
     n = 0
+    now = utcnow()
     with ctx.sf() as s:
-        ids = list(s.scalars(select(Group.id).join(Policy, Policy.group_id == Group.id)))
-        for gid in ids:
-            job = jobs.create(s, "retention", actor="scheduler", group_id=gid,
-                              params={"group_id": gid})
+        for g in list(s.scalars(select(Group))):
+            if not (ret.plan(s, g, now) or ret.pending_deletes(s, g)):
+                continue
+            job = jobs.create(s, "retention", actor="scheduler", group_id=g.id,
+                              params={"group_id": g.id})
             send("retention", job.id, ctx.settings)
             n += 1
     return {"groups": n}
@@ -302,11 +305,21 @@ def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
 
 @cutpoint_task("inventory_tick", job=False)
 def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
-    from cutpoint.api.services import jobs
+    """Refresh every host's inventory and reachability (no job rows: it is routine)."""
+    from cutpoint.api.services import agents, inventory
 
+    ok = bad = 0
     with ctx.sf() as s:
-        for hid in list(s.scalars(select(Host.id))):
-            job = jobs.create(s, "inventory_sync", actor="scheduler", host_id=hid,
-                              params={"host_id": hid})
-            send("inventory_sync", job.id, ctx.settings)
-    return None
+        for host in list(s.scalars(select(Host))):
+            try:
+                hello, inv = agents.call(host, ctx.settings, ("hello", {}), ("inventory", {}))
+            except agents.AgentCallError as exc:
+                host.reachable = False
+                host.last_error = str(exc)[:2000]
+                s.commit()
+                bad += 1
+                continue
+            host.agent_version = str(hello.get("version", ""))[:64] or None
+            inventory.apply(s, host, inv)
+            ok += 1
+    return {"reachable": ok, "unreachable": bad}

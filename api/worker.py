@@ -17,8 +17,9 @@ QUEUES = {
     "retention": "cutpoint.default",
     "inventory_sync": "cutpoint.default",
     "scheduler_tick": "cutpoint.scheduler",
-    "retention_tick": "cutpoint.scheduler",
-    "inventory_tick": "cutpoint.scheduler",
+    # These two talk to agents: never on the scheduler queue.
+    "retention_tick": "cutpoint.default",
+    "inventory_tick": "cutpoint.default",
 }
 
 
