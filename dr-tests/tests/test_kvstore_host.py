@@ -144,6 +144,23 @@ def test_kill9_then_cold_restart_checks_pass(cluster) -> None:
     assert v2.stats["intents"] >= v.stats["intents"] + NODES * 30
 
 
+def test_compaction_under_kill9(cluster) -> None:
+    """NoVoHT-style rewrite after every 2 removes: the other half, sync,
+    header with gen+1, sync.  Killed mid-run, every check still holds."""
+    c = cluster(["--compact-removes", "2"])
+    run_load(c, 4)
+    compactions = sum(c.log(i).count("compacted: gen") for i in range(NODES))
+    assert compactions >= 10, c.logs()
+    v = c.check()
+    assert v.ok, v.as_dict()
+    assert v.stats["acked_mutations"] > 50, v.stats
+    # the compacted halves load again: live digests are the offline ones
+    c.start("--role", "server")
+    c.wait_log("serving on")
+    live = kv.check_live(c.peers, PARTS, v)
+    assert live.ok, live.as_dict()
+
+
 def test_nofsync_fails_only_acked_survives(cluster) -> None:
     c = cluster(["--no-fsync"])
     run_load(c, 3)

@@ -11,6 +11,7 @@
  * host the same flags run several nodes on 127.0.0.1 with files as disks.
  */
 #include "kv.h"
+#include "kv_part.h"
 
 #include <getopt.h>
 #include <signal.h>
@@ -28,7 +29,7 @@ static void usage(void)
             "usage: cp-kvstore [--role all|server|client] [--node I]\n"
             "       [--peers IP[:PORT],...] [--disk PATH] [--partitions N]\n"
             "       [--ops N] [--delay-ms MS] [--no-fsync]\n"
-            "       [--simulate-power-loss] [-n]\n");
+            "       [--simulate-power-loss] [--compact-removes N] [-n]\n");
     exit(2);
 }
 
@@ -80,6 +81,7 @@ int main(int argc, char **argv)
         { "delay-ms", required_argument, NULL, 'D' },
         { "no-fsync", no_argument, NULL, 'F' },
         { "simulate-power-loss", no_argument, NULL, 'S' },
+        { "compact-removes", required_argument, NULL, 'C' },
         { NULL, 0, NULL, 0 },
     };
 
@@ -97,6 +99,7 @@ int main(int argc, char **argv)
         case 'D': co.delay_ms = atoi(optarg); break;
         case 'F': nofsync = 1; break;
         case 'S': sim = 1; break;
+        case 'C': kv_compact_removes = (unsigned)atoi(optarg); break;
         case 'n': check_only = 1; break;
         default: usage();
         }

@@ -7,7 +7,7 @@
 /* Compact when the live half is this full, or after this many removes
  * (NoVoHT's "how many removes before the file is rewritten"). */
 #define COMPACT_FILL 0.5
-#define COMPACT_REMOVES 256
+unsigned kv_compact_removes = 256;
 
 int kv_rec_encode(const struct kv_rec *r, struct wl_buf *out)
 {
@@ -211,6 +211,8 @@ static int compact(struct kv_part *p)
         }
     if (rlog_compact_commit(&p->log) < 0)
         goto cleanup;
+    wl_log("partition %d compacted: gen %u, %zu keys, last seq %llu", p->id,
+           p->log.gen, p->n, (unsigned long long)p->last);
     p->removes = 0;
     rc = 0;
 cleanup:
@@ -253,7 +255,7 @@ int kv_part_sync(struct kv_part *p)
 {
     if (rlog_sync(&p->log) < 0)
         return -1;
-    if (rlog_fill(&p->log) > COMPACT_FILL || p->removes >= COMPACT_REMOVES)
+    if (rlog_fill(&p->log) > COMPACT_FILL || p->removes >= kv_compact_removes)
         return compact(p);
     return 0;
 }

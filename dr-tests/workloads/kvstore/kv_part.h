@@ -46,6 +46,9 @@ struct kv_part {
     int need_sync;               /* primary: secondary may be behind */
 };
 
+/* Tombstones per partition that trigger a compaction (--compact-removes). */
+extern unsigned kv_compact_removes;
+
 int kv_rec_encode(const struct kv_rec *r, struct wl_buf *out);
 int kv_rec_decode(const uint8_t *p, uint32_t len, struct kv_rec *r);
 
