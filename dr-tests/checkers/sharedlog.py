@@ -335,7 +335,7 @@ def check_disks(paths: Iterable[str | Path], live: str | None = None) -> Verdict
                     f"seq {x.seq} was acked at gsn {x.gsn}")
         latest_epoch = max(a.epoch for a in lst)
         if latest_epoch > 1:
-            old = [a.gsn for b in acks for a in [b] if b.epoch < latest_epoch]
+            old = [a.gsn for a in acks if a.epoch < latest_epoch]
             new = [a.gsn for a in lst if a.epoch == latest_epoch]
             if old and new and min(new) <= max(old):
                 v.violations["restart_gsns_higher"].append(
