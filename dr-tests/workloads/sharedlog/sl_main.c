@@ -112,16 +112,21 @@ int main(int argc, char **argv)
         wl_fatal("--interval-ms must be positive");
     if (strcmp(role, "admin") == 0) {
         uint8_t cmd[16];
+        int rc;
         if (finalize >= 0 && finalize < cfg.nnodes / 2) {
             cmd[0] = SL_CMD_FINALIZE;
             wl_put32(cmd + 1, (uint32_t)finalize);
             wl_put64(cmd + 5, (uint64_t)grace);
-            return sl_admin(&cfg, cmd, 13);
+            rc = sl_admin(&cfg, cmd, 13);
+            free(av);
+            return rc;
         }
         if (trim >= 0) {
             cmd[0] = SL_CMD_TRIM;
             wl_put64(cmd + 1, (uint64_t)trim);
-            return sl_admin(&cfg, cmd, 9);
+            rc = sl_admin(&cfg, cmd, 9);
+            free(av);
+            return rc;
         }
         wl_fatal("admin needs --finalize SHARD (< %d) or --trim GSN",
                  cfg.nnodes / 2);
