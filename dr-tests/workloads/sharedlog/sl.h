@@ -155,6 +155,24 @@ int sl_view_finalized(const struct sl_view *v, int shard);
 int sl_entries_add(struct wl_buf *out, uint64_t slot, const uint8_t *val,
                    uint32_t len);
 
+/*
+ * The ordering replica (sl_order.c).
+ *
+ * Acceptor: PREPARE and ACCEPT are logged and fsynced before the reply.
+ * Leader (one at a time, the holder of the highest ballot):
+ *
+ *   FOLLOWER --no leader heard for 300 ms * (id + 1)--> CANDIDATE
+ *   CANDIDATE: PREPARE(b, first uncommitted slot) to all
+ *       majority promised --> re-propose every accepted value found
+ *                             (highest ballot wins, holes get NOOP)
+ *                         --> LEADER
+ *       rejected or no majority --> FOLLOWER
+ *   LEADER: every interval, if a shard registered, an admin command
+ *       waits, or the cut changed: ACCEPT(b, next slot, value) to all;
+ *       majority --> log COMMIT (fsync) --> COMMIT to followers
+ *       any REJECT (a higher ballot exists) --> FOLLOWER
+ *
+ */
 int sl_order_run(struct sl_config *c, struct wl_dev *dev);
 int sl_storage_run(struct sl_config *c, struct wl_dev *dev);
 struct sl_client_opts {

@@ -2,19 +2,7 @@
  * sl_order: Scalog's ordering layer (section 3.2), three replicas running
  * Multi-Paxos over one log of commands (cuts, add/finalize shard, trim).
  *
- * Acceptor: PREPARE and ACCEPT are logged and fsynced before the reply.
- * Leader (one at a time, the holder of the highest ballot):
- *
- *   FOLLOWER --no leader heard for 300 ms * (id + 1)--> CANDIDATE
- *   CANDIDATE: PREPARE(b, first uncommitted slot) to all
- *       majority promised --> re-propose every accepted value found
- *                             (highest ballot wins, holes get NOOP)
- *                         --> LEADER
- *       rejected or no majority --> FOLLOWER
- *   LEADER: every interval, if a shard registered, an admin command
- *       waits, or the cut changed: ACCEPT(b, next slot, value) to all;
- *       majority --> log COMMIT (fsync) --> COMMIT to followers
- *       any REJECT (a higher ballot exists) --> FOLLOWER
+ * The acceptor and leader state machine is drawn in sl.h.
  *
  * The cut: for server i, min(i's own durable count, its shard peer's
  * durable count of i's segment), the element-wise minimum of section
