@@ -223,33 +223,34 @@ async def test_one_agent_times_out_on_prepare(lab: dict[str, Any], agents: list[
 
 async def test_snapshot_fails_on_one_disk(lab: dict[str, Any], group_file: Path,
                                           pool: AgentPool, tmp_path: Path) -> None:
-    """One image refuses new snapshots (`rbd snap limit set` to its current
-    count; Ceph refuses a limit of 0): the agent's rbd_snap_create fails with
-    EDQUOT, the group aborts, and the member snapshots made on the other
-    three disks are deleted."""
+    """One image refuses new snapshots (`rbd snap limit`, reached): the
+    agent's rbd_snap_create fails with EDQUOT, the group aborts, and the
+    member snapshots made on the other three disks are deleted."""
     from cutpoint.lab.ceph import rbd_cmd
 
     spec = load_group_file(group_file)
     site = lab["sites"]["primary"]
     vm = next(v for v in lab["vms"] if v["name"] == spec.agents[1].vms[0].name)
     bad = f"{vm['disks'][1]['pool']}/{vm['disks'][1]['image']}"
-    subprocess.run(rbd_cmd(site, "snap", "create", f"{bad}@limit-probe"), check=True)
+    # The limit is enforced by the lock owner (QEMU) from its cached image
+    # header, so set it to one above the current count and create one more
+    # snapshot: that refreshes QEMU's header, and the image is then full.
     count = len(rbd_snaps(lab)[bad])
-    subprocess.run(rbd_cmd(site, "snap", "limit", "set", "--limit", str(count), bad), check=True)
-    # The agents open their images at start; restart them so the image they
-    # hold open carries the limit (a running agent kept creating snapshots
-    # past a limit set after it opened the image).
-    from cutpoint.lab.agents import start_agents, stop_agents
-    await pool.close()
-    stop_agents(lab)
-    start_agents(lab, Path(lab["state_dir"]) / "certs")
+    subprocess.run(rbd_cmd(site, "snap", "limit", "set", "--limit", str(count + 1), bad),
+                   check=True)
     try:
+        subprocess.run(rbd_cmd(site, "snap", "create", f"{bad}@limit-probe"), check=True)
+        probe = subprocess.run(rbd_cmd(site, "snap", "create", f"{bad}@limit-probe2"),
+                               capture_output=True, text=True, check=False)
+        assert probe.returncode != 0, "the snapshot limit is not enforced"
         res = await take_group_snapshot(spec, TxLog(f"sqlite:///{tmp_path}/c.db"),
                                         txn="snapfail", pool=pool)
     finally:
         subprocess.run(rbd_cmd(site, "snap", "limit", "clear", bad), check=True)
-        subprocess.run(rbd_cmd(site, "snap", "rm", f"{bad}@limit-probe"), check=True)
+        subprocess.run(rbd_cmd(site, "snap", "rm", f"{bad}@limit-probe"), check=False)
     print(res.reason)
+    print(subprocess.run(rbd_cmd(site, "snap", "ls", bad), capture_output=True,
+                         text=True, check=False).stdout)
     assert res.state == "aborted", res
     assert "SNAPSHOT_FAILED" in (res.reason or ""), res.reason
     assert with_txn(rbd_snaps(lab), "snapfail") == []
