@@ -349,7 +349,9 @@ async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None 
     snapshot of the group is in flight.  `pool` keeps agent connections open
     across calls; without it one is made from `spec.tls` and closed at the end.
     `on_event(txn, phase)` is called at each phase (preparing, prepared,
-    committing, committed, aborting, aborted).
+    committing, committed, aborting, aborted).  "prepared" and "committing"
+    are called *inside* every VM's pause window and are awaited: a hook that
+    writes to a database there lengthens the pause by that write.
     """
     txn = txn or new_txn_id()
     if not NAME_RE.match(txn) or len(spec.snapshot_name(txn)) > 128:
