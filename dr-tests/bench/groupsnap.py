@@ -245,11 +245,12 @@ def run_snapsize(status: dict[str, Any], cfg: SnapsizeConfig, log: Log) -> dict[
 
 
 def snapsize_table(doc: dict[str, Any]) -> str:
-    lines = ["| image | fill | snapshot p50 (ms) | p99 (ms) | max (ms) | n |",
-             "|---|---|---|---|---|---|"]
-    for r in doc["by_size"] + doc["by_fill"]:
-        lines.append(f"| {r['size_gib']} GiB thin | {r['fill_pct']}% | {_f(r['p50'])} | "
-                     f"{_f(r['p99'])} | {_f(r['max'])} | {r['n']} |")
+    lines = ["| series | image size | written | snapshot p50 (ms) | p99 (ms) | max (ms) | n |",
+             "|---|---|---|---|---|---|---|"]
+    for series, rows in (("size", doc["by_size"]), ("fill", doc["by_fill"])):
+        for r in rows:
+            lines.append(f"| {series} | {r['size_gib']} GiB | {r['fill_pct']}% | "
+                         f"{_f(r['p50'])} | {_f(r['p99'])} | {_f(r['max'])} | {r['n']} |")
     return "\n".join(lines)
 
 
