@@ -27,6 +27,21 @@ vm_err_code(const struct qmp_err *err)
     return err->kind == QMP_E_TIMEOUT ? "QMP_TIMEOUT" : "QMP_ERROR";
 }
 
+/* QMP events of the VM: STOP/RESUME are our own doing (debug); the ones
+ * that mean the guest went away are worth an info line. */
+static void
+on_qmp_event(const char *event, json_t *msg, void *opaque)
+{
+    const struct vm *v = opaque;
+
+    (void)msg;
+    if (strcmp(event, "SHUTDOWN") == 0 || strcmp(event, "GUEST_PANICKED") == 0
+        || strcmp(event, "RESET") == 0)
+        log_info("event=qmp_event vm=%s qmp_event=%s", v->cfg->name, event);
+    else
+        log_debug("event=qmp_event vm=%s qmp_event=%s", v->cfg->name, event);
+}
+
 int
 vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn)
 {
@@ -38,6 +53,7 @@ vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn)
         v->qmp = qmp_new(cfg->qmp);
         if (!v->qmp)
             return -1;
+        qmp_set_event_cb(v->qmp, on_qmp_event, v);
     }
     return 0;
 }
