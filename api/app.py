@@ -63,9 +63,11 @@ def create_app(settings: Settings | None = None,
     )
     app.state.settings = settings
     app.state.session_factory = session_factory or get_sessionmaker(settings.database_url)
+    app.state.read_session_factory = session_factory or get_sessionmaker(
+        settings.database_url, readonly=True)
     app.state.enqueue = _make_enqueue(settings)
     registry, http_requests, http_latency = make_registry(
-        lambda: app.state.session_factory())
+        lambda: app.state.read_session_factory())
     errors.install(app)
 
     v1 = APIRouter(prefix="/v1")

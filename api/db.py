@@ -17,8 +17,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
-@lru_cache(maxsize=8)
-def get_engine(url: str) -> Engine:
+@lru_cache(maxsize=16)
+def get_engine(url: str, immediate: bool = True) -> Engine:
+    """The engine for `url`.  On SQLite, `immediate=False` gives read
+    transactions (plain deferred BEGIN) that never take the write lock, for
+    read-only paths: GET requests, the scheduler's assessment, metrics."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -37,14 +40,18 @@ def get_engine(url: str) -> Engine:
             # IMMEDIATE takes the write lock up front, so two writers wait on
             # busy_timeout instead of failing with "database is locked" on
             # lock upgrade.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-@lru_cache(maxsize=8)
-def get_sessionmaker(url: str) -> sessionmaker[Session]:
+@lru_cache(maxsize=16)
+def get_sessionmaker(url: str, readonly: bool = False) -> sessionmaker[Session]:
+    """Sessions for `url`.  `readonly=True`: for paths that only read (on
+    SQLite they do not serialise behind writers; elsewhere it is the same)."""
+    if readonly and url.startswith("sqlite"):
+        return sessionmaker(bind=get_engine(url, immediate=False), expire_on_commit=False)
     return sessionmaker(bind=get_engine(url), expire_on_commit=False)
 
 

@@ -12,6 +12,7 @@ from cutpoint.api.security import role_allows
 from cutpoint.api.services import tokens
 from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 
@@ -24,7 +25,10 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    session: Session = request.app.state.session_factory()
+    # Reads use read transactions: on SQLite they do not queue behind writers.
+    factory = (request.app.state.read_session_factory
+               if request.method in ("GET", "HEAD") else request.app.state.session_factory)
+    session: Session = factory()
     try:
         yield session
     finally:
@@ -55,7 +59,12 @@ def current_token(request: Request, session: SessionDep, settings: SettingsDep,
     # Throttled so that reads do not turn into a write per request.
     if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
         row.last_used_at = now
-        session.commit()
+        try:
+            session.commit()
+        except OperationalError:
+            # Best effort: inside a read transaction on SQLite the upgrade to
+            # a write can lose to a concurrent writer; the next call retries.
+            session.rollback()
     return row
 
 

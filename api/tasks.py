@@ -279,7 +279,8 @@ def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
     if not lock.acquire(blocking=False):
         raise Skip("another tick is running")
     try:
-        return scheduler.tick(ctx.sf, ctx.settings, ctx.redis, send)
+        return scheduler.tick(ctx.sf, ctx.settings, ctx.redis, send,
+                              get_sessionmaker(ctx.settings.database_url, readonly=True))
     finally:
         lock.release()
 

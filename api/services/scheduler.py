@@ -28,20 +28,33 @@ log = logging.getLogger("cutpoint.scheduler")
 
 
 def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
-         send: Callable[[str, str, Settings], None]) -> dict[str, Any]:
+         send: Callable[[str, str, Settings], None],
+         read_sf: sessionmaker[Session] | None = None) -> dict[str, Any]:
     now = utcnow()
     stats = {"groups": 0, "enqueued": 0, "misses": 0, "resent": 0, "errors": 0}
     try:
-        stats["resent"] = resend_orphans(sf, settings, r, send, now)
+        stats["resent"] = resend_orphans(read_sf or sf, settings, r, send, now)
     except Exception:
         stats["errors"] += 1
         log.exception("event=orphan_scan_failed")
     with sf() as s:
         ids = list(s.scalars(select(Group.id).join(Policy, Policy.group_id == Group.id)
                              .where(Policy.rpo_seconds.is_not(None))))
+    rsf = read_sf or sf
     for gid in ids:
         stats["groups"] += 1
         try:
+            # Assess in a read transaction; take the write lock only for the
+            # few groups that need a miss recorded or a capture started.
+            with rsf() as s:
+                g = s.get(Group, gid)
+                if g is None:
+                    continue
+                a = rpo.assess(s, g, now, settings.scheduler_margin_s)
+                act = (g.enabled and a.due(now)) or (
+                    a.rpo_seconds is not None and rpo.overdue_s(a, g, now) > 0)
+            if not act:
+                continue
             with sf() as s:
                 g = s.get(Group, gid)
                 if g is None:
@@ -79,7 +92,7 @@ def resend_orphans(sf: sessionmaker[Session], settings: Settings, r: redis.Redis
     n = 0
     with sf() as s:
         for snap in s.scalars(select(GroupSnapshot).where(
-                GroupSnapshot.inflight_group_id.is_not(None))):
+                GroupSnapshot.inflight_group_id.is_not(None))).all():
             started = snap.started_at or snap.requested_at
             if (now - started).total_seconds() <= settings.group_lock_ttl_s or not snap.job_id:
                 continue
