@@ -32,13 +32,27 @@ def _ints(text: str, what: str) -> list[int]:
     return vals
 
 
+def _rounds(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        mib, _, kib = part.strip().partition("@")
+        try:
+            r = (int(mib), int(kib or "1024"))
+        except ValueError:
+            raise typer.BadParameter(f"--changes wants MiB@KiB items, got {part!r}") from None
+        if r[0] <= 0 or not 4 <= r[1] <= 4096:
+            raise typer.BadParameter(f"--changes: bad round {part!r} (MiB > 0, 4 <= KiB <= 4096)")
+        out.append(r)
+    return out
+
+
 @app.command()
 def replication(
     json_out: str = typer.Option(None, "--json", help="write the results to this JSON file"),
     sizes_mib: str = typer.Option("256,1024", "--sizes-mib", help="image sizes, MiB"),
-    changes_mib: str = typer.Option("4,16,64", "--changes-mib",
-                                    help="data changed before each incremental round, MiB"),
-    jobs: int = typer.Option(4, "--jobs", help="cutpoint-sync extents in flight"),
+    changes: str = typer.Option("4@64,4@1024,16@1024,64@1024", "--changes",
+                                help="incremental rounds: MiB changed @ write size KiB"),
+    jobs: int = typer.Option(16, "--jobs", help="cutpoint-sync workers"),
 ) -> None:
     """cutpoint-sync against `rbd export-diff | rbd import-diff` on the same snapshots.
 
@@ -53,7 +67,7 @@ def replication(
     from cutpoint.lab.status import health, load_status
 
     cfg = rb.BenchConfig(sizes_mib=_ints(sizes_mib, "--sizes-mib"),
-                         changes_mib=_ints(changes_mib, "--changes-mib"), jobs=jobs)
+                         changes=_rounds(changes), jobs=jobs)
     if not 1 <= jobs <= 64:
         raise typer.BadParameter("--jobs wants 1..64")
     try:

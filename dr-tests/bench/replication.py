@@ -265,8 +265,13 @@ class Round:
 @dataclass
 class BenchConfig:
     sizes_mib: list[int] = field(default_factory=lambda: [256, 1024])
-    changes_mib: list[int] = field(default_factory=lambda: [4, 16, 64])
-    jobs: int = 4
+    # Incremental rounds: (MiB changed by random writes, write size KiB).
+    # 64 KiB writes give many small extents; 1 MiB writes fewer, larger
+    # ones.  Memstore clones a whole 4 MiB object on the first write after
+    # a snapshot, so these sizes keep the lab's 4 GiB OSDs from filling.
+    changes: list[tuple[int, int]] = field(
+        default_factory=lambda: [(4, 64), (4, 1024), (16, 1024), (64, 1024)])
+    jobs: int = 16
     state_dir: str = "/var/lib/cutpoint/bench-sync"
 
 
@@ -322,14 +327,14 @@ def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
                                 run.seconds, pipe_s))
             log(_fmt(rounds[-1]))
             prev = "b0"
-            for k, ch in enumerate(cfg.changes_mib, start=1):
+            for k, (ch, io_kib) in enumerate(cfg.changes, start=1):
                 snap = f"b{k}"
-                bench_write(p, img, ch * MiB)
+                bench_write(p, img, ch * MiB, io_size=io_kib * 1024)
                 snap_create(p, img, snap)
                 data, zero = diff_bytes(p, img, snap, prev)
                 run = run_sync(status, img, snap, prev, extra, cfg.state_dir)
                 pipe_s = _pipeline(status, img, ed, snap, prev)
-                rounds.append(Round(size_mib, f"+{ch} MiB", data + zero,
+                rounds.append(Round(size_mib, f"+{ch} MiB/{io_kib}K", data + zero,
                                     int(run.done["bytes_shipped"]), run.seconds, pipe_s))
                 prev = snap
                 log(_fmt(rounds[-1]))

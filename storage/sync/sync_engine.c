@@ -109,7 +109,7 @@ sync_opts_init(struct sync_opts *o)
 {
     memset(o, 0, sizeof(*o));
     o->chunk = 4u << 20;
-    o->workers = 8;
+    o->workers = 16;
     o->progress_ms = 500;
     o->state_dir = "/var/lib/cutpoint/sync";
 }
@@ -356,121 +356,248 @@ collect_diff(rbd_image_t img, const char *from, uint64_t size, int kind,
  * Items never cross an object boundary (the chunk divides the object
  * size), so each is one range of one data object.
  */
+/* Checksum sub-operations per rados read op (one round trip each). */
+#define CRC_BATCH 64
+
+/*
+ * Wait for n completions (NULL entries skipped) and release them.  Reads
+ * must return the extent's length; writes return 0 (check_len 0).  The
+ * first failure goes to msg (msglen 0: keep the message already there).
+ */
 static int
-osd_crc(struct copy *c, const struct sync_extent *e, uint32_t *crc,
-        char *msg, size_t msglen)
+aio_wait_all(rbd_completion_t *comp, size_t n, const struct sync_extent *e,
+             const char *what, int check_len, char *msg, size_t msglen)
 {
-    char oid[RBD_MAX_BLOCK_NAME_SIZE + 24], out[8];
+    int ret = 0;
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        ssize_t r;
+
+        if (comp[i] == NULL)
+            continue;
+        rbd_aio_wait_for_complete(comp[i]);
+        r = rbd_aio_get_return_value(comp[i]);
+        rbd_aio_release(comp[i]);
+        comp[i] = NULL;
+        if (ret == 0 && (r < 0 || (check_len && (uint64_t)r != e[i].len))) {
+            seterr(msg, msglen, "%s off=%" PRIu64 " len=%" PRIu64 ": %s",
+                   what, e[i].off, e[i].len,
+                   r < 0 ? strerror((int)-r) : "short transfer");
+            ret = -1;
+        }
+    }
+    return ret;
+}
+
+/*
+ * Ask the DR OSD for the CRC-32C of what it now stores for the DATA
+ * extents of one group (all in one object: the chunk divides the object
+ * size), CRC_BATCH ranges per round trip, and compare with what was sent.
+ */
+static int
+osd_verify_group(struct copy *c, const struct sync_extent *e, size_t n,
+                 const uint32_t *want, char *msg, size_t msglen)
+{
+    char oid[RBD_MAX_BLOCK_NAME_SIZE + 24], out[CRC_BATCH][8];
+    int prval[CRC_BATCH];
+    size_t idx[CRC_BATCH];
     uint32_t seed = htole32(CRC_SEED), count, v;
-    uint64_t objsize = 1ULL << c->order;
+    uint64_t objmask = (1ULL << c->order) - 1;
+    size_t i = 0, k, m;
     int rc;
 
     snprintf(oid, sizeof(oid), "%s.%016" PRIx64, c->prefix,
-             e->off >> c->order);
-    rc = rados_checksum(c->dio, oid, LIBRADOS_CHECKSUM_TYPE_CRC32C,
-                        (const char *)&seed, sizeof(seed), e->len,
-                        e->off & (objsize - 1), e->len, out, sizeof(out));
-    if (rc < 0) {
-        seterr(msg, msglen, "dr checksum of %s off=%" PRIu64 " len=%" PRIu64
-               ": %s", oid, e->off, e->len, strerror(-rc));
-        return -1;
-    }
-    memcpy(&count, out, 4);
-    memcpy(&v, out + 4, 4);
-    if (le32toh(count) != 1) {
-        seterr(msg, msglen, "dr checksum of %s: %u values, expected 1", oid,
-               le32toh(count));
-        return -1;
-    }
-    *crc = le32toh(v);
-    return 0;
-}
+             e[0].off >> c->order);
+    while (i < n) {
+        rados_read_op_t op = rados_create_read_op();
 
-static int
-copy_one(struct copy *c, const struct sync_extent *e, char *buf, char *back,
-         char *msg, size_t msglen)
-{
-    unsigned char want[SYNC_DIGEST_LEN], got[SYNC_DIGEST_LEN];
-    uint32_t want_crc = 0, got_crc = 0;
-    uint64_t wait_ns;
-    ssize_t n;
-    int use_osd = c->osd_verify && e->kind == SYNC_DATA;
-
-    if (e->kind == SYNC_DATA) {
-        n = rbd_read(c->src, e->off, e->len, buf);
-        if (n < 0 || (uint64_t)n != e->len) {
-            seterr(msg, msglen, "primary read off=%" PRIu64 " len=%" PRIu64
-                   ": %s", e->off, e->len,
-                   n < 0 ? strerror((int)-n) : "short read");
+        if (op == NULL) {
+            seterr(msg, msglen, "out of memory");
             return SYNC_ERR;
         }
-        if (use_osd) {
-            want_crc = sync_crc32c(CRC_SEED, buf, e->len);
-        } else if (sync_digest_buf(buf, e->len, want) < 0) {
-            seterr(msg, msglen, "digest failed");
+        for (m = 0; i < n && m < CRC_BATCH; i++) {
+            if (e[i].kind != SYNC_DATA)
+                continue;
+            idx[m] = i;
+            prval[m] = 0;
+            rados_read_op_checksum(op, LIBRADOS_CHECKSUM_TYPE_CRC32C,
+                                   (const char *)&seed, sizeof(seed),
+                                   e[i].off & objmask, e[i].len, e[i].len,
+                                   out[m], sizeof(out[m]), &prval[m]);
+            m++;
+        }
+        rc = m > 0 ? rados_read_op_operate(op, c->dio, oid, 0) : 0;
+        rados_release_read_op(op);
+        if (rc < 0) {
+            seterr(msg, msglen, "dr checksum of %s: %s", oid, strerror(-rc));
             return SYNC_ERR;
         }
-        pthread_mutex_lock(&c->mu);
-        wait_ns = sync_rate_take(&c->rate, now_ns(), e->len);
-        pthread_mutex_unlock(&c->mu);
-        if (wait_ns > 0) {
-            struct timespec ts = {(time_t)(wait_ns / 1000000000ULL),
-                                  (long)(wait_ns % 1000000000ULL)};
+        for (k = 0; k < m; k++) {
+            const struct sync_extent *x = &e[idx[k]];
 
-            while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-                ;
+            memcpy(&count, out[k], 4);
+            memcpy(&v, out[k] + 4, 4);
+            if (prval[k] < 0 || le32toh(count) != 1) {
+                seterr(msg, msglen, "dr checksum of %s off=%" PRIu64 ": %s",
+                       oid, x->off, prval[k] < 0 ? strerror(-prval[k])
+                       : "unexpected reply");
+                return SYNC_ERR;
+            }
+            if (le32toh(v) != want[idx[k]]) {
+                seterr(msg, msglen, "checksum mismatch at dr off=%" PRIu64
+                       " len=%" PRIu64 ": sent crc32c %08x, dr osd has %08x",
+                       x->off, x->len, want[idx[k]], le32toh(v));
+                return SYNC_EVERIFY;
+            }
         }
-        n = rbd_write(c->dst, e->off, e->len, buf);
-    } else {
-        n = rbd_write_zeroes(c->dst, e->off, e->len, 0, 0);
-    }
-    if (n < 0 || (uint64_t)n != e->len) {
-        seterr(msg, msglen, "dr %s off=%" PRIu64 " len=%" PRIu64 ": %s",
-               e->kind == SYNC_DATA ? "write" : "write-zeroes", e->off,
-               e->len, n < 0 ? strerror((int)-n) : "short write");
-        return SYNC_ERR;
-    }
-    if (use_osd) {
-        if (osd_crc(c, e, &got_crc, msg, msglen) < 0)
-            return SYNC_ERR;
-        if (got_crc != want_crc) {
-            seterr(msg, msglen, "checksum mismatch at dr off=%" PRIu64
-                   " len=%" PRIu64 ": sent crc32c %08x, dr osd has %08x",
-                   e->off, e->len, want_crc, got_crc);
-            return SYNC_EVERIFY;
-        }
-        return SYNC_OK;
-    }
-    n = rbd_read(c->dst, e->off, e->len, back);
-    if (n < 0 || (uint64_t)n != e->len) {
-        seterr(msg, msglen, "dr read-back off=%" PRIu64 " len=%" PRIu64
-               ": %s", e->off, e->len,
-               n < 0 ? strerror((int)-n) : "short read");
-        return SYNC_ERR;
-    }
-    if (e->kind == SYNC_ZERO) {
-        if (!sync_buf_is_zero(back, e->len)) {
-            seterr(msg, msglen, "dr extent off=%" PRIu64 " len=%" PRIu64
-                   " not zero after write-zeroes", e->off, e->len);
-            return SYNC_EVERIFY;
-        }
-        return SYNC_OK;
-    }
-    if (sync_digest_buf(back, e->len, got) < 0) {
-        seterr(msg, msglen, "digest failed");
-        return SYNC_ERR;
-    }
-    if (memcmp(want, got, SYNC_DIGEST_LEN) != 0) {
-        char hw[SYNC_DIGEST_HEX], hg[SYNC_DIGEST_HEX];
-
-        sync_digest_hex(want, hw);
-        sync_digest_hex(got, hg);
-        seterr(msg, msglen, "checksum mismatch at dr off=%" PRIu64
-               " len=%" PRIu64 ": sent %s, read back %s", e->off, e->len,
-               hw, hg);
-        return SYNC_EVERIFY;
     }
     return SYNC_OK;
+}
+
+/*
+ * Copy one group: the n work-list extents that fall in one chunk (and so
+ * in one DR object).  All reads of the group are in flight at once, then
+ * all writes, then one verification pass, so many small extents cost a
+ * few round trips rather than three each.  buf and back hold the chunk;
+ * an extent lives at its offset within the chunk.
+ */
+static int
+copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
+           char *back, char *msg, size_t msglen)
+{
+    uint64_t base = e[0].off - e[0].off % c->o->chunk, data = 0, wait_ns;
+    rbd_completion_t *comp = calloc(n, sizeof(*comp));
+    uint32_t *crc = calloc(n, sizeof(*crc));
+    unsigned char (*sha)[SYNC_DIGEST_LEN] = calloc(n, SYNC_DIGEST_LEN);
+    unsigned char got[SYNC_DIGEST_LEN];
+    int ret = SYNC_ERR, rc, any_back = 0;
+    size_t i;
+
+    if (comp == NULL || crc == NULL || sha == NULL) {
+        seterr(msg, msglen, "out of memory");
+        goto cleanup;
+    }
+    /* Read every data extent from the primary snapshot. */
+    for (i = 0; i < n; i++) {
+        if (e[i].kind != SYNC_DATA)
+            continue;
+        data += e[i].len;
+        if ((rc = rbd_aio_create_completion(NULL, NULL, &comp[i])) < 0 ||
+            (rc = rbd_aio_read(c->src, e[i].off, e[i].len,
+                               buf + (e[i].off - base), comp[i])) < 0) {
+            if (comp[i] != NULL)
+                rbd_aio_release(comp[i]);
+            comp[i] = NULL;
+            seterr(msg, msglen, "primary read off=%" PRIu64 ": %s", e[i].off,
+                   strerror(-rc));
+            aio_wait_all(comp, n, e, "primary read", 1, msg, 0);
+            goto cleanup;
+        }
+    }
+    if (aio_wait_all(comp, n, e, "primary read", 1, msg, msglen) < 0)
+        goto cleanup;
+    for (i = 0; i < n; i++) {
+        if (e[i].kind != SYNC_DATA)
+            continue;
+        if (c->osd_verify)
+            crc[i] = sync_crc32c(CRC_SEED, buf + (e[i].off - base), e[i].len);
+        else if (sync_digest_buf(buf + (e[i].off - base), e[i].len,
+                                 sha[i]) < 0) {
+            seterr(msg, msglen, "digest failed");
+            goto cleanup;
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    wait_ns = sync_rate_take(&c->rate, now_ns(), data);
+    pthread_mutex_unlock(&c->mu);
+    if (wait_ns > 0) {
+        struct timespec ts = {(time_t)(wait_ns / 1000000000ULL),
+                              (long)(wait_ns % 1000000000ULL)};
+
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
+    /* Write them (or zeroes) at DR. */
+    for (i = 0; i < n; i++) {
+        if ((rc = rbd_aio_create_completion(NULL, NULL, &comp[i])) < 0) {
+            comp[i] = NULL;
+        } else if (e[i].kind == SYNC_DATA) {
+            rc = rbd_aio_write(c->dst, e[i].off, e[i].len,
+                               buf + (e[i].off - base), comp[i]);
+        } else {
+            rc = rbd_aio_write_zeroes(c->dst, e[i].off, e[i].len, comp[i], 0,
+                                      0);
+        }
+        if (rc < 0) {
+            if (comp[i] != NULL)
+                rbd_aio_release(comp[i]);
+            comp[i] = NULL;
+            seterr(msg, msglen, "dr write off=%" PRIu64 ": %s", e[i].off,
+                   strerror(-rc));
+            aio_wait_all(comp, n, e, "dr write", 0, msg, 0);
+            goto cleanup;
+        }
+    }
+    if (aio_wait_all(comp, n, e, "dr write", 0, msg, msglen) < 0)
+        goto cleanup;
+    /* Verify: OSD-side CRCs for data; read back what the OSD cannot sum. */
+    for (i = 0; i < n; i++) {
+        if (c->osd_verify && e[i].kind == SYNC_DATA)
+            continue;
+        any_back = 1;
+        if ((rc = rbd_aio_create_completion(NULL, NULL, &comp[i])) < 0 ||
+            (rc = rbd_aio_read(c->dst, e[i].off, e[i].len,
+                               back + (e[i].off - base), comp[i])) < 0) {
+            if (comp[i] != NULL)
+                rbd_aio_release(comp[i]);
+            comp[i] = NULL;
+            seterr(msg, msglen, "dr read-back off=%" PRIu64 ": %s", e[i].off,
+                   strerror(-rc));
+            aio_wait_all(comp, n, e, "dr read-back", 1, msg, 0);
+            goto cleanup;
+        }
+    }
+    if (any_back && aio_wait_all(comp, n, e, "dr read-back", 1, msg, msglen) < 0)
+        goto cleanup;
+    for (i = 0; i < n; i++) {
+        const char *p = back + (e[i].off - base);
+
+        if (e[i].kind == SYNC_ZERO) {
+            if (!sync_buf_is_zero(p, e[i].len)) {
+                seterr(msg, msglen, "dr extent off=%" PRIu64 " len=%" PRIu64
+                       " not zero after write-zeroes", e[i].off, e[i].len);
+                ret = SYNC_EVERIFY;
+                goto cleanup;
+            }
+        } else if (!c->osd_verify) {
+            if (sync_digest_buf(p, e[i].len, got) < 0) {
+                seterr(msg, msglen, "digest failed");
+                goto cleanup;
+            }
+            if (memcmp(sha[i], got, SYNC_DIGEST_LEN) != 0) {
+                char hw[SYNC_DIGEST_HEX], hg[SYNC_DIGEST_HEX];
+
+                sync_digest_hex(sha[i], hw);
+                sync_digest_hex(got, hg);
+                seterr(msg, msglen, "checksum mismatch at dr off=%" PRIu64
+                       " len=%" PRIu64 ": sent %s, read back %s", e[i].off,
+                       e[i].len, hw, hg);
+                ret = SYNC_EVERIFY;
+                goto cleanup;
+            }
+        }
+    }
+    if (c->osd_verify) {
+        ret = osd_verify_group(c, e, n, crc, msg, msglen);
+        goto cleanup;
+    }
+    ret = SYNC_OK;
+cleanup:
+    free(comp);
+    free(crc);
+    free(sha);
+    return ret;
 }
 
 static void *
@@ -479,7 +606,8 @@ copy_worker(void *arg)
     struct copy *c = arg;
     char *buf = malloc(c->o->chunk), *back = malloc(c->o->chunk);
     char msg[512];
-    size_t i;
+    size_t i, j, k;
+    uint64_t chunk = c->o->chunk;
     int rc;
 
     for (;;) {
@@ -494,10 +622,15 @@ copy_worker(void *arg)
             pthread_mutex_unlock(&c->mu);
             break;
         }
-        i = c->next++;
+        /* Claim every item of the next chunk: they share one object. */
+        i = c->next;
+        for (j = i + 1; j < c->n &&
+             c->items[j].off / chunk == c->items[i].off / chunk; j++)
+            ;
+        c->next = j;
         pthread_mutex_unlock(&c->mu);
 
-        rc = copy_one(c, &c->items[i], buf, back, msg, sizeof(msg));
+        rc = copy_group(c, &c->items[i], j - i, buf, back, msg, sizeof(msg));
 
         pthread_mutex_lock(&c->mu);
         if (rc != SYNC_OK) {
@@ -506,13 +639,15 @@ copy_worker(void *arg)
                 snprintf(c->fail_msg, sizeof(c->fail_msg), "%s", msg);
             }
         } else {
-            c->done[i] = 1;
-            c->extents++;
-            if (c->items[i].kind == SYNC_DATA)
-                c->shipped += c->items[i].len;
-            else
-                c->zeroed += c->items[i].len;
-            /* Extents finish out of order; the record may only claim the
+            for (k = i; k < j; k++) {
+                c->done[k] = 1;
+                c->extents++;
+                if (c->items[k].kind == SYNC_DATA)
+                    c->shipped += c->items[k].len;
+                else
+                    c->zeroed += c->items[k].len;
+            }
+            /* Groups finish out of order; the record may only claim the
              * contiguous prefix. */
             while (c->mark < c->n && c->done[c->mark]) {
                 c->done_offset = c->items[c->mark].off +

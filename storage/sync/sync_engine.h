@@ -109,7 +109,7 @@ struct sync_result {
     char dst_hash[SYNC_DIGEST_HEX];
 };
 
-/* Fill o with defaults (chunk 4 MiB, 8 workers, 500 ms, state dir). */
+/* Fill o with defaults (chunk 4 MiB, 16 workers, 500 ms, state dir). */
 void sync_opts_init(struct sync_opts *o);
 
 /*

@@ -46,7 +46,7 @@ usage(FILE *f)
 "  --rate-mbps N        limit data to N MB/s (10^6 bytes/s; 0 = no limit)\n"
 "  --state-dir DIR      progress records (default /var/lib/cutpoint/sync)\n"
 "  --chunk-kib N        extent piece size (default 4096)\n"
-"  --jobs N             extents in flight (default 8)\n"
+"  --jobs N             groups (4 MiB chunks) in flight (default 16)\n"
 "  --progress-ms N      interval of progress events (default 500)\n"
 "exit: 0 ok, 1 error, 2 usage, 3 base missing at DR, 4 verification\n"
 "      failed, 5 image or snapshot missing at the primary\n");
