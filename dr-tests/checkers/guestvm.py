@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +112,10 @@ class DebianVM:
     started_at: float = 0.0
     qmp: QMP | None = None
     node_of: dict[str, str] = field(default_factory=dict)  # serial -> diskN
+    # UNIX socket paths are limited to 107 bytes and pytest's tmp_path is
+    # long: the sockets live in a short private directory of their own.
+    sockdir: Path = field(default_factory=lambda: Path(
+        tempfile.mkdtemp(prefix="cpvm.", dir="/tmp")))
 
     @property
     def console(self) -> Path:
@@ -117,11 +123,16 @@ class DebianVM:
 
     @property
     def qmp_path(self) -> Path:
-        return self.workdir / "qmp.sock"
+        return self.sockdir / "qmp.sock"
 
     @property
     def qga_path(self) -> Path:
-        return self.workdir / "qga.sock"
+        return self.sockdir / "qga.sock"
+
+    @property
+    def qmp_agent_path(self) -> Path:
+        """The second QMP monitor, for cutpointd."""
+        return self.sockdir / "qmp-agent.sock"
 
     def argv(self) -> list[str]:
         root = self.workdir / "root.qcow2"
@@ -134,7 +145,7 @@ class DebianVM:
             "-serial", f"file:{self.console}",
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
             # A second monitor for cutpointd: a QMP socket serves one client.
-            "-qmp", f"unix:{self.workdir / 'qmp-agent.sock'},server=on,wait=off",
+            "-qmp", f"unix:{self.qmp_agent_path},server=on,wait=off",
             "-device", "virtio-serial-pci,id=vser0",
             "-chardev", f"socket,id=qga0,path={self.qga_path},server=on,wait=off",
             "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
@@ -150,8 +161,9 @@ class DebianVM:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sockdir.mkdir(parents=True, exist_ok=True)
         for p in (self.console, self.qmp_path, self.qga_path,
-                  self.workdir / "qmp-agent.sock"):
+                  self.qmp_agent_path):
             p.unlink(missing_ok=True)
         root = self.workdir / "root.qcow2"
         root.unlink(missing_ok=True)
@@ -173,7 +185,10 @@ class DebianVM:
             try:
                 self.qmp = QMP(self.qmp_path)
                 break
-            except (FileNotFoundError, ConnectionRefusedError):
+            except (FileNotFoundError, ConnectionRefusedError,
+                    ConnectionResetError, QMPError):
+                # QMPError: QEMU closed the socket, usually because it is
+                # exiting on a bad argument; its output says why.
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 out = (self.workdir / "qemu.out").read_text(errors="replace")
@@ -212,6 +227,7 @@ class DebianVM:
     def kill(self) -> None:
         """Stop QEMU: QMP quit, then SIGKILL of its own process group."""
         if self.proc is None:
+            shutil.rmtree(self.sockdir, ignore_errors=True)
             return
         if self.proc.poll() is None:
             try:
@@ -227,3 +243,4 @@ class DebianVM:
         if self.qmp is not None:
             self.qmp.close()
             self.qmp = None
+        shutil.rmtree(self.sockdir, ignore_errors=True)

@@ -191,7 +191,7 @@ def run(workdir: Path, coordinated: int, uncoordinated: int,
         if via == "coordinator":
             from cutpoint.checkers import pgcoord
             ag = pgcoord.start(workdir / "coord", "cp-pg",
-                               prim / "qmp-agent.sock",
+                               vm.qmp_agent_path,
                                {vm.node_of[d.serial]: d.file
                                 for d in vm.disks})
         time.sleep(interval)
