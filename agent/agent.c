@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <libvirt/libvirt-qemu.h>
 #include <libvirt/virterror.h>
 
 #include "log.h"
@@ -376,6 +377,112 @@ connect_all(struct agent *a)
         run_parallel(connect_one, a->vms, sizeof(a->vms[0]), a->nvms);
 }
 
+/*
+ * Fills one disk from a QMP query-block entry: the format node name, and
+ * the backend from the image file name ("rbd:pool/image...", a
+ * "json:{...rbd...}" name, or a plain qcow2 path).  0, or -1 to skip it.
+ */
+static int
+disk_from_block(json_t *blk, struct cfg_disk *d)
+{
+    json_t *ins = json_object_get(blk, "inserted"), *j = NULL, *f;
+    const char *node = json_string_value(json_object_get(ins, "node-name"));
+    const char *drv = json_string_value(json_object_get(ins, "drv"));
+    const char *fn = json_string_value(json_object_get(
+        json_object_get(ins, "image"), "filename"));
+    const char *pool = NULL, *image = NULL;
+    int rc = -1;
+
+    if (!node || !fn || strlen(node) >= sizeof(d->node))
+        return -1;
+    memset(d, 0, sizeof(*d));
+    snprintf(d->node, sizeof(d->node), "%s", node);
+    if (strncmp(fn, "json:", 5) == 0 && (j = json_loads(fn + 5, 0, NULL))) {
+        for (f = j; f && !pool; f = json_object_get(f, "file"))
+            if (json_is_string(json_object_get(f, "pool")) &&
+                json_is_string(json_object_get(f, "image"))) {
+                pool = json_string_value(json_object_get(f, "pool"));
+                image = json_string_value(json_object_get(f, "image"));
+            }
+        if (pool) {
+            d->backend = CFG_BACKEND_RBD;
+            snprintf(d->pool, sizeof(d->pool), "%s", pool);
+            snprintf(d->image, sizeof(d->image), "%s", image);
+            rc = 0;
+        }
+    } else if (strncmp(fn, "rbd:", 4) == 0) {
+        const char *slash = strchr(fn + 4, '/');
+        if (slash && (size_t)(slash - fn - 4) < sizeof(d->pool)) {
+            d->backend = CFG_BACKEND_RBD;
+            memcpy(d->pool, fn + 4, (size_t)(slash - fn - 4));
+            snprintf(d->image, sizeof(d->image), "%.*s",
+                     (int)strcspn(slash + 1, ":@"), slash + 1);
+            rc = 0;
+        }
+    } else if (drv && strcmp(drv, "qcow2") == 0 && fn[0] == '/') {
+        d->backend = CFG_BACKEND_QCOW2;
+        snprintf(d->file, sizeof(d->file), "%s", fn);
+        rc = 0;
+    }
+    json_decref(j);
+    return rc;
+}
+
+/* [libvirt] discover = yes: every running domain not named in the config
+ * becomes a VM of the libvirt driver, with disks from QMP query-block. */
+static void
+discover_domains(struct agent *a)
+{
+    virDomainPtr *doms = NULL;
+    int n = virConnectListAllDomains(a->lv, &doms,
+                                     VIR_CONNECT_LIST_DOMAINS_ACTIVE);
+
+    for (int i = 0; i < n; i++) {
+        const char *name = virDomainGetName(doms[i]);
+        char *out = NULL;
+        json_t *rep = NULL, *blk;
+        struct cfg_vm *m;
+        size_t k;
+        int known = 0;
+
+        for (int v = 0; v < a->cfg.nvms; v++)
+            known |= strcmp(a->cfg.vms[v].domain, name) == 0 ||
+                     strcmp(a->cfg.vms[v].name, name) == 0;
+        if (known || a->cfg.nvms == CFG_MAX_VMS)
+            goto next;
+        if (virDomainQemuMonitorCommand(doms[i], "{\"execute\":\"query-block\"}",
+                                        &out, 0) < 0) {
+            log_warnx("event=discover_failed domain=%s msg=\"%s\"", name,
+                      virGetLastErrorMessage());
+            goto next;
+        }
+        m = &a->cfg.vms[a->cfg.nvms];
+        memset(m, 0, sizeof(*m));
+        snprintf(m->name, sizeof(m->name), "%s", name);
+        snprintf(m->domain, sizeof(m->domain), "%s", name);
+        m->driver = CFG_DRIVER_LIBVIRT;
+        rep = json_loads(out, 0, NULL);
+        json_array_foreach(json_object_get(rep, "return"), k, blk)
+            if (m->ndisks < CFG_MAX_DISKS &&
+                disk_from_block(blk, &m->disks[m->ndisks]) == 0)
+                m->ndisks++;
+        m->method = CFG_METHOD_QMP;
+        if (m->ndisks > 0 && a->cfg.ceph_conf[0]) {
+            m->method = CFG_METHOD_RBD;
+            for (int d = 0; d < m->ndisks; d++)
+                if (m->disks[d].backend != CFG_BACKEND_RBD)
+                    m->method = CFG_METHOD_QMP;
+        }
+        a->cfg.nvms++;
+        log_info("event=discovered domain=%s disks=%d", name, m->ndisks);
+next:
+        free(out);
+        json_decref(rep);
+        virDomainFree(doms[i]);
+    }
+    free(doms);
+}
+
 int
 agent_start(struct agent *a, const struct agent_config *cfg, char *err,
             size_t errlen)
@@ -401,6 +508,8 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
                      m ? m : "cannot connect");
             return -1;
         }
+        if (a->cfg.libvirt_discover)
+            discover_domains(a);
     }
     for (int i = 0; i < a->cfg.nvms; i++) {
         if (vm_init(&a->vms[i], &a->cfg.vms[i], a->lv) < 0) {

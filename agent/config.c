@@ -180,6 +180,14 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             SET(cfg->ceph_keyring, v);
         else if (KEY("libvirt", "uri"))
             SET(cfg->libvirt_uri, v);
+        else if (KEY("libvirt", "discover")) {
+            if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
+                cfg->libvirt_discover = 1;
+            else if (strcmp(v, "no") == 0 || strcmp(v, "false") == 0)
+                cfg->libvirt_discover = 0;
+            else
+                goto bad;
+        }
         else if (vm && strcmp(k, "driver") == 0) {
             if (strcmp(v, "qmp") == 0)
                 vm->driver = CFG_DRIVER_QMP;

@@ -43,6 +43,7 @@ struct agent_config {
     char ca[1024], cert[1024], key[1024];
     char ceph_conf[1024], ceph_id[128], ceph_keyring[1024];
     char libvirt_uri[512];
+    int libvirt_discover;       /* add every running domain of the URI */
     struct cfg_vm vms[CFG_MAX_VMS];
     int nvms;
 };

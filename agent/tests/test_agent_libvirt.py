@@ -41,8 +41,10 @@ def virsh(uri: str, *args: str) -> str:
                           text=True).stdout
 
 
-@pytest.fixture
-def libvirt_agent(tmp_path: Path) -> Iterator[tuple[dict, Path, str]]:
+@pytest.fixture(params=["configured", "discovered"])
+def libvirt_agent(request: pytest.FixtureRequest,
+                  tmp_path: Path) -> Iterator[tuple[dict, Path, str]]:
+    """The domain named in a [vm] section, or found through `discover = yes`."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
     # libvirt runs QEMU as libvirt-qemu: the disk must be in a directory it
@@ -87,12 +89,12 @@ key = {certs / 'agent.key'}
 
 [libvirt]
 uri = {uri}
-
+""" + ("discover = yes\n" if request.param == "discovered" else f"""
 [vm {DOMAIN}]
 driver = libvirt
 domain = {DOMAIN}
 disk.{NODE} = qcow2:{disk}
-""")
+"""))
         log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 (closed in finally)
         p = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stderr=log,
                              stdout=log)
@@ -121,8 +123,10 @@ async def test_libvirt_prepare_commit(libvirt_agent: tuple[dict, Path, str]) -> 
     async with AgentClient(rec["address"], rec["port"],
                            ssl_context=coordinator_context(certs)) as c:
         inv = await c.inventory()
-        assert [(v["name"], v["driver"], v["state"]) for v in inv["vms"]] == \
-            [(DOMAIN, "libvirt", "running")]
+        # (a libvirtd that was already running may have other domains)
+        mine = [v for v in inv["vms"] if v["name"] == DOMAIN]
+        assert [(v["driver"], v["state"]) for v in mine] == [("libvirt", "running")]
+        assert [(d["id"], d["backend"]) for d in mine[0]["disks"]] == [(disk, "qcow2")]
         await c.prepare("lv-t1", [DOMAIN], 5000)
         assert virsh(uri, "domstate", DOMAIN).strip() == "paused"
         res = await c.commit("lv-t1", {disk: "cp.lvtest.lv-t1"}, 5000)
