@@ -16,7 +16,7 @@ SUITES=(
   "api-schemathesis|python api/tests/tools/run_schemathesis.py --max-examples 15"
   "api-lab|$PYTEST -m 'lab and not slow' api/tests"
   "coordinator-lab|$PYTEST -m 'lab and not slow' coordinator/tests"
-  "agent-lab|$PYTEST -m 'lab and not slow' agent/tests"
+  "agent-lab|$PYTEST -m 'lab and not slow' agent/tests && scripts/build-asan.sh && CUTPOINTD=build-asan/agent/cutpointd $PYTEST -m 'lab and not slow' agent/tests/test_agent_local.py"
 )
 if [ "${CUTPOINT_SLOW:-0}" = 1 ]; then
   SUITES=(

@@ -86,13 +86,18 @@ def local_agent() -> Iterator[dict[str, Any]]:
         yield {"address": "127.0.0.1", "port": port, "certs": certs, "dir": d,
                "pids": [q.pid for q in qemus]}
     finally:
+        sanitizer = ""
         if agent is not None:
             stop_agent_pid(agent.pid)
             agent.wait(timeout=10)
+            text = (d / "agent.log").read_text(errors="replace")
+            if "Sanitizer" in text:     # CUTPOINTD=build-asan/agent/cutpointd
+                sanitizer = text[text.index("=="):][:3000] if "==" in text else text[-3000:]
         for q in qemus:
             q.kill()
             q.wait()
         shutil.rmtree(d, ignore_errors=True)
+        assert not sanitizer, sanitizer
 
 
 def _client(a: dict[str, Any]) -> AgentClient:
