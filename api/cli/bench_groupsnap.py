@@ -130,7 +130,9 @@ def snapsize(
 @app.command()
 def overhead(
     interval: Annotated[str, typer.Option("--interval", help="between group snapshots")] = "10s",
-    phase: Annotated[str, typer.Option("--phase", help="length of each phase")] = "60s",
+    phase: Annotated[str, typer.Option("--phase", help="length of each phase")] = "30s",
+    cycles: Annotated[int, typer.Option(
+        "--cycles", min=1, help="pairs of phases: without, then with snapshots")] = 3,
     hosts: Annotated[int, typer.Option("--hosts", min=1, max=9)] = 2,
     disks: Annotated[int, typer.Option("--disks", min=1, max=8)] = 3,
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
@@ -139,7 +141,8 @@ def overhead(
     from cutpoint.api.cli.snapshot import parse_duration
     from cutpoint.bench import groupsnap as gs
     cfg = gs.OverheadConfig(interval_s=parse_duration(interval),
-                            phase_s=parse_duration(phase), hosts=hosts, disks=disks)
+                            phase_s=parse_duration(phase), cycles=cycles,
+                            hosts=hosts, disks=disks)
     try:
         doc = _with_lab(cfg.lab_params(), lambda st: gs.run_overhead(st, cfg, _log))
     except _errors() as exc:

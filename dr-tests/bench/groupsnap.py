@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 import subprocess
 import tempfile
@@ -261,8 +262,13 @@ PROGRESS = re.compile(r"cp-writer: progress vm=(\d+) seq=(\d+)")
 
 @dataclass
 class OverheadConfig:
+    """Alternating phases without and with snapshots (baseline, snapshots,
+    baseline, snapshots, ...), so that a drift of the machine's speed over
+    the run hits both sides alike."""
+
     interval_s: float = 10.0
-    phase_s: float = 60.0
+    phase_s: float = 30.0
+    cycles: int = 3
     hosts: int = 2
     disks: int = 3
 
@@ -299,8 +305,9 @@ async def _overhead_phases(status: dict[str, Any], cfg: OverheadConfig, certs: P
     pool = pool_for(spec)
     phases = []
     try:
-        for name, snapshots in (("baseline-before", False), ("snapshots", True),
-                                ("baseline-after", False)):
+        plan = [(f"{kind}-{c + 1}", kind == "snapshots")
+                for c in range(cfg.cycles) for kind in ("baseline", "snapshots")]
+        for name, snapshots in plan:
             s0, t0 = writer_seq(status), time.monotonic()
             taken, aborted, pauses = 0, 0, []
             next_at = t0
@@ -314,9 +321,11 @@ async def _overhead_phases(status: dict[str, Any], cfg: OverheadConfig, certs: P
                 await asyncio.sleep(0.2)
             s1, t1 = writer_seq(status), time.monotonic()
             rate = (s1 - s0) / (t1 - t0)
-            phases.append({"phase": name, "seconds": t1 - t0, "records": s1 - s0,
+            phases.append({"phase": name, "with_snapshots": snapshots,
+                           "seconds": t1 - t0, "records": s1 - s0,
                            "records_per_s": rate, "snapshots": taken, "aborted": aborted,
-                           "pause_ms": summary(pauses)})
+                           "pause_ms": summary(pauses),
+                           "loadavg_1m": os.getloadavg()[0]})
             log(f"overhead: {name}: {rate:.1f} records/s over {t1 - t0:.0f} s"
                 + (f", {taken} group snapshots" if snapshots else ""))
     finally:
@@ -336,27 +345,33 @@ def run_overhead(status: dict[str, Any], cfg: OverheadConfig, log: Log) -> dict[
                                                   f"sqlite:///{tmp}/coord.db", log))
     finally:
         stop_agents(status)
-    base = [p["records_per_s"] for p in phases if p["phase"].startswith("baseline")]
-    with_snap = next(p["records_per_s"] for p in phases if p["phase"] == "snapshots")
+    base = [p["records_per_s"] for p in phases if not p["with_snapshots"]]
+    snap = [p["records_per_s"] for p in phases if p["with_snapshots"]]
     base_mean = sum(base) / len(base)
+    snap_mean = sum(snap) / len(snap)
     return {"benchmark": "overhead", "config": asdict(cfg),
             "vms": len(status["vms"]), "phases": phases,
             "baseline_records_per_s": base_mean,
-            "with_snapshots_records_per_s": with_snap,
-            "ratio": with_snap / base_mean if base_mean else None}
+            "with_snapshots_records_per_s": snap_mean,
+            "ratio": snap_mean / base_mean if base_mean else None,
+            "cycle_ratios": [s / b if b else None for b, s in zip(base, snap)]}
 
 
 def overhead_table(doc: dict[str, Any]) -> str:
-    lines = ["| phase | seconds | records | records/s | group snapshots | pause p50 / max (ms) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| phase | seconds | records | records/s | group snapshots | "
+             "pause p50 / max (ms) | load (1 min) |",
+             "|---|---|---|---|---|---|---|"]
     for p in doc["phases"]:
         pz = p["pause_ms"]
         lines.append(f"| {p['phase']} | {p['seconds']:.0f} | {p['records']} | "
                      f"{p['records_per_s']:.1f} | {p['snapshots']} | "
-                     f"{_f(pz['p50'])} / {_f(pz['max'])} |")
+                     f"{_f(pz['p50'])} / {_f(pz['max'])} | "
+                     f"{_f(p.get('loadavg_1m'), '{:.2f}')} |")
     ratio = doc.get("ratio")
+    cycles = ", ".join(_f(r * 100 if r else None, "{:.0f}%")
+                       for r in doc.get("cycle_ratios", []))
     lines.append("")
     lines.append(f"throughput with snapshots every {doc['config']['interval_s']:g} s: "
                  f"{_f(ratio * 100 if ratio else None)}% of the baseline "
-                 f"(mean of the two baseline phases)")
+                 f"(means over the phases; per cycle: {cycles or '-'})")
     return "\n".join(lines)

@@ -45,11 +45,12 @@ def test_tables() -> None:
         row[k] = gs.summary([10.0, 20.0])
     t = gs.pause_table({"rows": [row]})
     assert "| 2 | 6 | 2 | 10.0 / 20.0 / 20.0 |" in t
-    doc = {"config": {"interval_s": 10.0}, "ratio": 0.7, "phases": [
-        {"phase": "baseline-before", "seconds": 60, "records": 600, "records_per_s": 10.0,
-         "snapshots": 0, "pause_ms": gs.summary([])},
-        {"phase": "snapshots", "seconds": 60, "records": 420, "records_per_s": 7.0,
-         "snapshots": 6, "pause_ms": gs.summary([50.0])}]}
+    doc = {"config": {"interval_s": 10.0}, "ratio": 0.7, "cycle_ratios": [0.7],
+           "phases": [
+               {"phase": "baseline-1", "seconds": 60, "records": 600, "records_per_s": 10.0,
+                "snapshots": 0, "pause_ms": gs.summary([]), "loadavg_1m": 1.5},
+               {"phase": "snapshots-1", "seconds": 60, "records": 420, "records_per_s": 7.0,
+                "snapshots": 6, "pause_ms": gs.summary([50.0]), "loadavg_1m": 2.0}]}
     t = gs.overhead_table(doc)
-    assert "| snapshots | 60 | 420 | 7.0 | 6 | 50.0 / 50.0 |" in t
-    assert "70.0% of the baseline" in t
+    assert "| snapshots-1 | 60 | 420 | 7.0 | 6 | 50.0 / 50.0 | 2.00 |" in t
+    assert "70.0% of the baseline" in t and "per cycle: 70%" in t
