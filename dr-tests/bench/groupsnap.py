@@ -358,8 +358,8 @@ def run_overhead(status: dict[str, Any], cfg: OverheadConfig, log: Log) -> dict[
 
 
 def overhead_table(doc: dict[str, Any]) -> str:
-    lines = ["| phase | seconds | records | records/s | group snapshots | "
-             "pause p50 / max (ms) | load (1 min) |",
+    lines = [("| phase | seconds | records | records/s | group snapshots | "
+              "pause p50 / max (ms) | load (1 min) |"),
              "|---|---|---|---|---|---|---|"]
     for p in doc["phases"]:
         pz = p["pause_ms"]
