@@ -737,19 +737,7 @@ prep_one(void *arg)
 {
     struct prep_job *j = arg;
     struct qmp_err err;
-    char jerr[256];
 
-    /* Durable before the pause (agent-protocol §7): a crash after `stop`
-     * must leave a record that makes the next start resume the VM. */
-    if (journal_add(j->a->journal, j->txn, j->vm->cfg->name, jerr,
-                    sizeof(jerr)) < 0) {
-        j->rc = -1;
-        j->code = "INTERNAL";
-        snprintf(j->msg, sizeof(j->msg), "vm %s not paused: %s",
-                 j->vm->cfg->name, jerr);
-        return NULL;
-    }
-    j->journaled = 1;
     j->t0 = mono_ms();
     j->rc = vm_stop(j->vm, j->a->cfg.qmp_timeout_ms, &err);
     j->t1 = mono_ms();
@@ -847,8 +835,23 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     if (!x)
         return NULL;
 
+    /* Durable before the pause (agent-protocol §7): a crash after `stop`
+     * must leave a record that makes the next start resume the VM.  One
+     * write for all VMs, so that no VM's pause waits for another's fsync. */
+    {
+        char jerr[256];
+        if (journal_add_many(a->journal, x->id, names, n, jerr,
+                             sizeof(jerr)) < 0) {
+            pthread_mutex_lock(&a->mu);
+            txn_fail_prepare(&a->txns, x);
+            pthread_cond_broadcast(&a->cond);
+            pthread_mutex_unlock(&a->mu);
+            FAIL("INTERNAL", "no VM paused: %s", jerr);
+        }
+    }
     for (int k = 0; k < n; k++)
-        jobs[k] = (struct prep_job){.a = a, .vm = vms[k], .txn = x->id};
+        jobs[k] = (struct prep_job){.a = a, .vm = vms[k], .txn = x->id,
+                                    .journaled = 1};
     run_parallel(prep_one, jobs, sizeof(*jobs), n);
 
     for (int k = 0; k < n; k++) {

@@ -140,13 +140,12 @@ journal_entries(struct journal *j, struct journal_entry **out, int *n)
     return *out ? 0 : -1;
 }
 
-int
-journal_add(struct journal *j, const char *txn, const char *vm, char *err,
-            size_t errlen)
+/* Sets (txn, vm) in memory; 0 or -1 (out of memory). Caller holds mu. */
+static int
+put(struct journal *j, const char *txn, const char *vm)
 {
-    int i, ret = -1;
+    int i;
 
-    pthread_mutex_lock(&j->mu);
     for (i = 0; i < j->n; i++)
         if (strcmp(j->e[i].vm, vm) == 0)
             break;
@@ -155,10 +154,8 @@ journal_add(struct journal *j, const char *txn, const char *vm, char *err,
             int ncap = j->cap ? j->cap * 2 : 16;
             struct journal_entry *ne = realloc(j->e, (size_t)ncap *
                                                sizeof(*ne));
-            if (!ne) {
-                snprintf(err, errlen, "out of memory");
-                goto cleanup;
-            }
+            if (!ne)
+                return -1;
             j->e = ne;
             j->cap = ncap;
         }
@@ -166,12 +163,50 @@ journal_add(struct journal *j, const char *txn, const char *vm, char *err,
     }
     snprintf(j->e[i].txn, sizeof(j->e[i].txn), "%s", txn);
     snprintf(j->e[i].vm, sizeof(j->e[i].vm), "%s", vm);
+    return 0;
+}
+
+int
+journal_add_many(struct journal *j, const char *txn, const char *const *vms,
+                 int n, char *err, size_t errlen)
+{
+    struct journal_entry *saved = NULL;
+    int saved_n, ret = -1;
+
+    pthread_mutex_lock(&j->mu);
+    saved_n = j->n;
+    saved = malloc(sizeof(*saved) * (size_t)(j->n ? j->n : 1));
+    if (!saved) {
+        snprintf(err, errlen, "out of memory");
+        goto cleanup;
+    }
+    memcpy(saved, j->e, sizeof(*saved) * (size_t)j->n);
+    for (int i = 0; i < n; i++)
+        if (put(j, txn, vms[i]) < 0) {
+            snprintf(err, errlen, "out of memory");
+            goto restore;
+        }
     ret = persist(j, err, errlen);
-    if (ret < 0)   /* not durable: do not pretend it is recorded */
-        j->n--;
+    if (ret == 0)
+        goto cleanup;
+restore:
+    /* not durable: do not pretend it is recorded */
+    memcpy(j->e, saved, sizeof(*saved) * (size_t)saved_n);
+    j->n = saved_n;
+    ret = -1;
 cleanup:
     pthread_mutex_unlock(&j->mu);
+    free(saved);
     return ret;
+}
+
+int
+journal_add(struct journal *j, const char *txn, const char *vm, char *err,
+            size_t errlen)
+{
+    const char *vms[1] = {vm};
+
+    return journal_add_many(j, txn, vms, 1, err, errlen);
 }
 
 int

@@ -28,6 +28,10 @@ int journal_entries(struct journal *j, struct journal_entry **out, int *n);
 /* Adds (txn, vm) durably; a vm already present is replaced. */
 int journal_add(struct journal *j, const char *txn, const char *vm,
                 char *err, size_t errlen);
+/* Adds (txn, vms[i]) for all n VMs in one durable write. */
+int journal_add_many(struct journal *j, const char *txn,
+                     const char *const *vms, int n, char *err,
+                     size_t errlen);
 /* Removes vm durably (absent is fine). */
 int journal_remove(struct journal *j, const char *vm, char *err,
                    size_t errlen);

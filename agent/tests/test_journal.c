@@ -25,8 +25,11 @@ test_roundtrip_and_reload(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/journal", dir);
     assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
-    assert_int_equal(journal_add(j, "t1", "vm1", err, sizeof(err)), 0);
-    assert_int_equal(journal_add(j, "t1", "vm2", err, sizeof(err)), 0);
+    {
+        const char *vms[] = {"vm1", "vm2"};
+        assert_int_equal(journal_add_many(j, "t1", vms, 2, err, sizeof(err)),
+                         0);
+    }
     assert_int_equal(journal_remove(j, "vm1", err, sizeof(err)), 0);
     assert_int_equal(journal_remove(j, "nope", err, sizeof(err)), 0);
     journal_free(j);
@@ -54,6 +57,14 @@ test_unwritable_reports_step(void **state)
                                   sizeof(err)), 0);
     assert_int_equal(journal_add(j, "t", "vm", err, sizeof(err)), -1);
     assert_non_null(strstr(err, "open failed"));
+    {
+        /* a failed write leaves nothing recorded in memory either */
+        struct journal_entry *e;
+        int n;
+        assert_int_equal(journal_entries(j, &e, &n), 0);
+        assert_int_equal(n, 0);
+        free(e);
+    }
     journal_free(j);
 }
 
