@@ -182,8 +182,12 @@ out_append(struct conn *c, const uint8_t *buf, size_t len)
 static void
 update_events(struct server *s, struct conn *c)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+    struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = c};
 
+    /* CLOSING reads nothing more: without this a peer that keeps sending
+     * would wake the loop in a spin until the last reply is flushed. */
+    if (c->state != CONN_CLOSING)
+        ev.events |= EPOLLIN;
     if (c->out_len > 0 || c->want_write)
         ev.events |= EPOLLOUT;
     epoll_ctl(s->efd, EPOLL_CTL_MOD, c->fd, &ev);
