@@ -565,8 +565,21 @@ agent_stop(struct agent *a)
     struct resume_job jobs[CFG_MAX_VMS];
     int n = 0;
 
-    /* Leaving: nobody will commit, so resume everything still paused. */
+    /* Let in-flight prepares, commits, expiries, aborts and resume retries
+     * finish (bounded): they use the VMs that are about to be freed. */
     pthread_mutex_lock(&a->mu);
+    for (double end = mono_ms() + 15000; mono_ms() < end;) {
+        int busy = 0;
+        for (struct txn *x = a->txns.head; x; x = x->next)
+            busy |= x->state == TXN_PREPARING || x->state == TXN_COMMITTING ||
+                    x->state == TXN_EXPIRING || x->state == TXN_ABORTING;
+        for (int i = 0; i < a->nvms; i++)
+            busy |= retrying[i];
+        if (!busy)
+            break;
+        cond_wait_ms(a, 50);
+    }
+    /* Leaving: nobody will commit, so resume everything still paused. */
     a->stopping = 1;
     for (struct txn *x = a->txns.head; x; x = x->next)
         if (x->state == TXN_PREPARED)
