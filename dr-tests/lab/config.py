@@ -34,6 +34,7 @@ SITE_NET = {"primary": 1, "dr": 2}
 BACKENDS = ("rbd", "qcow2")
 OSD_TYPES = ("memstore", "bluestore")
 PAXOS_MODES = ("tuned", "default")
+BUILTIN_WORKLOADS = ("none", "labcheck")  # in the tiny image's init
 TUNED_PAXOS = {"paxos_propose_interval": "0.01", "paxos_min_wait": "0.001"}
 
 
@@ -96,6 +97,14 @@ class LabConfig:
             raise LabError(f"unknown --accel {self.accel!r}: choose tcg or kvm")
         if not self.workload.replace("-", "").replace("_", "").isalnum():
             raise LabError(f"bad --workload {self.workload!r}: letters, digits, - and _ only")
+        if self.workload not in BUILTIN_WORKLOADS:
+            from cutpoint.lab.image import workload_binaries
+            have = sorted(p.name[3:] for p in workload_binaries())
+            if self.workload not in have:
+                raise LabError(
+                    f"unknown --workload {self.workload!r}: choose one of "
+                    f"{', '.join(list(BUILTIN_WORKLOADS) + have)} (workload binaries are "
+                    "build/dr-tests/workloads/*/cp-*; run `ninja -C build`)")
         if self.kernel is None:
             k = newest_kernel()
             if k is None:
