@@ -22,7 +22,11 @@ pytestmark = [pytest.mark.lab,
 def _summary(rep: dict) -> str:
     return json.dumps([{k: d[k] for k in ("passed", "reasons",
                                          "rto_pg_ready_s")}
-                       | {"snap": d["snapshot"]["name"]}
+                       | {"snap": d["snapshot"]["name"],
+                          "spread_ms": d["snapshot"]["spread_ms"],
+                          "amcheck_rc": d["check"]["amcheck_rc"],
+                          "redo_done": d["check"]["redo_done"],
+                          "recovery_log": d["check"]["recovery_log"]}
                        for d in rep["drills"]], indent=1)
 
 
@@ -33,6 +37,7 @@ def test_coordinated_group_snapshot_recovers(tmp_path: Path) -> None:
     passes and every journaled ledger number is in the table."""
     rep = pgdrill.run(tmp_path / "drill", coordinated=1, uncoordinated=0,
                       interval=6, delay=0, rate=20, via="coordinator")
+    print(_summary(rep))
     d = rep["drills"][0]
     assert d["passed"], _summary(rep)
     c = d["check"]
@@ -53,5 +58,6 @@ def test_uncoordinated_snapshots_negative_control(tmp_path: Path) -> None:
     n = int(os.environ.get("CP_NEG_TRIALS", "3"))
     rep = pgdrill.run(tmp_path / "neg", coordinated=0, uncoordinated=n,
                       interval=5, delay=3, rate=20)
+    print(_summary(rep))    # the figures quoted in docs/drills.md (-s)
     failed = [d for d in rep["drills"] if not d["passed"]]
     assert failed, "every uncoordinated trial passed:\n" + _summary(rep)
