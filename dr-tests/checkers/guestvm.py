@@ -191,9 +191,9 @@ class DebianVM:
                 # exiting on a bad argument; its output says why.
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                out = (self.workdir / "qemu.out").read_text(errors="replace")
+                qout = (self.workdir / "qemu.out").read_text(errors="replace")
                 self.kill()
-                raise RuntimeError(f"QEMU did not start: {out}")
+                raise RuntimeError(f"QEMU did not start: {qout}")
             time.sleep(0.05)
 
     def console_text(self) -> str:

@@ -241,11 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                           round(time.monotonic() - t0, 1), **img.manifest},
                          indent=2))
         return 0
-    img = cached(a.name, a.format)
-    if img is None:
+    shown = cached(a.name, a.format)
+    if shown is None:
         print(f"{a.name} ({a.format}) is not built; run build", file=sys.stderr)
         return 1
-    print(json.dumps({"dir": str(img.dir), **img.manifest}, indent=2))
+    print(json.dumps({"dir": str(shown.dir), **shown.manifest}, indent=2))
     return 0
 
 
