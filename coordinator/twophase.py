@@ -9,7 +9,8 @@ Ordering rules (docs/design.md §5), each enforced below where it applies:
   R1  PREPARING is durable before any PREPARE is sent.
   R2  COMMITTING is durable before any COMMIT is sent; it is written only
       after every agent answered PREPARED (the cut is fixed).
-  R3  COMMITTED is written only after every agent answered COMMITTED.
+  R3  COMMITTED is written only after every agent answered COMMITTED and
+      every member snapshot is listed on its disk (snapshot.list).
   R4  ABORTING is written before ABORT is sent, except when the log itself
       failed: then ABORT is sent anyway (presumed abort; no COMMITTING
       record exists, so a restart aborts too).
@@ -258,6 +259,39 @@ class _Run:
                 self._take_vms(out)
         return "; ".join(reasons) or None
 
+    async def verify_commit(self) -> str | None:
+        """R3: every member snapshot is listed on its disk before COMMITTED.
+
+        Runs after the VMs were resumed, so it costs no pause time.  It
+        catches an agent that answered COMMITTED for a snapshot the backend
+        does not have (seen in the lab: a snapshot refused by an RBD snap
+        limit was reported as done).
+        """
+        timeout = self.spec.budget_ms / 1000 + COMMIT_MARGIN_S
+
+        async def one(a: AgentSpec, disk: str) -> None:
+            names = await self.client(a).call("snapshot.list", {"disk": disk},
+                                              timeout=timeout)
+            listed = [s.get("name") for s in names.get("snapshots", [])
+                      if isinstance(s, dict)]
+            if self.name not in listed:
+                raise AgentError("MISSING", f"{disk}@{self.name} is not listed after "
+                                 "COMMITTED", {"cmd": "snapshot.list", "args": {"disk": disk}},
+                                 names, agent=a.name)
+
+        jobs = [(a, d) for a in self.spec.agents for v in a.vms for d in v.disk_ids()]
+        t = time.monotonic()
+        outs = await asyncio.gather(*(one(a, d) for a, d in jobs), return_exceptions=True)
+        self.timings["verify_ms"] = (time.monotonic() - t) * 1000
+        reasons = []
+        for (a, _d), out in zip(jobs, outs, strict=True):
+            if isinstance(out, asyncio.CancelledError):
+                raise out
+            if isinstance(out, BaseException):
+                e = self.error("verify", a, out)
+                reasons.append(f"verify on {a.name}: {e['code']} {e['message']}")
+        return "; ".join(reasons) or None
+
     def _take_vms(self, res: dict[str, Any]) -> None:
         for v in res.get("vms", []) or []:
             if isinstance(v, dict) and v.get("vm") in self.vms:
@@ -399,7 +433,7 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
             raise run.log_error
         run.timings["log_commit_ms"] = (time.monotonic() - t) * 1000
         await run.emit("committing")
-        reason = await run.commit()
+        reason = await run.commit() or await run.verify_commit()
         if reason is not None:
             return await run.finish_abort(reason)
         res = await run.finish_commit()
@@ -447,7 +481,7 @@ async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool) -> GroupSnapsh
         return await run.finish_abort("in doubt after coordinator restart: "
                                       "prepared but undecided, aborted")
     if rec.state == COMMITTING:
-        reason = await run.commit()
+        reason = await run.commit() or await run.verify_commit()
         if reason is None:
             return await run.finish_commit()
         return await run.finish_abort(f"in doubt after coordinator restart: {reason}")

@@ -131,6 +131,7 @@ class AgentPeer:
         self.refuse: dict[str, str] = {}        # cmd -> error code to answer
         self.hang: set[str] = set()             # cmds never answered
         self.fail_snapshot: set[str] = set()    # disk ids whose snapshot fails
+        self.lie_snapshot: set[str] = set()     # reported done, never created
         self.snapshot_delay_s = 0.002
         # Called with each request before it is handled (e.g. to look into
         # the coordinator's log at that instant).
@@ -306,11 +307,11 @@ class AgentPeer:
                 d0 = time.monotonic()
                 await asyncio.sleep(self.snapshot_delay_s)
                 ok = disk not in self.fail_snapshot
-                if ok:
+                if not ok:
+                    failed.append(disk)
+                elif disk not in self.lie_snapshot:
                     vm.snapshots[disk.partition("/")[2]].add(name)
                     t.created[disk] = name
-                else:
-                    failed.append(disk)
                 disks.append({"disk": disk, "name": name, "ok": ok,
                               "snapshot_ms": _ms(d0, time.monotonic())})
             s1 = time.monotonic()

@@ -61,7 +61,10 @@ async def test_commit_two_agents(peers: Any, make_spec: Any, txlog: TxLog) -> No
     assert b.all_snapshots() == {"vm2/disk0": {name}, "vm2/disk1": {name}}
     assert running(a, b)
     # R1/R2: PREPARE only under a durable PREPARING, COMMIT under COMMITTING.
-    assert sorted(seen) == [("commit", COMMITTING)] * 2 + [("prepare", PREPARING)] * 2
+    phases = sorted(x for x in seen if x[0] in ("prepare", "commit"))
+    assert phases == [("commit", COMMITTING)] * 2 + [("prepare", PREPARING)] * 2
+    # R3: every member snapshot was listed before COMMITTED was written.
+    assert sorted(x for x in seen if x[0] == "snapshot.list") == [("snapshot.list", None)] * 4
     rec = txlog.get("t1")
     assert rec is not None and rec.states == [PREPARING, COMMITTING, COMMITTED]
     assert {s["state"] for s in rec.snapshots} == {"created"}
@@ -131,6 +134,19 @@ async def test_snapshot_fails_on_one_disk(peers: Any, make_spec: Any, txlog: TxL
     rec = txlog.get("t4")
     assert rec is not None and rec.states == [PREPARING, COMMITTING, "aborting", ABORTED]
     assert "snapshot.list" in a.cmds()  # cleanup was verified, not assumed
+
+
+async def test_snapshot_reported_but_missing_aborts(peers: Any, make_spec: Any,
+                                                    txlog: TxLog) -> None:
+    """An agent answers COMMITTED but one member snapshot does not exist:
+    the coordinator's check (design §5 R3) aborts the group."""
+    a = await peers("h1", {"vm1": ["disk0", "disk1"]})
+    b = await peers("h2", {"vm2": ["disk0"]})
+    b.lie_snapshot.add("vm2/disk0")
+    res = await take_group_snapshot(make_spec([a, b]), txlog, txn="tl")
+    assert res.state == ABORTED
+    assert "vm2/disk0@cp.g1.tl is not listed" in (res.reason or ""), res.reason
+    assert running(a, b) and remaining("tl", a, b) == []
 
 
 async def test_lease_expiry_before_commit_aborts(peers: Any, make_spec: Any,
