@@ -87,7 +87,8 @@ def print_result(console: Console, r: GroupSnapshotResult) -> None:
                   _f(t.get("overhead_max_ms")), end_section=True)
     console.print(table)
     console.print(f"total {_f(t.get('total_ms'))} ms  (prepare {_f(t.get('prepare_ms'))}, "
-                  f"log {_f(t.get('log_commit_ms'))}, commit {_f(t.get('commit_ms'))})  "
+                  f"log {_f(t.get('log_commit_ms'))}, commit {_f(t.get('commit_ms'))}, "
+                  f"verify {_f(t.get('verify_ms'))})  "
                   f"member snapshots: {len(r.snapshots)}")
     if r.reason:
         console.print(f"reason: {r.reason}")
