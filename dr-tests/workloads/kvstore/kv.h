@@ -116,6 +116,7 @@ struct kv_client_opts {
     int client_id;
     long ops;                    /* -1: forever */
     int delay_ms;
+    int progress;                /* progress line every N ops */
 };
 int kv_client_run(struct kv_config *c, struct wl_dev *dev,
                   const struct kv_client_opts *o);

@@ -257,7 +257,7 @@ int kv_client_run(struct kv_config *c, struct wl_dev *dev,
     for (uint64_t n = cl.last_n + 1;
          o->ops < 0 || n <= cl.last_n + (uint64_t)o->ops; n++) {
         one_op(&cl, n);
-        if (n % 100 == 0) {
+        if (n % (uint64_t)o->progress == 0) {
             char w[128];
             wl_window_fmt(&cl.win, w, sizeof(w));
             wl_log("client %d: op %llu, %ld replied, %ld unknown, %s", cl.id,

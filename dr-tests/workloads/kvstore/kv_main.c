@@ -29,7 +29,7 @@ static void usage(void)
             "usage: cp-kvstore [--role all|server|client] [--node I]\n"
             "       [--peers IP[:PORT],...] [--disk PATH] [--partitions N]\n"
             "       [--ops N] [--delay-ms MS] [--no-fsync]\n"
-            "       [--simulate-power-loss] [--compact-removes N] [-n]\n");
+            "       [--simulate-power-loss] [--compact-removes N] [--progress N] [-n]\n");
     exit(2);
 }
 
@@ -69,7 +69,7 @@ int main(int argc, char **argv)
     static struct kv_config cfg;
     const char *role = "all", *disk = NULL, *peers = getenv("CP_PEERS");
     int node = -1, nofsync = 0, sim = 0, check_only = 0, ac;
-    struct kv_client_opts co = { .ops = -1, .delay_ms = 0 };
+    struct kv_client_opts co = { .ops = -1, .delay_ms = 0, .progress = 100 };
     char **av, err[256], diskbuf[256];
     static const struct option longopts[] = {
         { "role", required_argument, NULL, 'r' },
@@ -82,6 +82,7 @@ int main(int argc, char **argv)
         { "no-fsync", no_argument, NULL, 'F' },
         { "simulate-power-loss", no_argument, NULL, 'S' },
         { "compact-removes", required_argument, NULL, 'C' },
+        { "progress", required_argument, NULL, 'G' },
         { NULL, 0, NULL, 0 },
     };
 
@@ -100,12 +101,15 @@ int main(int argc, char **argv)
         case 'F': nofsync = 1; break;
         case 'S': sim = 1; break;
         case 'C': kv_compact_removes = (unsigned)atoi(optarg); break;
+        case 'G': co.progress = atoi(optarg); break;
         case 'n': check_only = 1; break;
         default: usage();
         }
     }
     if (!peers || parse_peers(peers, &cfg) < 0)
         wl_fatal("no usable peer list (--peers or CP_PEERS)");
+    if (co.progress < 1)
+        wl_fatal("--progress must be positive");
     if (cfg.nparts < 1 || cfg.nparts > 4096)
         wl_fatal("--partitions must be 1..4096");
     if (node < 0 && getenv("CP_IP")) {

@@ -178,6 +178,7 @@ int sl_storage_run(struct sl_config *c, struct wl_dev *dev);
 struct sl_client_opts {
     long ops;
     int delay_ms;
+    int progress;                /* progress line every N appends */
 };
 int sl_client_run(struct sl_config *c, struct wl_dev *dev,
                   const struct sl_client_opts *o);

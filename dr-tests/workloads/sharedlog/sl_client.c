@@ -208,7 +208,7 @@ int sl_client_run(struct sl_config *c, struct wl_dev *dev,
             journal(&cl, h, sizeof(h));
         }
         one_append(&cl, seq);
-        if (seq % 100 == 0) {
+        if (seq % (uint64_t)o->progress == 0) {
             char w[128];
             wl_window_fmt(&cl.win, w, sizeof(w));
             wl_log("client %d: seq %llu, %ld acked, %ld failed, %ld/%ld "

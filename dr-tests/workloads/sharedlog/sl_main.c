@@ -27,7 +27,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: cp-sharedlog [--role all|servers|storage|order|client|admin]\n"
             "       [--node I] [--peers IP[:PORT],...] [--disk PATH]\n"
-            "       [--ops N] [--delay-ms MS] [--interval-ms MS]\n"
+            "       [--ops N] [--delay-ms MS] [--interval-ms MS] [--progress N]\n"
             "       [--no-fsync] [--simulate-power-loss]\n"
             "       [--finalize SHARD --grace CUTS | --trim GSN] [-n]\n");
     exit(2);
@@ -55,7 +55,7 @@ int main(int argc, char **argv)
     const char *role = "all", *disk = NULL, *peers = getenv("CP_PEERS");
     int node = -1, nofsync = 0, sim = 0, check_only = 0, ac;
     long finalize = -1, grace = 10, trim = -1;
-    struct sl_client_opts co = { .ops = -1 };
+    struct sl_client_opts co = { .ops = -1, .progress = 100 };
     char **av, err[256], diskbuf[256];
     static const struct option longopts[] = {
         { "role", required_argument, NULL, 'r' },
@@ -70,6 +70,7 @@ int main(int argc, char **argv)
         { "finalize", required_argument, NULL, 'f' },
         { "grace", required_argument, NULL, 'g' },
         { "trim", required_argument, NULL, 't' },
+        { "progress", required_argument, NULL, 'P' },
         { NULL, 0, NULL, 0 },
     };
 
@@ -90,6 +91,7 @@ int main(int argc, char **argv)
         case 'f': finalize = atol(optarg); break;
         case 'g': grace = atol(optarg); break;
         case 't': trim = atol(optarg); break;
+        case 'P': co.progress = atoi(optarg); break;
         case 'n': check_only = 1; break;
         default: usage();
         }
@@ -110,6 +112,8 @@ int main(int argc, char **argv)
                  "shard), got %d", cfg.nnodes);
     if (cfg.interval_ms < 1)
         wl_fatal("--interval-ms must be positive");
+    if (co.progress < 1)
+        wl_fatal("--progress must be positive");
     if (strcmp(role, "admin") == 0) {
         uint8_t cmd[16];
         int rc;
