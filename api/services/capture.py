@@ -96,6 +96,28 @@ def build_spec(session: Session, g: Group, settings: Settings) -> Plan:
 
 
 _txlogs: dict[str, Any] = {}
+# One event loop and one agent connection pool per worker process: agent
+# connections stay open across snapshots (agent-protocol §1.3), so a
+# snapshot pays no TCP/TLS handshake.  A dropped connection is re-opened
+# by the client on its next call.
+_loop: asyncio.AbstractEventLoop | None = None
+_pools: dict[tuple[str, str, str], Any] = {}
+
+
+def _run_async(coro: Any) -> Any:
+    global _loop
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    return _loop.run_until_complete(coro)
+
+
+def _pool_for(spec: Any) -> Any:
+    from cutpoint.coordinator.twophase import pool_for
+
+    key = (spec.tls.ca, spec.tls.cert, spec.tls.key)
+    if key not in _pools:
+        _pools[key] = pool_for(spec)
+    return _pools[key]
 
 
 def txlog_for(url: str) -> Any:
@@ -146,8 +168,9 @@ def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict
         _set_phase(sf, snapshot_id, job_id, phase)
 
     t0 = time.monotonic()
-    result = asyncio.run(take_group_snapshot(plan.spec, txlog_for(settings.database_url),
-                                             txn=txn, on_event=on_event))
+    result = _run_async(take_group_snapshot(plan.spec, txlog_for(settings.database_url),
+                                            txn=txn, on_event=on_event,
+                                            pool=_pool_for(plan.spec)))
     elapsed_ms = (time.monotonic() - t0) * 1000
     return record(sf, snapshot_id, plan, result, elapsed_ms)
 
