@@ -8,14 +8,17 @@ export PATH="$PWD/.venv/bin:$PATH"
 LOCK=/run/lock/cutpoint-lab.lock
 step() { printf '\n==> %s\n' "$*"; }
 
-mkdir -p "$(dirname "$LOCK")"
-exec 9>>"$LOCK"
-if ! flock -n 9; then
-    echo "demo: the lab is busy ($(cat "$LOCK" 2>/dev/null || echo '?')); waiting for it"
-    flock 9
+# A caller that already holds the lock (and says so) keeps it for us.
+if [ "${CUTPOINT_LAB_LOCK_HELD:-0}" != 1 ]; then
+    mkdir -p "$(dirname "$LOCK")"
+    exec 9>>"$LOCK"
+    if ! flock -n 9; then
+        echo "demo: the lab is busy ($(cat "$LOCK" 2>/dev/null || echo '?')); waiting for it"
+        flock 9
+    fi
+    echo "pid $$ (scripts/demo.sh)" > "$LOCK"
+    export CUTPOINT_LAB_LOCK_HELD=1
 fi
-echo "pid $$ (scripts/demo.sh)" > "$LOCK"
-export CUTPOINT_LAB_LOCK_HELD=1
 trap 'step "tearing the lab down (exit)"; cutpoint lab down || true' EXIT
 
 step "lab up: 2 primary hosts x 2 guests x 2 RBD disks, workload labcheck"
@@ -29,20 +32,17 @@ cutpoint lab status
 
 step "waiting for every guest's labcheck (disk patterns, pings to the other guests)"
 python - <<'PY'
-import subprocess, sys, time
+import subprocess, sys
 from cutpoint.lab.ceph import rbd_cmd
+from cutpoint.lab.errors import LabError
+from cutpoint.lab.labcheck import PATTERN_BYTES, expected_pattern, wait_done
 from cutpoint.lab.status import load_status
-from cutpoint.lab.vms import console_lines
 
 s = load_status()
-deadline = time.monotonic() + 240
-while True:
-    recs = {vm["name"]: console_lines(vm) for vm in s["vms"]}
-    if all(any(r["kind"] == "done" for r in v) for v in recs.values()):
-        break
-    if time.monotonic() > deadline:
-        sys.exit("demo: labcheck did not finish in 240 s")
-    time.sleep(1)
+try:
+    recs = wait_done(s, timeout=240)
+except LabError as exc:
+    sys.exit(f"demo: {exc}")
 host_of = {vm["address"]: vm["host"] for vm in s["vms"]}
 bad = 0
 for vm in s["vms"]:
@@ -51,13 +51,12 @@ for vm in s["vms"]:
             d = vm["disks"][int(r["index"])]
             data = subprocess.run(rbd_cmd(s["sites"]["primary"], "export", "--no-progress",
                                           f"{d['pool']}/{d['image']}", "-"),
-                                  capture_output=True, check=True).stdout[:64]
-            want = f"cutpoint-labcheck vm={vm['name']} disk={r['index']}".encode()
+                                  capture_output=True, check=True).stdout[:PATTERN_BYTES]
             first = data.split(b"\n")[0].decode(errors="replace")
-            ok = r["result"] == "ok" and data.startswith(want)
+            ok = r["result"] == "ok" and data == expected_pattern(vm["name"], int(r["index"]))
             bad += not ok
             print(f"  {vm['name']} {r['dev']}: guest wrote and re-read {r['bytes']} B ({r['result']}); "
-                  f"host reads rbd/{d['image']}: {first!r} "
+                  f"host reads {PATTERN_BYTES} B of {first!r} lines from rbd/{d['image']}: "
                   f"{'OK' if ok else 'MISMATCH'}")
         elif r["kind"] == "ping":
             where = "other host" if host_of.get(r["to"]) != vm["host"] else "same host"

@@ -11,37 +11,23 @@ lists processes, namespaces and links to show nothing is left.
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cutpoint.lab import net
 from cutpoint.lab.ceph import rbd_cmd
+from cutpoint.lab.errors import LabError
+from cutpoint.lab.labcheck import PATTERN_BYTES, expected_pattern, wait_done
 from cutpoint.lab.proc import lab_processes
 from cutpoint.lab.status import load_status
-from cutpoint.lab.vms import console_lines
-
-PATTERN_BYTES = 65536
 
 
-def expected_pattern(vm: str, disk: int) -> bytes:
-    line = f"cutpoint-labcheck vm={vm} disk={disk}\n".encode()
-    return (line * (PATTERN_BYTES // len(line) + 1))[:PATTERN_BYTES]
-
-
-def wait_labcheck(status: dict[str, Any], timeout: float = 240) -> dict[str, list[dict[str, str]]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = {vm["name"]: console_lines(vm) for vm in status["vms"]}
-        if all(any(rec["kind"] == "done" for rec in recs) for recs in lines.values()):
-            return lines
-        if time.monotonic() > deadline:
-            missing = [n for n, recs in lines.items() if not any(r["kind"] == "done" for r in recs)]
-            tails = {n: Path(vm["console"]).read_text(errors="replace")[-400:]
-                     for vm in status["vms"] for n in [vm["name"]] if n in missing}
-            pytest.fail(f"labcheck not done after {timeout}s on {missing}: {tails}")
-        time.sleep(1)
+def wait_labcheck(status: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
+    try:
+        return wait_done(status, timeout=240)
+    except LabError as exc:
+        pytest.fail(str(exc))
 
 
 def veth_packets(veth: str) -> int:
