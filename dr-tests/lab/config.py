@@ -105,6 +105,8 @@ class LabConfig:
                     f"unknown --workload {self.workload!r}: choose one of "
                     f"{', '.join(list(BUILTIN_WORKLOADS) + have)} (workload binaries are "
                     "build/dr-tests/workloads/*/cp-*; run `ninja -C build`)")
+        if os.geteuid() != 0:
+            raise LabError("the lab needs root (network namespaces, taps, Ceph daemons)")
         if self.kernel is None:
             k = newest_kernel()
             if k is None:
