@@ -1106,7 +1106,7 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
             ret = SYNC_ENOBASE;
             goto cleanup;
         }
-        full = !ex;
+        full = !ex || o->full_resync;
     }
     r->full = full;
     if ((rc = rbd_get_size(dst, &dsize)) < 0) {

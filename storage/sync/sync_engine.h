@@ -76,7 +76,7 @@ struct sync_opts {
     const char *image;         /* same name at both sites */
     const char *base;          /* NULL or "": full copy */
     const char *target;
-    int full_resync;           /* copy everything even if base is missing */
+    int full_resync;           /* copy everything (base may be missing) */
     int verify_full;           /* hash both whole snapshots at the end */
     int verify_only;           /* only compare the two existing snapshots */
     int extent_verify;         /* SYNC_VERIFY_OSD or SYNC_VERIFY_READBACK */
