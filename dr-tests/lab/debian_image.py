@@ -41,7 +41,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "images" / "debian"
 # Bump when the build procedure below changes in a way that changes images;
 # it is part of the recipe hash (edits that do not change images do not
 # force a rebuild).
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 # Recipe names as the CLI knows them -> recipe folder.
 KNOWN = {"debian-pg": "pg"}
 
@@ -185,6 +185,9 @@ def _build_into(work: Path, rdir: Path, recipe: dict[str, Any], h: str,
                               f"{os.listdir(boot)}")
     shutil.copy2(kernels[-1], out / "vmlinuz")
     shutil.copy2(initrds[-1], out / "initrd.img")
+    # The VM boots them directly; copies inside the root are dead weight.
+    for f in kernels + initrds:
+        f.unlink()
     used = _du_mb(root)
     size_mb = used + int(recipe.get("root_slack_mb", 384))
     raw = out / "root.raw"

@@ -34,4 +34,8 @@ for d in drivers/gpu drivers/media drivers/net/wireless drivers/net/ethernet \
     rm -rf "$R"/lib/modules/*/kernel/$d
 done
 rm -rf "$R"/lib/firmware/*
+# PostgreSQL's JIT pulls in LLVM and z3 (about 135 MB); the drill cluster
+# runs with jit = off (cp-pg-init), so the libraries are never loaded.
+rm -rf "$R"/usr/lib/x86_64-linux-gnu/libLLVM-*.so* "$R"/usr/lib/x86_64-linux-gnu/libz3.so* \
+    "$R"/usr/lib/postgresql/*/lib/llvmjit* "$R"/usr/lib/postgresql/*/lib/bitcode
 for k in "$R"/lib/modules/*; do chroot "$R" depmod "$(basename "$k")"; done
