@@ -86,6 +86,7 @@ class SyncRun:
 
     @property
     def done(self) -> dict[str, Any]:
+        ev: dict[str, Any]
         for ev in reversed(self.events):
             if ev.get("event") == "done":
                 return ev
@@ -93,6 +94,7 @@ class SyncRun:
 
     @property
     def error(self) -> dict[str, Any] | None:
+        ev: dict[str, Any]
         for ev in reversed(self.events):
             if ev.get("event") == "error":
                 return ev
@@ -100,7 +102,14 @@ class SyncRun:
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if line.strip():
+            ev = json.loads(line)
+            if not isinstance(ev, dict):
+                raise ValueError(f"cutpoint-sync printed a non-object event: {line!r}")
+            out.append(ev)
+    return out
 
 
 def run_sync(status: dict[str, Any], image: str, snap: str, base: str | None = None,
