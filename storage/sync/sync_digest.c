@@ -92,9 +92,10 @@ sync_buf_is_zero(const void *buf, size_t len)
 /* Reflected Castagnoli polynomial. */
 #define CRC32C_POLY 0x82f63b78u
 
-static uint32_t
-crc32c_soft(uint32_t crc, const unsigned char *p, size_t len)
+uint32_t
+sync_crc32c_portable(uint32_t crc, const void *buf, size_t len)
 {
+    const unsigned char *p = buf;
     static uint32_t table[256];
     static int ready;
     size_t i;
@@ -145,5 +146,5 @@ sync_crc32c(uint32_t crc, const void *buf, size_t len)
     if (__builtin_cpu_supports("sse4.2"))
         return crc32c_hw(crc, buf, len);
 #endif
-    return crc32c_soft(crc, buf, len);
+    return sync_crc32c_portable(crc, buf, len);
 }

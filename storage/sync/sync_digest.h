@@ -38,6 +38,9 @@ void sync_digest_hex(const unsigned char d[SYNC_DIGEST_LEN],
  */
 uint32_t sync_crc32c(uint32_t crc, const void *buf, size_t len);
 
+/* The table-driven fallback, always available (tested against the above). */
+uint32_t sync_crc32c_portable(uint32_t crc, const void *buf, size_t len);
+
 /* 1 if the len bytes at buf are all zero, else 0. */
 int sync_buf_is_zero(const void *buf, size_t len);
 

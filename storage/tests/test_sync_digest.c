@@ -95,6 +95,8 @@ test_crc32c(void **state)
 
     (void)state;
     assert_int_equal(~sync_crc32c(0xffffffffu, nine, 9), 0xe3069283u);
+    assert_int_equal(~sync_crc32c_portable(0xffffffffu, nine, 9),
+                     0xe3069283u);
     assert_int_equal(sync_crc32c(0xffffffffu, "", 0), 0xffffffffu);
     for (i = 0; i < sizeof(big); i++)
         big[i] = (unsigned char)(i * 7 + 3);
@@ -102,6 +104,8 @@ test_crc32c(void **state)
     split = sync_crc32c(sync_crc32c(0xffffffffu, big, 1001), big + 1001,
                         sizeof(big) - 1001);
     assert_int_equal(whole, split);
+    assert_int_equal(whole, sync_crc32c_portable(0xffffffffu, big,
+                                                 sizeof(big)));
     big[4000] ^= 0x10;
     assert_int_not_equal(whole, sync_crc32c(0xffffffffu, big, sizeof(big)));
 }
