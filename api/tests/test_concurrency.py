@@ -4,15 +4,12 @@ PostgreSQL, through real engines and real threads (no shared savepoint)."""
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, select, text
-
 from cutpoint.api import services_local
 from cutpoint.api.app import create_app
 from cutpoint.api.config import Settings
@@ -21,13 +18,15 @@ from cutpoint.api.migrate import upgrade
 from cutpoint.api.models import GroupSnapshot, Host, Job, Role, Site
 from cutpoint.api.schemas.groups import GroupCreate, MemberAdd
 from cutpoint.api.services import groups, inventory, tokens
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, func, select, text
 
 SECRET = "concurrency-secret-0123456789"
 
 
-def fresh_db(kind: str, eps: services_local.Endpoints) -> str:
+def fresh_db(kind: str, eps: services_local.Endpoints, tmp: Path) -> str:
     if kind == "sqlite":
-        return f"sqlite:///{tempfile.mkdtemp(prefix='cp-conc-')}/c.db"
+        return f"sqlite:///{tmp}/c.db"
     name = "conc_" + uuid.uuid4().hex[:8]
     eng = create_engine(eps.admin_url(), isolation_level="AUTOCOMMIT")
     with eng.connect() as c:
@@ -37,9 +36,9 @@ def fresh_db(kind: str, eps: services_local.Endpoints) -> str:
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_concurrent_snapshot_requests(kind: str,
-                                      local_services: services_local.Endpoints) -> None:
-    url = fresh_db(kind, local_services)
+def test_concurrent_snapshot_requests(kind: str, local_services: services_local.Endpoints,
+                                      tmp_path: Path) -> None:
+    url = fresh_db(kind, local_services, tmp_path)
     upgrade(url)
     sf = get_sessionmaker(url)
     with sf() as s:

@@ -3,8 +3,8 @@ migrated schema equals the models (compare_type=True): no drift."""
 
 from __future__ import annotations
 
-import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -16,9 +16,9 @@ from cutpoint.coordinator.txlog import METADATA as TXLOG
 from sqlalchemy import create_engine, inspect, text
 
 
-def _fresh_url(kind: str, eps: services_local.Endpoints) -> str:
+def _fresh_url(kind: str, eps: services_local.Endpoints, tmp: Path) -> str:
     if kind == "sqlite":
-        return f"sqlite:///{tempfile.mkdtemp(prefix='cp-mig-')}/m.db"
+        return f"sqlite:///{tmp}/m.db"
     name = "mig_" + uuid.uuid4().hex[:8]
     eng = create_engine(eps.admin_url(), isolation_level="AUTOCOMMIT")
     with eng.connect() as c:
@@ -28,9 +28,9 @@ def _fresh_url(kind: str, eps: services_local.Endpoints) -> str:
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_upgrade_from_empty_matches_models(kind: str,
-                                           local_services: services_local.Endpoints) -> None:
-    url = _fresh_url(kind, local_services)
+def test_upgrade_from_empty_matches_models(kind: str, local_services: services_local.Endpoints,
+                                           tmp_path: Path) -> None:
+    url = _fresh_url(kind, local_services, tmp_path)
     upgrade(url)
     eng = create_engine(url)
     with eng.connect() as c:
