@@ -271,7 +271,7 @@ class _Run:
 
         async def one(a: AgentSpec, disk: str) -> None:
             names = await self.client(a).call("snapshot.list", {"disk": disk},
-                                              timeout=timeout)
+                                              timeout=timeout, retry_closed=True)
             listed = [s.get("name") for s in names.get("snapshots", [])
                       if isinstance(s, dict)]
             if self.name not in listed:

@@ -156,25 +156,43 @@ class AgentClient:
 
     # -- calls ------------------------------------------------------------
     async def call(self, cmd: str, args: dict[str, Any] | None = None, *,
-                   timeout: float | None = None) -> dict[str, Any]:
+                   timeout: float | None = None,
+                   retry_closed: bool = False) -> dict[str, Any]:
         """Send one request and return its `result`; raise AgentError else.
 
-        `timeout` bounds connect + send + reply.  On timeout the request may
-        still be executed by the agent; callers that care (the coordinator)
-        follow up with an idempotent abort.
+        `timeout` bounds connect + send + reply (all attempts).  On timeout
+        the request may still be executed by the agent; callers that care
+        (the coordinator) follow up with an idempotent abort.
+
+        `retry_closed`: if the connection is lost with the request in flight,
+        send it once more on a new connection within the same deadline.  Only
+        for commands that are safe to repeat (agent-protocol §4: prepare,
+        commit and abort are idempotent by txn; reads are).
         """
         deadline = self.call_timeout if timeout is None else timeout
-        request: dict[str, Any] = {"id": next(self._ids), "cmd": cmd,
-                                   "args": args or {}}
         t0 = time.monotonic()
+        attempts = 2 if retry_closed else 1
         try:
-            return await asyncio.wait_for(self._call(request), deadline)
-        except TimeoutError:
-            self._pending.pop(request["id"], None)
-            raise AgentTimeout(
-                errors.TIMEOUT,
-                f"{cmd}: no reply within {deadline * 1000:.0f} ms",
-                request, None, agent=self.name) from None
+            for attempt in range(attempts):
+                request: dict[str, Any] = {"id": next(self._ids), "cmd": cmd,
+                                           "args": args or {}}
+                remaining = deadline - (time.monotonic() - t0)
+                try:
+                    if remaining <= 0:
+                        raise TimeoutError
+                    return await asyncio.wait_for(self._call(request), remaining)
+                except TimeoutError:
+                    self._pending.pop(request["id"], None)
+                    raise AgentTimeout(
+                        errors.TIMEOUT,
+                        f"{cmd}: no reply within {deadline * 1000:.0f} ms",
+                        request, None, agent=self.name) from None
+                except AgentClosed:
+                    if attempt + 1 >= attempts:
+                        raise
+                    log.info("event=agent_retry agent=%s cmd=%s why=connection_lost",
+                             self.name, cmd)
+            raise AssertionError("unreachable")
         finally:
             log.debug("agent=%s cmd=%s ms=%.2f", self.name, cmd,
                       (time.monotonic() - t0) * 1000)
@@ -212,43 +230,44 @@ class AgentClient:
 
     # -- commands of agent-protocol §4 -----------------------------------
     async def hello(self) -> dict[str, Any]:
-        return await self.call("hello")
+        return await self.call("hello", retry_closed=True)
 
     async def inventory(self, *, timeout: float | None = None) -> dict[str, Any]:
-        return await self.call("inventory", timeout=timeout)
+        return await self.call("inventory", timeout=timeout, retry_closed=True)
 
     async def prepare(self, txn: str, vms: list[str], lease_ms: int, *,
                       timeout: float | None = None) -> dict[str, Any]:
         return await self.call("prepare", {"txn": txn, "vms": list(vms),
                                            "lease_ms": int(lease_ms)},
-                               timeout=timeout)
+                               timeout=timeout, retry_closed=True)
 
     async def commit(self, txn: str, snapshots: dict[str, str], budget_ms: int, *,
                      timeout: float | None = None) -> dict[str, Any]:
         return await self.call("commit", {"txn": txn, "snapshots": dict(snapshots),
                                           "budget_ms": int(budget_ms)},
-                               timeout=timeout)
+                               timeout=timeout, retry_closed=True)
 
     async def abort(self, txn: str, snapshots: dict[str, str] | None = None, *,
                     timeout: float | None = None) -> dict[str, Any]:
         args: dict[str, Any] = {"txn": txn}
         if snapshots:
             args["snapshots"] = dict(snapshots)
-        return await self.call("abort", args, timeout=timeout)
+        return await self.call("abort", args, timeout=timeout, retry_closed=True)
 
     async def resume(self, vms: list[str]) -> dict[str, Any]:
         return await self.call("resume", {"vms": list(vms)})
 
     async def snapshot_list(self, disk: str) -> list[str]:
-        res = await self.call("snapshot.list", {"disk": disk})
+        res = await self.call("snapshot.list", {"disk": disk}, retry_closed=True)
         return [s["name"] for s in res.get("snapshots", [])]
 
     async def snapshot_delete(self, disk: str, name: str) -> bool:
-        res = await self.call("snapshot.delete", {"disk": disk, "name": name})
+        res = await self.call("snapshot.delete", {"disk": disk, "name": name},
+                              retry_closed=True)
         return bool(res.get("deleted"))
 
     async def stats(self) -> dict[str, Any]:
-        return await self.call("stats")
+        return await self.call("stats", retry_closed=True)
 
 
 class AgentPool:

@@ -223,10 +223,34 @@ async def test_connection_drop_then_reconnect(serve: Any, pki: Any) -> None:
 
     port = await serve(script)
     async with client(pki, port) as c:
-        with pytest.raises(AgentClosed):
-            await c.hello()
-        assert await c.hello() == {}
+        with pytest.raises(AgentClosed) as ei:
+            await c.call("hello")
+        assert ei.value.sent["cmd"] == "hello"
+        assert await c.call("hello") == {}
         assert c.connects == 2
+
+
+async def test_idempotent_command_is_resent_once_after_a_drop(serve: Any, pki: Any) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        req = await read_frame(r)
+        assert req is not None
+        seen.append(req)
+        if len(seen) == 1:
+            w.close()  # drop with the prepare in flight
+            return
+        w.write(encode_frame({"id": req["id"], "ok": True, "result": {
+            "txn": "t1", "state": "prepared", "vms": [{"vm": "vm1", "stop_ms": 0.3}],
+            "lease_ms": 1000}}))
+        await w.drain()
+        await r.read()
+
+    port = await serve(script)
+    async with client(pki, port) as c:
+        res = await c.prepare("t1", ["vm1"], 1000, timeout=5)
+    assert res["state"] == "prepared" and c.connects == 2
+    assert [q["args"]["txn"] for q in seen] == ["t1", "t1"]  # the same txn, resent
 
 
 async def test_protocol_violation_from_agent(serve: Any, pki: Any) -> None:
