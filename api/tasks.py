@@ -214,9 +214,12 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
         except Exception as exc:
             from cutpoint.coordinator.twophase import GroupBusy, TxnInFlight
 
-            if isinstance(exc, TxnInFlight):
-                # A killed worker's txn is not stale yet: come back after the
-                # lease, when the coordinator may resolve it.
+            if isinstance(exc, TxnInFlight) or capture.txn_in_doubt(ctx.sf, ctx.settings,
+                                                                    snap_id):
+                # The coordinator's log holds this txn undecided (a killed
+                # worker's, not stale yet, or the log failed mid-protocol):
+                # never close the row while member snapshots may exist.
+                # Come back after the lease; the coordinator resolves it.
                 raise ctx.task.retry(countdown=3, exc=exc) from exc
             code = "group_busy" if isinstance(exc, GroupBusy) else type(exc).__name__
             capture.fail(ctx.sf, snap_id, code, str(exc))

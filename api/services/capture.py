@@ -232,6 +232,22 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                 "error_code": snap.error_code, "reason": result.reason}
 
 
+def txn_in_doubt(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> bool:
+    """True if the coordinator's log has this snapshot's txn in a non-final state."""
+    from cutpoint.coordinator.txlog import FINAL
+
+    try:
+        with sf() as s:
+            snap = s.get(GroupSnapshot, snapshot_id)
+            if snap is None:
+                return False
+            txn = snap.txn
+        rec = txlog_for(settings.database_url).get(txn)
+    except Exception:  # noqa: BLE001  log unreadable: treat as in doubt, retry later
+        return True
+    return rec is not None and rec.state not in FINAL
+
+
 def fail(sf: sessionmaker[Session], snapshot_id: int, code: str, message: str) -> None:
     """The snapshot never reached an agent (or its outcome is final): close it."""
     with sf() as s:
