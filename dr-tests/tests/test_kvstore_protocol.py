@@ -147,3 +147,15 @@ def test_random_frames_do_not_kill_the_server(server: tuple[str, int]) -> None:
                     pass                            # e.g. a callback waiting
     assert request(server, INSERT, b"alive", b"yes")[0] == OK
     assert request(server, LOOKUP, b"alive")[::2] == (OK, b"yes")
+
+
+def test_config_check_never_writes(tmp_path: Path) -> None:
+    """`-n` on a blank disk reports it and leaves it blank."""
+    disk = tmp_path / "blank.img"
+    with open(disk, "wb") as f:
+        f.truncate(1 << 20)
+    out = subprocess.run([str(BIN), "-n", "--node", "0", "--peers", "127.0.0.1",
+                          "--disk", str(disk)], capture_output=True, text=True,
+                         timeout=30, check=False)
+    assert out.returncode == 0 and "is blank" in out.stdout, out
+    assert disk.read_bytes() == bytes(1 << 20)

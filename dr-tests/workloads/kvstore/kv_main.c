@@ -137,6 +137,18 @@ int main(int argc, char **argv)
     /* Format and load the superblock with fsync on, whatever the mode:
      * the negative control is about the data path, not the layout. */
     struct wl_dev *d0 = open_dev(disk, 0, 0);
+    if (check_only) {
+        /* -n never writes: a blank disk is only reported */
+        char magic[8];
+        if (wl_dev_read(d0, 0, magic, 8) < 0)
+            wl_fatal("%s: cannot read", disk);
+        if (memcmp(magic, KV_SB_MAGIC, 8) != 0) {
+            printf("disk %s is blank: it would be formatted as node %d "
+                   "of %d\n", disk, node, cfg.nnodes);
+            wl_dev_free(d0);
+            return 0;
+        }
+    }
     if (kv_superblock_load(d0, &cfg, err, sizeof(err)) < 0)
         wl_fatal("%s: %s", disk, err);
     wl_dev_free(d0);
