@@ -48,15 +48,36 @@ class Snap:
     pause_ms: float      # stop..cont (coordinated) or 0
     spread_ms: float     # first member snapshot .. last member snapshot
     acked_before: int    # ledger acks seen on the console before it (approx)
+    # Consistency level reached per member disk (crash | fs-freeze) and the
+    # quiesce record when fs-freeze was asked for.
+    members: dict[str, str] | None = None
+    quiesce: dict[str, Any] | None = None
 
 
 def group_disks(workdir: Path) -> list[GuestDisk]:
     return [GuestDisk(s, workdir / f"{s}.qcow2", mb) for s, mb in GROUP]
 
 
-def snapshot_coordinated(vm: DebianVM, name: str) -> Snap:
-    """Pause, one QMP transaction over the three disks, resume."""
+def snapshot_coordinated(vm: DebianVM, name: str,
+                         quiesce_mode: str = "crash") -> Snap:
+    """Pause, one QMP transaction over the three disks, resume; with
+    ``quiesce_mode="fs-freeze"`` inside a guest fs-freeze (with fallback)."""
     assert vm.qmp is not None
+    if quiesce_mode != "crash":
+        from cutpoint.checkers.quiesce import quiesced_snapshot
+        qmp = vm.qmp
+
+        def snap() -> None:
+            qmp.execute("transaction", {"actions": [
+                {"type": "blockdev-snapshot-internal-sync",
+                 "data": {"device": vm.node_of[s], "name": name}}
+                for s, _ in GROUP]})
+        t0 = time.monotonic()
+        rec = quiesced_snapshot(qmp.execute, vm.qga_path, snap,
+                                mode=quiesce_mode)
+        return Snap(name, "coordinated", t0, rec.pause_ms, rec.snapshot_ms,
+                    _acks(vm), {s: rec.consistency for s, _ in GROUP},
+                    rec.as_dict())
     t0 = time.monotonic()
     vm.qmp.execute("stop")
     t1 = time.monotonic()
@@ -68,7 +89,7 @@ def snapshot_coordinated(vm: DebianVM, name: str) -> Snap:
     vm.qmp.execute("cont")
     t3 = time.monotonic()
     return Snap(name, "coordinated", t0, (t3 - t0) * 1e3, (t2 - t1) * 1e3,
-                _acks(vm))
+                _acks(vm), {s: "crash" for s, _ in GROUP})
 
 
 def snapshot_uncoordinated(vm: DebianVM, name: str, delay: float) -> Snap:
@@ -99,7 +120,8 @@ def snapshot_by_coordinator(vm: DebianVM, ag: Any) -> Snap:
         raise RuntimeError(f"unexpected member snapshots: {res['snapshots']}")
     v = res["vms"][0]
     return Snap(names.pop(), "coordinator", t0, float(v.get("paused_ms") or 0),
-                float(v.get("snapshot_ms") or 0), _acks(vm))
+                float(v.get("snapshot_ms") or 0), _acks(vm),
+                {s: "crash" for s, _ in GROUP})
 
 
 def _acks(vm: DebianVM) -> int:
@@ -173,7 +195,8 @@ def start_primary(image: Image, workdir: Path, rate: int = 20) -> DebianVM:
 
 def run(workdir: Path, coordinated: int, uncoordinated: int,
         interval: float, delay: float, rate: int,
-        keep: bool = False, via: str = "qmp") -> dict[str, Any]:
+        keep: bool = False, via: str = "qmp",
+        quiesce_mode: str = "crash") -> dict[str, Any]:
     """``via``: ``qmp`` (pause + QMP transaction from here) or
     ``coordinator`` (cutpointd + ``cutpoint snapshot --group-file``)."""
     if via not in ("qmp", "coordinator"):
@@ -197,7 +220,8 @@ def run(workdir: Path, coordinated: int, uncoordinated: int,
         time.sleep(interval)
         for i in range(coordinated):
             snaps.append(snapshot_by_coordinator(vm, ag) if ag else
-                         snapshot_coordinated(vm, f"cp.pg.c{i}"))
+                         snapshot_coordinated(vm, f"cp.pg.c{i}",
+                                              quiesce_mode))
             time.sleep(interval)
         for i in range(uncoordinated):
             snaps.append(snapshot_uncoordinated(vm, f"cp.pg.u{i}", delay))
@@ -226,7 +250,8 @@ def run(workdir: Path, coordinated: int, uncoordinated: int,
                     "acks_seen": acks_at_end,
                     "console": str(vm.console)},
         "params": {"interval_s": interval, "delay_s": delay,
-                   "pgbench_rate": rate, "via": via},
+                   "pgbench_rate": rate, "via": via,
+                   "quiesce": quiesce_mode},
         "drills": results,
     }
     (workdir / "report.json").write_text(json.dumps(report, indent=2))
@@ -246,7 +271,8 @@ def render_html(report: dict[str, Any]) -> str:
             f"<h2>{e(s['name'])} ({e(s['mode'])}): {verdict}</h2>"
             f"<p>RTO to PostgreSQL ready: {d['rto_pg_ready_s']} s; to end of "
             f"check: {d['rto_check_done_s']} s. Pause {s['pause_ms']:.1f} ms, "
-            f"member spread {s['spread_ms']:.1f} ms.</p>"
+            f"member spread {s['spread_ms']:.1f} ms. Consistency per member: "
+            f"{e(json.dumps(s.get('members')))}.</p>"
             f"<table border=1><tr><th>check</th><th>result</th></tr>"
             f"<tr><td>redo done</td><td>{c['redo_done']}</td></tr>"
             f"<tr><td>pg_amcheck rc</td><td>{c['amcheck_rc']}</td></tr>"
@@ -272,9 +298,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="uncoordinated: seconds between WAL and data snaps")
     ap.add_argument("--rate", type=int, default=20, help="pgbench -R")
     ap.add_argument("--via", default="qmp", choices=["qmp", "coordinator"])
+    ap.add_argument("--quiesce", default="crash", choices=["crash", "fs-freeze"],
+                    help="--via qmp only: guest fs-freeze around the pause")
     a = ap.parse_args(argv)
+    if a.quiesce != "crash" and a.via != "qmp":
+        ap.error("--quiesce fs-freeze needs --via qmp (cutpointd has no "
+                 "fs-freeze yet)")
     rep = run(a.workdir, a.coordinated, a.uncoordinated, a.interval,
-              a.delay, a.rate, via=a.via)
+              a.delay, a.rate, via=a.via, quiesce_mode=a.quiesce)
     print(json.dumps([{k: d[k] for k in ("passed", "reasons",
                                          "rto_pg_ready_s")}
                       | {"snapshot": d["snapshot"]["name"]}
