@@ -30,7 +30,8 @@ from cutpoint.lab import config as C
 from cutpoint.lab import down as lab_down
 from cutpoint.lab import lock
 from cutpoint.lab import up as lab_up
-from cutpoint.lab.status import health
+from cutpoint.lab.errors import LabError
+from cutpoint.lab.status import health, load_status
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,13 +63,23 @@ class LabSession:
         params = dict(params)
         fresh = params.pop("fresh", False)
         if (not fresh and self.status is not None and self.params == params
-                and health(self.status)["ok"]):
+                and self._still_ours(self.status)):
             return self.status
         self.status = None
         cfg = C.LabConfig(**params)
         self.status = lab_up.up(cfg, log=self._say)
         self.params = params
         return self.status
+
+    @staticmethod
+    def _still_ours(status: dict[str, Any]) -> bool:
+        """The lab on disk is the one we brought up, and all of it runs."""
+        try:
+            on_disk = load_status(status["state_dir"])
+        except LabError:
+            return False
+        return (on_disk.get("started_at") == status.get("started_at")
+                and on_disk.get("phase") == "up" and health(status)["ok"])
 
     def down(self) -> list[str]:
         self.lock()
