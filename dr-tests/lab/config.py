@@ -93,6 +93,11 @@ class LabConfig:
             raise LabError(f"--dr-hosts must be between 1 and 9, got {self.dr_hosts}")
         if not 1 <= self.disk_size_mb <= 65536:
             raise LabError(f"--disk-size-mb must be between 1 and 65536, got {self.disk_size_mb}")
+        if any(c.isspace() for c in self.workload_args) or '"' in self.workload_args:
+            raise LabError(f"bad --workload-args {self.workload_args!r}: comma-separated, "
+                           "no spaces or quotes (it goes on the guest kernel command line)")
+        if not 64 <= self.memory_mb <= 16384:
+            raise LabError(f"--memory-mb must be between 64 and 16384, got {self.memory_mb}")
         if self.accel not in (None, "tcg", "kvm"):
             raise LabError(f"unknown --accel {self.accel!r}: choose tcg or kvm")
         if not self.workload.replace("-", "").replace("_", "").isalnum():

@@ -33,6 +33,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     ([], {"CUTPOINT_LAB_BOOT_DIR": "/nonexistent-boot"},
      "no kernel found: /nonexistent-boot/vmlinuz-* is absent"),
     (["--osd", "filestore"], {}, "unknown --osd 'filestore'"),
+    (["--workload-args", "a b"], {}, "bad --workload-args 'a b': comma-separated"),
     (["--workload", "nosuch"], {}, "unknown --workload 'nosuch': choose one of none, labcheck"),
 ])
 def test_lab_up_rejects_bad_input(args: list[str], env: dict[str, str], needle: str,
