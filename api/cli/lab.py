@@ -71,7 +71,12 @@ def up(
 
 
 def _summary(s: dict[str, Any]) -> None:
-    typer.echo(f"state dir {s['state_dir']}, accelerator {s.get('accel')}, phase {s.get('phase')}")
+    typer.echo(f"state dir {s['state_dir']}, accelerator {s.get('accel')} "
+               f"({s.get('accel_why', '?')}), phase {s.get('phase')}")
+    img = s.get("image") or {}
+    if img:
+        typer.echo(f"  image tiny {img.get('hash')} in {img.get('dir')} "
+                   f"(workloads: {', '.join(img.get('workloads') or []) or 'none'})")
     for site, v in s.get("sites", {}).items():
         typer.echo(f"  site {site:8} mon {v['mon_addr']:18} pool {v['pool']}  conf {v['ceph_conf']}")
     for h in s.get("hosts", []):
