@@ -36,6 +36,7 @@ struct conn {
     SSL *ssl;
     enum conn_state state;
     double accepted_at;
+    int broken;             /* a TLS or socket error was seen */
     char peer[64];
     uint8_t *in;
     size_t in_len, in_cap;
@@ -148,9 +149,16 @@ conn_close(struct server *s, struct conn *c, const char *why)
              (unsigned long long)c->id, c->peer, why);
     epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
     if (c->ssl) {
-        if (c->state != CONN_HANDSHAKE)
+        /* No close_notify on a connection that already failed (it would
+         * only queue more errors). */
+        if (c->state != CONN_HANDSHAKE && !c->broken)
             SSL_shutdown(c->ssl);
         SSL_free(c->ssl);
+        /* OpenSSL's error queue is per thread and shared by every
+         * connection of this loop: an error left here would make the next
+         * SSL_get_error() of another, healthy connection report
+         * SSL_ERROR_SSL instead of WANT_READ, and close it. */
+        ERR_clear_error();
     }
     close(c->fd);
     for (int i = 0; i < MAX_CONNS; i++)
@@ -201,7 +209,10 @@ conn_flush(struct conn *c)
 
     c->want_write = 0;
     while (off < c->out_len) {
-        int n = SSL_write(c->ssl, c->out + off, (int)(c->out_len - off));
+        int n;
+
+        ERR_clear_error();   /* SSL_get_error must see only this call */
+        n = SSL_write(c->ssl, c->out + off, (int)(c->out_len - off));
         if (n > 0) {
             off += (size_t)n;
             continue;
@@ -212,6 +223,7 @@ conn_flush(struct conn *c)
             break;
         }
         ERR_clear_error();
+        c->broken = 1;
         return -1;
     }
     memmove(c->out, c->out + off, c->out_len - off);
@@ -354,10 +366,12 @@ process_frames(struct server *s, struct conn *c)
 static void
 conn_handshake(struct server *s, struct conn *c)
 {
-    int r = SSL_accept(c->ssl), e;
+    int r, e;
     X509 *peer;
     char cn[256] = "?";
 
+    ERR_clear_error();
+    r = SSL_accept(c->ssl);
     if (r == 1) {
         c->state = CONN_OPEN;
         peer = SSL_get1_peer_certificate(c->ssl);
@@ -418,6 +432,7 @@ conn_read(struct server *s, struct conn *c)
             c->in = nb;
             c->in_cap = ncap;
         }
+        ERR_clear_error();
         n = SSL_read(c->ssl, c->in + c->in_len, (int)(c->in_cap - c->in_len));
         if (n > 0) {
             c->in_len += (size_t)n;
@@ -432,6 +447,8 @@ conn_read(struct server *s, struct conn *c)
             return;
         }
         ERR_clear_error();
+        if (e != SSL_ERROR_ZERO_RETURN)
+            c->broken = 1;
         conn_close(s, c, e == SSL_ERROR_ZERO_RETURN ? "peer_closed" :
                    "read_error");
         return;

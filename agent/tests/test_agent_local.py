@@ -242,3 +242,26 @@ async def test_all_or_nothing_prepare_with_hung_vm(local_agent: dict[str, Any]) 
                 assert e.code == "BUSY" and time.monotonic() - t0 < 10
                 await asyncio.sleep(0.1)
         assert (await c.abort("h3"))["resumed"] == ["vm2"]
+
+
+def test_other_client_killed_keeps_our_connection(local_agent: dict[str, Any]) -> None:
+    """A client that dies mid-connection (kill -9: a TCP reset) must not
+    disturb another client's connection (OpenSSL's per-thread error queue
+    once leaked the dead connection's error into the next healthy read)."""
+    ours = _raw(local_agent)
+    hello = json.dumps({"id": 1, "cmd": "hello"}).encode()
+    ours.sendall(struct.pack(">I", len(hello)) + hello)
+    assert (_read(ours) or {}).get("ok") is True
+    for abortive in (False, True, False):
+        victim = _raw(local_agent)
+        victim.sendall(struct.pack(">I", len(hello)) + hello)
+        assert (_read(victim) or {}).get("ok") is True
+        # Gone without a TLS close_notify, as a process killed -9: a plain
+        # FIN (OpenSSL: "unexpected eof"), or a reset.
+        if abortive:
+            victim.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        victim.close()
+        time.sleep(0.1)
+        ours.sendall(struct.pack(">I", len(hello)) + hello)
+        r = _read(ours)
+        assert r is not None and r["ok"] is True, "our connection was dropped"
