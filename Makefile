@@ -15,6 +15,9 @@ test: setup
 test-slow: setup
 	CUTPOINT_SLOW=1 scripts/test.sh
 
+drills: setup
+	.venv/bin/python -m pytest -m slow -s dr-tests/tests/test_postgres_drill.py dr-tests/tests/test_cassandra_drill.py
+
 demo: setup
 	scripts/demo.sh
 

@@ -112,6 +112,8 @@ class DebianVM:
     started_at: float = 0.0
     qmp: QMP | None = None
     node_of: dict[str, str] = field(default_factory=dict)  # serial -> diskN
+    # Extra QEMU arguments (e.g. a NIC on a tap for the Cassandra drill).
+    extra_argv: list[str] = field(default_factory=list)
     # UNIX socket paths are limited to 107 bytes and pytest's tmp_path is
     # long: the sockets live in a short private directory of their own.
     sockdir: Path = field(default_factory=lambda: Path(
@@ -157,7 +159,7 @@ class DebianVM:
                   f"driver=file,filename={f},node-name=file{i},cache.direct=off",
                   "-blockdev", f"driver=qcow2,file=file{i},node-name=disk{i}",
                   "-device", f"virtio-blk-pci,drive=disk{i},serial={serial}"]
-        return a
+        return a + self.extra_argv
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -82,6 +82,15 @@ class AgentAndGroup:
 def start(workdir: Path, vm_name: str, qmp_sock: Path,
           disks: dict[str, Path], group: str = "pg") -> AgentAndGroup:
     """``disks`` maps QEMU node name (disk1..) -> qcow2 file."""
+    return start_many(workdir, {vm_name: (qmp_sock, disks)}, group)
+
+
+def start_many(workdir: Path, vms: dict[str, tuple[Path, dict[str, Path]]],
+               group: str = "pg") -> AgentAndGroup:
+    """One agent driving several VMs (``vms``: name -> (QMP socket, node ->
+    qcow2 file)); the group file names all of them, so one group snapshot
+    pauses every VM before any member snapshot (the Cassandra drill)."""
+    vm_name = next(iter(vms))
     if not CUTPOINTD.exists():
         raise CoordinatorRunError(f"{CUTPOINTD} is not built (ninja -C build)")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -96,9 +105,11 @@ def start(workdir: Path, vm_name: str, qmp_sock: Path,
         f"journal = {workdir / 'agent-journal'}", "qmp_timeout_ms = 5000",
         "", "[tls]", f"ca = {certs / 'ca.pem'}",
         f"cert = {certs / 'pg-agent.pem'}", f"key = {certs / 'pg-agent.key'}",
-        "", f"[vm {vm_name}]", "driver = qmp", f"qmp = {qmp_sock}",
-        "method = qmp",
-    ] + [f"disk.{node} = qcow2:{f}" for node, f in disks.items()]
+    ]
+    for name, (qmp_sock, disks) in vms.items():
+        lines += ["", f"[vm {name}]", "driver = qmp", f"qmp = {qmp_sock}",
+                  "method = qmp"]
+        lines += [f"disk.{node} = qcow2:{f}" for node, f in disks.items()]
     conf.write_text("\n".join(lines) + "\n")
     chk = subprocess.run([str(CUTPOINTD), "-n", "-c", str(conf)],
                          capture_output=True, text=True, check=False)
@@ -126,7 +137,8 @@ def start(workdir: Path, vm_name: str, qmp_sock: Path,
                 "cert": str(certs / "coordinator.pem"),
                 "key": str(certs / "coordinator.key")},
         "agents": [{"name": "pg-host", "address": "127.0.0.1", "port": port,
-                    "vms": [{"name": vm_name, "disks": list(disks)}]}],
+                    "vms": [{"name": n, "disks": list(d)}
+                            for n, (_q, d) in vms.items()]}],
     }))
     return AgentAndGroup(workdir, vm_name, gf,
                          f"sqlite:///{workdir / 'coordinator.db'}", proc, port)

@@ -43,7 +43,11 @@ RECIPES = Path(__file__).resolve().parent.parent / "images" / "debian"
 # force a rebuild).
 BUILDER_VERSION = "2"
 # Recipe names as the CLI knows them -> recipe folder.
-KNOWN = {"debian-pg": "pg"}
+KNOWN = {"debian-pg": "pg", "debian-cassandra": "cassandra"}
+# Maven artifacts a recipe names (``"maven_pom"``) are fetched on the host
+# into this cache, keyed by the pom's hash, and handed to customize.sh.
+MAVEN_CACHE = Path(os.environ.get("CUTPOINT_MAVEN_CACHE",
+                                  "/var/cache/cutpoint/maven"))
 
 
 class ImageBuildError(RuntimeError):
@@ -120,6 +124,23 @@ def _load(name: str, d: Path) -> Image:
                  initrd=d / m["initrd"], cmdline=m["cmdline"], manifest=m)
 
 
+def maven_jars(pom: Path, log: Path) -> Path:
+    """``mvn dependency:copy-dependencies`` of ``pom`` (runtime scope) into
+    ``MAVEN_CACHE/<pom hash>/lib``, once; returns that folder."""
+    h = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
+    d = MAVEN_CACHE / h
+    if (d / "done").is_file():
+        return d / "lib"
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(d / "lib", ignore_errors=True)
+    _run("maven", ["mvn", "-q", "-B", "-f", str(pom),
+                   "dependency:copy-dependencies", "-DincludeScope=runtime",
+                   f"-DoutputDirectory={d / 'lib'}"], log)
+    (d / "done").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n",
+                                          time.gmtime()))
+    return d / "lib"
+
+
 def cached(name: str, fmt: str = "raw",
            cache_root: Path = CACHE_ROOT) -> Image | None:
     h = recipe_hash(recipe_dir(name), fmt)
@@ -162,6 +183,11 @@ def _build_into(work: Path, rdir: Path, recipe: dict[str, Any], h: str,
     root, out, log = work / "root", work / "out", work / "build.log"
     out.mkdir()
     timings: dict[str, float] = {}
+    hook_extra = ""
+    if "maven_pom" in recipe:
+        t0 = time.monotonic()
+        hook_extra = " " + str(maven_jars(rdir / recipe["maven_pom"], log))
+        timings["maven_s"] = time.monotonic() - t0
     argv = [
         "mmdebstrap", f"--variant={recipe.get('variant', 'apt')}",
         "--include=" + ",".join(recipe["packages"]),
@@ -171,7 +197,7 @@ def _build_into(work: Path, rdir: Path, recipe: dict[str, Any], h: str,
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         "--dpkgopt=path-exclude=/usr/share/info/*",
         f"--customize-hook=cp -a {rdir}/overlay/. \"$1\"/",
-        f"--customize-hook=sh {rdir}/customize.sh \"$1\"",
+        f"--customize-hook=sh {rdir}/customize.sh \"$1\"{hook_extra}",
         recipe.get("suite", "bookworm"), str(root),
         recipe.get("mirror", "http://deb.debian.org/debian"),
     ]
