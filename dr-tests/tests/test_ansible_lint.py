@@ -1,0 +1,143 @@
+"""Fast checks of ansible/ (no lab): ansible-lint over the whole folder,
+--syntax-check of every playbook, and the registration module against a real
+cutpoint API (SQLite) — create, no-op second run, honest check mode, PATCH on
+a new certificate."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = ROOT / "ansible"
+BIN = Path(sys.executable).parent
+PLAYBOOKS = ["site.yml", "add-host.yml", "rotate-certs.yml"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    env["ANSIBLE_CONFIG"] = str(ANSIBLE / "ansible.cfg")
+    env["ANSIBLE_LOCAL_TEMP"] = env["ANSIBLE_REMOTE_TEMP"] = "/tmp/.ansible-tmp"
+    return env
+
+
+def test_ansible_lint_passes_on_the_whole_folder() -> None:
+    r = subprocess.run([str(BIN / "ansible-lint"), "--profile", "production"], cwd=ANSIBLE,
+                       env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS)
+def test_playbook_syntax(playbook: str) -> None:
+    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventory.example.yml",
+                        "--syntax-check", playbook], cwd=ANSIBLE, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def api(tmp_path: Path):
+    """A real cutpoint API on SQLite (no broker needed for hosts and sites)."""
+    env = dict(os.environ, CUTPOINT_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite",
+               CUTPOINT_TOKEN_SECRET="ansible-test-secret-0123456789",
+               CUTPOINT_REDIS_URL="redis://127.0.0.1:1/0")
+    env.pop("CUTPOINT_CONFIG", None)
+    cp = str(BIN / "cutpoint")
+    subprocess.run([cp, "server", "migrate"], env=env, check=True, capture_output=True)
+    tok = json.loads(subprocess.run([cp, "token", "create", "ansible", "--role", "admin", "--json"],
+                                    env=env, check=True, capture_output=True, text=True).stdout)
+    (tmp_path / "token").write_text(tok["token"] + "\n")
+    port = _free_port()
+    log = open(tmp_path / "api.log", "wb")
+    p = subprocess.Popen([cp, "server", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                         stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((tmp_path / "api.log").read_text()) from None
+                time.sleep(0.3)
+        yield {"url": f"http://127.0.0.1:{port}", "token_file": str(tmp_path / "token"),
+               "token": tok["token"]}
+    finally:
+        p.terminate()
+        p.wait(timeout=20)
+        log.close()
+
+
+def _cert(tmp_path: Path, name: str) -> str:
+    ca = tmp_path / f"ca-{name}"
+    subprocess.run([str(ROOT / "scripts" / "make-lab-ca.sh"), str(ca)], check=True)
+    subprocess.run([str(ROOT / "scripts" / "make-lab-ca.sh"), str(ca), "issue", name, "10.78.0.9"],
+                   check=True)
+    return (ca / f"{name}.pem").read_text()
+
+
+def _module(api: dict, cert_pem: str, *, check: bool = False) -> tuple[bool, dict]:
+    args = {"api_url": api["url"], "token_file": api["token_file"], "name": "hv1",
+            "site": "primary", "address": "10.78.0.9", "port": 7443, "cert_pem": cert_pem}
+    cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "cutpoint_host_registration",
+           "-a", json.dumps(args)]
+    if check:
+        cmd.append("--check")
+    r = subprocess.run(cmd, cwd=ANSIBLE, env=_env(), capture_output=True, text=True, timeout=120)
+    m = re.search(r"localhost \| (CHANGED|SUCCESS) => (\{.*\})", r.stdout, re.S)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    return m.group(1) == "CHANGED", json.loads(m.group(2))
+
+
+def _hosts(api: dict) -> list[dict]:
+    import urllib.request
+    req = urllib.request.Request(api["url"] + "/v1/hosts",
+                                 headers={"Authorization": f"Bearer {api['token']}"})
+    with urllib.request.urlopen(req) as resp:
+        return list(json.load(resp)["items"])
+
+
+def _fp(pem: str) -> str:
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+
+def test_registration_module_reads_compares_and_writes_only_on_difference(
+        api: dict, tmp_path: Path) -> None:
+    pem1, pem2 = _cert(tmp_path, "hv1"), _cert(tmp_path, "hv1b")
+    # Check mode on an empty API: would change, writes nothing.
+    changed, _ = _module(api, pem1, check=True)
+    assert changed and _hosts(api) == []
+    # Real run: creates site and host with the certificate's fingerprint.
+    changed, _ = _module(api, pem1)
+    hosts = _hosts(api)
+    assert changed and [(h["name"], h["site"], h["cert_fingerprint"]) for h in hosts] == \
+        [("hv1", "primary", _fp(pem1))]
+    # Second run: no difference, no write.
+    changed, res = _module(api, pem1)
+    assert not changed and res["diff_fields"] == []
+    assert _hosts(api)[0]["version"] == hosts[0]["version"]
+    # A rotated certificate: check mode reports the change and writes nothing...
+    changed, res = _module(api, pem2, check=True)
+    assert changed and res["diff_fields"] == ["cert_fingerprint"]
+    assert _hosts(api)[0]["cert_fingerprint"] == _fp(pem1)
+    # ...the real run patches exactly that field.
+    changed, _ = _module(api, pem2)
+    assert changed and _hosts(api)[0]["cert_fingerprint"] == _fp(pem2)
