@@ -56,29 +56,29 @@ def hello(host, port, ca, cert, key, timeout):
     ctx.load_cert_chain(cert, key)
     ctx.check_hostname = False  # the agent is named by its IP SAN or by CN; CA trust is the check
     req = {"id": 1, "cmd": "hello", "args": {}}
-    with socket.create_connection((host, port), timeout=timeout) as raw:
-        with ctx.wrap_socket(raw) as tls:
-            body = json.dumps(req).encode()
-            tls.sendall(struct.pack(">I", len(body)) + body)
-            (n,) = struct.unpack(">I", _recv_exact(tls, 4))
-            if n > 1048576:
-                raise ValueError(f"reply frame of {n} bytes exceeds 1 MiB")
-            reply = json.loads(_recv_exact(tls, n))
-            der = tls.getpeercert(binary_form=True)
+    with socket.create_connection((host, port), timeout=timeout) as raw, \
+            ctx.wrap_socket(raw) as tls:
+        body = json.dumps(req).encode()
+        tls.sendall(struct.pack(">I", len(body)) + body)
+        (n,) = struct.unpack(">I", _recv_exact(tls, 4))
+        if n > 1048576:
+            raise ValueError(f"reply frame of {n} bytes exceeds 1 MiB")
+        reply = json.loads(_recv_exact(tls, n))
+        der = tls.getpeercert(binary_form=True)
     return req, reply, hashlib.sha256(der).hexdigest()
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            host=dict(type="str", required=True),
-            port=dict(type="int", default=7443),
-            ca=dict(type="path", required=True),
-            cert=dict(type="path", required=True),
-            key=dict(type="path", required=True),
-            expect_host=dict(type="str"),
-            timeout=dict(type="float", default=10.0),
-        ),
+        argument_spec={
+            "host": {"type": "str", "required": True},
+            "port": {"type": "int", "default": 7443},
+            "ca": {"type": "path", "required": True},
+            "cert": {"type": "path", "required": True},
+            "key": {"type": "path", "required": True},
+            "expect_host": {"type": "str"},
+            "timeout": {"type": "float", "default": 10.0},
+        },
         supports_check_mode=True,
     )
     p = module.params

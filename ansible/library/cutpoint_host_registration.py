@@ -91,18 +91,18 @@ def fingerprint(cert_pem):
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            api_url=dict(type="str", required=True),
-            token=dict(type="str", no_log=True, default=""),
-            token_file=dict(type="path"),
-            name=dict(type="str", required=True),
-            site=dict(type="str", required=True),
-            address=dict(type="str", required=True),
-            port=dict(type="int", default=7443),
-            cert_pem=dict(type="str"),
-            cert_fingerprint=dict(type="str"),
-            state=dict(type="str", default="present", choices=["present", "absent"]),
-        ),
+        argument_spec={
+            "api_url": {"type": "str", "required": True},
+            "token": {"type": "str", "no_log": True, "default": ""},
+            "token_file": {"type": "path"},
+            "name": {"type": "str", "required": True},
+            "site": {"type": "str", "required": True},
+            "address": {"type": "str", "required": True},
+            "port": {"type": "int", "default": 7443},
+            "cert_pem": {"type": "str"},
+            "cert_fingerprint": {"type": "str"},
+            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+        },
         supports_check_mode=True,
     )
     p = module.params
