@@ -18,6 +18,8 @@ test-slow: setup
 drills: setup
 	.venv/bin/python -m pytest -m slow -s dr-tests/tests/test_postgres_drill.py dr-tests/tests/test_cassandra_drill.py
 
+test-ansible: setup ; .venv/bin/pytest -m slow -s -v dr-tests/tests/test_ansible_vms.py
+
 demo: setup
 	scripts/demo.sh
 

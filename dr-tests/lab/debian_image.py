@@ -43,7 +43,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "images" / "debian"
 # force a rebuild).
 BUILDER_VERSION = "2"
 # Recipe names as the CLI knows them -> recipe folder.
-KNOWN = {"debian-pg": "pg", "debian-cassandra": "cassandra"}
+KNOWN = {"debian-pg": "pg", "debian-cassandra": "cassandra", "debian-host": "host"}
 # Maven artifacts a recipe names (``"maven_pom"``) are fetched on the host
 # into this cache, keyed by the pom's hash, and handed to customize.sh.
 MAVEN_CACHE = Path(os.environ.get("CUTPOINT_MAVEN_CACHE",
