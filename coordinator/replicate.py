@@ -1,0 +1,263 @@
+"""Group-level replication: every member disk of a group snapshot to DR.
+
+    result = replicate_group(src_site, dst_site, members, jobs=2)
+
+Each member is one `cutpoint-sync` run (docs/replication.md) copying
+`pool/image@snap` from `src_site` to the same-named image and snapshot at
+`dst_site`, incrementally from `base` when the member has one.  Runs go in
+parallel, at most `jobs` at a time.  A site is the dict of the lab status
+(`ceph_conf`, `keyring`, `client_id`, `pool`).
+
+Invariant 5: the group snapshot is a DR recovery point only when *every*
+member's run ended with a `done` event (its extents checksummed and
+verified at DR, the DR snapshot created last as completion marker) and,
+with `verify_full`, the full SHA-256 of both sides matched.  One failed
+member makes the whole group `failed`; the members that did arrive stay at
+DR and are the base of the retry (the engine finds them "already" there).
+
+Member states:  pending --> copying --> verified
+                                  \\--> failed
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_STATE_DIR = "/var/lib/cutpoint/sync"
+
+EventHook = Callable[[str, dict[str, Any]], None]
+
+
+class ReplicationError(RuntimeError):
+    """A replication step failed: carries the command and what came back."""
+
+    def __init__(self, message: str, argv: Sequence[str] = (), returncode: int | None = None,
+                 stderr: str = "") -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        super().__init__(message)
+
+
+def sync_binary() -> str:
+    """cutpoint-sync: $CUTPOINT_SYNC, build/storage/sync/cutpoint-sync, or PATH."""
+    env = os.environ.get("CUTPOINT_SYNC")
+    if env:
+        return env
+    built = REPO / "build" / "storage" / "sync" / "cutpoint-sync"
+    if built.is_file():
+        return str(built)
+    found = shutil.which("cutpoint-sync")
+    if found:
+        return found
+    raise ReplicationError(f"cutpoint-sync not found (looked at $CUTPOINT_SYNC, {built}, PATH); "
+                           "build it with `ninja -C build`")
+
+
+@dataclass(frozen=True)
+class MemberCopy:
+    """One member disk to copy: image@snap, incrementally from base if given."""
+
+    image: str
+    snap: str
+    base: str | None = None
+    disk: str = ""  # "<vm>/<node>", for reports
+
+
+@dataclass
+class MemberResult:
+    image: str
+    snap: str
+    base: str | None
+    disk: str
+    state: str = "pending"  # pending|copying|verified|failed
+    full: bool | None = None
+    already: bool = False
+    bytes_shipped: int = 0
+    bytes_changed: int = 0
+    bytes_zeroed: int = 0
+    seconds: float = 0.0
+    throughput_mbps: float = 0.0
+    verified_full: bool = False
+    sha256: str | None = None
+    error: str | None = None
+    returncode: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GroupReplication:
+    state: str  # verified|failed
+    members: list[MemberResult] = field(default_factory=list)
+    started_at: float = 0.0  # time.time()
+    finished_at: float = 0.0
+    bytes_shipped: int = 0
+    seconds: float = 0.0
+
+    @property
+    def recovery_point(self) -> bool:
+        return self.state == "verified"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "recovery_point": self.recovery_point,
+                "bytes_shipped": self.bytes_shipped, "seconds": round(self.seconds, 3),
+                "throughput_mbps": round(self.bytes_shipped / 1e6 / self.seconds, 2)
+                if self.seconds > 0 else 0.0,
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "members": [m.as_dict() for m in self.members]}
+
+
+def site_args(prefix: str, site: dict[str, Any]) -> list[str]:
+    argv = [f"--{prefix}-conf", site["ceph_conf"], f"--{prefix}-id",
+            site.get("client_id", "admin"), f"--{prefix}-pool", site.get("pool", "rbd")]
+    if site.get("keyring"):
+        argv += [f"--{prefix}-keyring", site["keyring"]]
+    return argv
+
+
+def sync_argv(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, *,
+              verify_full: bool = False, rate_mbps: float | None = None,
+              state_dir: str = DEFAULT_STATE_DIR, full_resync: bool = False) -> list[str]:
+    argv = [sync_binary(), *site_args("src", src), *site_args("dst", dst),
+            "--image", m.image, "--snap", m.snap, "--state-dir", state_dir,
+            "--progress-ms", "500"]
+    if m.base:
+        argv += ["--base", m.base]
+    if verify_full:
+        argv.append("--verify-full")
+    if full_resync:
+        argv.append("--full-resync")
+    if rate_mbps:
+        argv += ["--rate-mbps", f"{rate_mbps:g}"]
+    return argv
+
+
+def _copy_one(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, res: MemberResult,
+              on_event: EventHook | None, timeout: float, **kw: Any) -> None:
+    argv = sync_argv(src, dst, m, **kw)
+    res.state = "copying"
+    if on_event:
+        on_event("member.copying", {"image": m.image, "snap": m.snap, "base": m.base})
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done: dict[str, Any] | None = None
+    err: dict[str, Any] | None = None
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if not line.strip():
+                continue
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = ev.get("event")
+            if kind == "done":
+                done = ev
+            elif kind == "error":
+                err = ev
+            elif kind == "progress" and on_event:
+                on_event("member.progress", {"image": m.image, **ev})
+        rc = proc.wait(timeout=timeout)
+        stderr = proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    res.seconds = time.monotonic() - t0
+    res.returncode = rc
+    if rc != 0 or done is None:
+        res.state = "failed"
+        msg = (err or {}).get("message") or stderr.strip().splitlines()[-1:] or ["no done event"]
+        res.error = f"cutpoint-sync rc={rc}: {msg if isinstance(msg, str) else msg[0]}"
+    else:
+        res.full = bool(done.get("full"))
+        res.already = bool(done.get("already"))
+        res.bytes_shipped = int(done.get("bytes_shipped", 0))
+        res.bytes_changed = int(done.get("bytes_changed", 0))
+        res.bytes_zeroed = int(done.get("bytes_zeroed", 0))
+        res.verified_full = bool(done.get("verified_full"))
+        res.sha256 = done.get("dr_sha256")
+        if kw.get("verify_full") and not res.already and not res.verified_full:
+            res.state = "failed"
+            res.error = "full verification was asked for and not reported"
+        else:
+            res.state = "verified"
+        res.throughput_mbps = (res.bytes_shipped / 1e6 / res.seconds) if res.seconds else 0.0
+    if on_event:
+        on_event(f"member.{res.state}", res.as_dict())
+
+
+def replicate_group(src: dict[str, Any], dst: dict[str, Any], members: Sequence[MemberCopy],
+                    *, jobs: int = 2, verify_full: bool = False,
+                    rate_mbps: float | None = None, state_dir: str = DEFAULT_STATE_DIR,
+                    on_event: EventHook | None = None,
+                    timeout_s: float = 1800) -> GroupReplication:
+    """Copy every member (at most `jobs` at once); verified only if all are."""
+    if not members:
+        raise ReplicationError("a group snapshot with no member disks is not replicable")
+    if jobs < 1:
+        raise ReplicationError(f"jobs must be >= 1, got {jobs}")
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    results = [MemberResult(m.image, m.snap, m.base, m.disk) for m in members]
+    t0, w0 = time.monotonic(), time.time()
+    with ThreadPoolExecutor(max_workers=min(jobs, len(members))) as ex:
+        futs = [ex.submit(_copy_one, src, dst, m, r, on_event, timeout_s,
+                          verify_full=verify_full, rate_mbps=rate_mbps, state_dir=state_dir)
+                for m, r in zip(members, results, strict=True)]
+        for f, r in zip(futs, results, strict=True):
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001  recorded per member (invariant 7)
+                r.state, r.error = "failed", f"{type(exc).__name__}: {exc}"
+    out = GroupReplication(
+        state="verified" if all(r.state == "verified" for r in results) else "failed",
+        members=results, started_at=w0, finished_at=time.time(),
+        bytes_shipped=sum(r.bytes_shipped for r in results), seconds=time.monotonic() - t0)
+    if on_event:
+        on_event(f"group.{out.state}", out.as_dict())
+    return out
+
+
+def _rbd(site: dict[str, Any], *args: str, timeout: float = 120) -> str:
+    argv = ["rbd", "-c", site["ceph_conf"], "--id", site.get("client_id", "admin")]
+    if site.get("keyring"):
+        argv += ["--keyring", site["keyring"]]
+    argv += list(args)
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if cp.returncode != 0:
+        raise ReplicationError(f"rbd {' '.join(args)}: {cp.stderr.strip()[-400:]}", argv,
+                               cp.returncode, cp.stderr)
+    return cp.stdout
+
+
+def list_snaps(site: dict[str, Any], image: str) -> list[str]:
+    """Snapshot names of pool/image in creation order ([] if the image is absent)."""
+    pool = site.get("pool", "rbd")
+    try:
+        out = _rbd(site, "snap", "ls", "--format", "json", f"{pool}/{image}")
+    except ReplicationError as exc:
+        if "No such file" in exc.stderr or "does not exist" in exc.stderr:
+            return []
+        raise
+    return [s["name"] for s in sorted(json.loads(out), key=lambda s: s["id"])]
+
+
+def newest_common_snapshot(a: dict[str, Any], b: dict[str, Any], image: str,
+                           prefix: str = "cp.") -> str | None:
+    """The newest snapshot (in `a`'s order) present under the same name at both sites."""
+    at_b = set(list_snaps(b, image))
+    common = [s for s in list_snaps(a, image) if s in at_b and s.startswith(prefix)]
+    return common[-1] if common else None

@@ -1,0 +1,206 @@
+"""Group replication and drills against the lab's two Ceph clusters.
+
+One lab (2 primary hosts x 1 guest x 1 RBD disk, workload `writer` in a
+ring across both guests, 1 DR host).  The writer keeps writing throughout.
+
+- three group snapshots, each replicated (the first full, then
+  incremental from the previous one); every DR member snapshot has the
+  same SHA-256 as its primary snapshot (`rbd export`, independent of the
+  engine's own hashing), and the group is a recovery point only then;
+- a drill of the newest recovery point boots the clones on the DR host on
+  an isolated bridge, the writer checker passes on them, and afterwards no
+  scratch image, QEMU or link is left; a fourth group snapshot is
+  replicated while the drill runs;
+- a drill of a recovery point with no writer records fails, with its
+  evidence (check output, console log, HTML report), and cleans up too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cutpoint.coordinator.drill import DrillVM, leftovers, run_drill, spec_from_lab
+from cutpoint.coordinator.replicate import (
+    GroupReplication,
+    MemberCopy,
+    list_snaps,
+    replicate_group,
+)
+from cutpoint.lab.ceph import rbd_cmd
+
+pytestmark = [pytest.mark.lab,
+              pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=1, workload="writer")]
+
+CLI = [str(Path(sys.executable).with_name("cutpoint"))]
+GROUP = "drt"
+
+
+def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, env=dict(os.environ, COLUMNS="250"))
+
+
+def sha256_of(site: dict[str, Any], image: str, snap: str) -> str:
+    p = subprocess.Popen(rbd_cmd(site, "export", "--no-progress",
+                                 f"{site['pool']}/{image}@{snap}", "-"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    h = hashlib.sha256()
+    assert p.stdout is not None
+    for chunk in iter(lambda: p.stdout.read(1 << 20), b""):  # type: ignore[union-attr]
+        h.update(chunk)
+    assert p.wait(timeout=300) == 0, p.stderr.read() if p.stderr else ""
+    return h.hexdigest()
+
+
+class Env:
+    """Agents + group file + coordinator log for the lab; remembers the replicated chain."""
+
+    def __init__(self, status: dict[str, Any], tmp: Path) -> None:
+        from cutpoint.coordinator import write_group_file
+        from cutpoint.lab.agents import start_agents
+
+        self.status = status
+        self.certs = Path(status["state_dir"]) / "certs"
+        self.agents = start_agents(status, self.certs)
+        self.file = tmp / "group.yaml"
+        write_group_file(status, self.file, certs_dir=self.certs, group=GROUP)
+        self.db = f"sqlite:///{tmp / 'coordinator.db'}"
+        self.state_dir = str(tmp / "sync")
+        self.vms = sorted(status["vms"], key=lambda v: v["index"])
+        self.images = [d["image"] for v in self.vms for d in v["disks"]]
+        self.last: str | None = None  # newest replicated group snapshot name
+
+    def snapshot(self) -> str:
+        res = cutpoint("snapshot", "--group-file", str(self.file), "--db", self.db, "--json")
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        doc, _ = json.JSONDecoder().raw_decode(res.stdout, res.stdout.index("{"))
+        assert doc["state"] == "committed", doc
+        return f"cp.{GROUP}.{doc['txn']}"
+
+    def replicate(self, snap: str, base: str | None) -> GroupReplication:
+        members = [MemberCopy(i, snap, base) for i in self.images]
+        return replicate_group(self.status["sites"]["primary"], self.status["sites"]["dr"],
+                               members, jobs=2, state_dir=self.state_dir)
+
+
+_ENV: dict[str, Env] = {}
+
+
+@pytest.fixture
+def env(lab: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Env:
+    key = str(lab.get("started_at"))
+    if key not in _ENV:
+        _ENV.clear()
+        _ENV[key] = Env(lab, tmp_path_factory.mktemp("dr"))
+    return _ENV[key]
+
+
+def test_three_group_rounds_under_writer_load_identical(env: Env) -> None:
+    p, d = env.status["sites"]["primary"], env.status["sites"]["dr"]
+    base = None
+    for rnd in range(3):
+        snap = env.snapshot()
+        rep = env.replicate(snap, base)
+        assert rep.recovery_point, rep.as_dict()
+        for m in rep.members:
+            assert m.state == "verified"
+            assert m.full is (base is None), m
+            if base is not None:
+                # Only what changed crosses: the writer wrote a little.
+                assert 0 < m.bytes_shipped < 64 << 20, m
+        for image in env.images:
+            want, got = sha256_of(p, image, snap), sha256_of(d, image, snap)
+            assert want == got, f"round {rnd} {image}@{snap}: primary {want} != dr {got}"
+            assert snap in list_snaps(d, image)
+        base = snap
+    env.last = base
+
+
+def test_drill_passes_cleans_up_while_replication_continues(env: Env, tmp_path: Path) -> None:
+    if env.last is None:
+        snap = env.snapshot()
+        assert env.replicate(snap, None).recovery_point
+        env.last = snap
+    rp = env.last
+    # A new group snapshot is taken and replicated while the drill runs.
+    during: dict[str, Any] = {}
+
+    def replicate_meanwhile() -> None:
+        try:
+            snap = env.snapshot()
+            during["snap"] = snap
+            during["rep"] = env.replicate(snap, rp)
+        except BaseException as exc:  # noqa: BLE001  reported by the main thread
+            during["error"] = exc
+
+    events: list[dict[str, Any]] = []
+    spec = spec_from_lab(env.status, rp, report_dir=str(tmp_path))
+    t = threading.Thread(target=replicate_meanwhile)
+    started = threading.Event()
+
+    def hook(ev: dict[str, Any]) -> None:
+        events.append(ev)
+        if ev["step"] == "boot" and ev["status"] == "started" and not started.is_set():
+            started.set()
+            t.start()
+
+    report = run_drill(spec, on_event=hook)
+    if started.is_set():
+        t.join(timeout=600)
+    assert "error" not in during, during.get("error")
+    assert report["verdict"] == "passed", json.dumps(report, indent=1, default=str)[-3000:]
+    assert report["checks"][0]["name"] == "writer" and report["checks"][0]["ok"]
+    assert report["checks"][0]["verdict"]["p"] > 0
+    assert report["cleanup"]["ok"] and not any(report["cleanup"]["leftovers"].values())
+    assert not any(leftovers(env.status["sites"]["dr"], spec.host_netns,
+                             report["drill_id"]).values())
+    steps = [(e["step"], e["status"]) for e in report["timeline"]]
+    assert ("boot", "ok") in steps and steps[-1] == ("verdict", "passed")
+    assert sum(1 for s in steps if s == ("boot", "ok")) == len(env.vms)
+    # Replication went on during the drill and produced a new recovery point.
+    assert started.is_set() and during["rep"].recovery_point, during
+    env.last = during["snap"]
+    for name, console in report["consoles"].items():
+        assert "cp-init: ready" in Path(console).read_text(), name
+    assert Path(report["report_json"]).is_file() and Path(report["report_html"]).is_file()
+    assert "PASSED" in Path(report["report_html"]).read_text()
+
+
+def test_drill_with_failing_check_reports_evidence(env: Env, tmp_path: Path) -> None:
+    """A recovery point whose disk holds no writer records: the check must fail."""
+    p, d = env.status["sites"]["primary"], env.status["sites"]["dr"]
+    image = f"blank-{uuid.uuid4().hex[:6]}"
+    snap = "cp.blank.t1"
+    subprocess.run(rbd_cmd(p, "create", "--size", "16M", f"{p['pool']}/{image}"), check=True)
+    try:
+        subprocess.run(rbd_cmd(p, "snap", "create", f"{p['pool']}/{image}@{snap}"), check=True)
+        rep = replicate_group(p, d, [MemberCopy(image, snap)], state_dir=env.state_dir)
+        assert rep.recovery_point
+        spec = spec_from_lab(env.status, snap, report_dir=str(tmp_path))
+        spec.vms = [DrillVM("blank", 9, [{"node": "disk0", "image": image}])]
+        report = run_drill(spec)
+        assert report["verdict"] == "failed"
+        assert report["error"] is None  # the drill ran; the check failed
+        chk = report["checks"][0]
+        assert not chk["ok"] and chk["summary"].startswith("FAILED")
+        assert Path(tmp_path, f"drill-{report['drill_id']}", "check-writer.json").is_file()
+        console = Path(report["consoles"]["blank"]).read_text()
+        assert "cp-init: ready" in console
+        html = Path(report["report_html"]).read_text()
+        assert "FAILED" in html and "FAIL" in html and "cp-init: ready" in html
+        assert report["cleanup"]["ok"], report["cleanup"]
+    finally:
+        for site in (p, d):
+            subprocess.run(rbd_cmd(site, "snap", "purge", "--no-progress",
+                                   f"{site['pool']}/{image}"), capture_output=True, check=False)
+            subprocess.run(rbd_cmd(site, "rm", "--no-progress", f"{site['pool']}/{image}"),
+                           capture_output=True, check=False)
