@@ -196,6 +196,8 @@ def _build_into(work: Path, rdir: Path, recipe: dict[str, Any], h: str,
         "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         "--dpkgopt=path-exclude=/usr/share/info/*",
+        # A recipe's setup hooks run before any package is unpacked.
+        *[f"--setup-hook={h}" for h in recipe.get("setup_hooks", [])],
         f"--customize-hook=cp -a {rdir}/overlay/. \"$1\"/",
         f"--customize-hook=sh {rdir}/customize.sh \"$1\"{hook_extra}",
         recipe.get("suite", "bookworm"), str(root),
