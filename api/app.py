@@ -73,6 +73,9 @@ def create_app(settings: Settings | None = None,
     v1 = APIRouter(prefix="/v1")
     for r in (sites, hosts, inventory, groups, snapshots, jobs, audit, tokens):
         v1.include_router(r.router)
+    from cutpoint.api.routes import drills, failover, replication  # DR (issue 6)
+    for r in (replication, drills, failover):
+        v1.include_router(r.router)
     app.include_router(v1)
 
     @app.get("/healthz", tags=["health"])

@@ -364,3 +364,62 @@ class AuditEntry(Base):
     request_id: Mapped[str] = mapped_column(String(36))
     remote: Mapped[str | None] = mapped_column(String(64), default=None)
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+
+
+# --- DR: replication, DR retention, fencing, drills (issue 6) ---------------
+
+
+class MemberReplication(Base):
+    """One member disk of a group snapshot copied to the DR site by cutpoint-sync.
+
+    pending --> copying --> verified
+                      \\--> failed
+    The group snapshot becomes a DR recovery point (dr_verified_at) only when
+    every row of its latest attempt is verified (invariant 5).
+    """
+
+    __tablename__ = "member_replications"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_snapshot_id: Mapped[int] = mapped_column(
+        ForeignKey("group_snapshots.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    disk: Mapped[str] = mapped_column(String(200))  # "<vm>/<node>"
+    pool: Mapped[str] = mapped_column(String(128))
+    image: Mapped[str] = mapped_column(String(255))
+    snap: Mapped[str] = mapped_column(String(255))
+    base: Mapped[str | None] = mapped_column(String(255), default=None)
+    target_site: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    full: Mapped[bool | None] = mapped_column(Boolean, default=None)
+    bytes_shipped: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_changed: Mapped[int] = mapped_column(BigInteger, default=0)
+    seconds: Mapped[float | None] = mapped_column(Float, default=None)
+    throughput_mbps: Mapped[float | None] = mapped_column(Float, default=None)
+    started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class DrPolicy(Base):
+    """Retention at the DR site, separate from the primary's (invariant 6 holds at both)."""
+
+    __tablename__ = "dr_policies"
+    group_id: Mapped[int] = mapped_column(
+        ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True)
+    keep_last: Mapped[int] = mapped_column(Integer, default=48)
+    keep_within_seconds: Mapped[int] = mapped_column(Integer, default=0)
+    __table_args__ = (CheckConstraint("keep_last >= 1", name="dr_keep_last_min"),)
+
+
+class FencingEpoch(Base):
+    """Raised at every failover: the site named here is the only writer from `at` on."""
+
+    __tablename__ = "fencing_epochs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    active_site: Mapped[str] = mapped_column(String(64))
+    fenced_site: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str | None] = mapped_column(String(36), default=None)
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    __table_args__ = (UniqueConstraint("group_id", "epoch", name="uq_fencing_group_epoch"),)

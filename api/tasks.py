@@ -122,7 +122,7 @@ def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) ->
     try:
         result = fn(ctx)
     except JobFailed as exc:
-        _finish(ctx, JobState.failed, None, exc.code, str(exc))
+        _finish(ctx, JobState.failed, getattr(exc, "result", None), exc.code, str(exc))
         return
     except (Skip, Retry):
         raise
@@ -229,6 +229,7 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
     if summary["state"] != "committed":
         raise JobFailed(summary.get("error_code") or "aborted",
                         summary.get("reason") or "aborted")
+    _queue_replication(ctx, snap_id)  # DR (issue 6)
     return summary
 
 
@@ -327,3 +328,76 @@ def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
             inventory.apply(s, host, inv)
             ok += 1
     return {"reachable": ok, "unreachable": bad}
+
+
+# --- DR (issue 6): replication, drills, failover ---------------------------
+
+
+@cutpoint_task("replicate")
+def replicate(ctx: Ctx) -> dict[str, Any] | None:
+    """Copy every member disk of the job's group snapshot to the group's DR site.
+
+    Not under the group lock: replication runs while later snapshots (and
+    drills) of the group go on; the engine's own run lock serialises copies
+    of one image, and `replication_base` keeps the base alive (invariant 6).
+    """
+    from cutpoint.api.services import replication
+
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        assert job is not None
+        if job.snapshot_id is None:
+            raise JobFailed("no_snapshot", "the job names no snapshot")
+        snap_id = job.snapshot_id
+        params = dict(job.params or {})
+    try:
+        return replication.run(ctx.sf, ctx.settings, snap_id,
+                               jobs=int(params.get("jobs", 2)),
+                               verify_full=bool(params.get("verify_full", False)))
+    except replication.ReplicationFailed as exc:
+        raise JobFailed(exc.code, str(exc)) from exc
+
+
+@cutpoint_task("drill")
+def drill(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import drills
+
+    try:
+        return drills.run_job(ctx.sf, ctx.settings, ctx.job_id or "")
+    except drills.DrillFailed as exc:
+        failed = JobFailed(exc.code, str(exc))
+        failed.result = exc.result  # type: ignore[attr-defined]  the evidence stays
+        raise failed from exc
+
+
+@cutpoint_task("failover")
+def failover(ctx: Ctx) -> dict[str, Any] | None:
+    from cutpoint.api.services import failover as fo
+
+    try:
+        return fo.run_job(ctx.sf, ctx.settings, ctx.job_id or "")
+    except fo.FailoverFailed as exc:
+        raise JobFailed(exc.code, str(exc)) from exc
+
+
+def _queue_replication(ctx: Ctx, snap_id: int) -> None:
+    """After a commit: replicate the snapshot if its group has a replication target."""
+    from cutpoint.api.models import Policy
+    from cutpoint.api.services import jobs
+
+    with ctx.sf() as s:
+        snap = s.get(GroupSnapshot, snap_id)
+        pol = s.get(Policy, snap.group_id) if snap else None
+        if snap is None or pol is None or pol.replication_target_id is None:
+            return
+        job = jobs.create(s, "replicate", actor="scheduler", group_id=snap.group_id,
+                          snapshot_id=snap.id, params={"jobs": 2})
+        job_id = job.id
+    try:
+        send("replicate", job_id, ctx.settings)
+    except Exception as exc:  # noqa: BLE001  recorded on the job (invariant 7)
+        with ctx.sf() as s:
+            j = s.get(Job, job_id)
+            if j is not None:
+                j.state, j.error_code, j.error = JobState.failed, "broker_unavailable", str(exc)
+                s.commit()

@@ -1,0 +1,146 @@
+"""Drills through the control plane: `POST /v1/groups/{id}/drills`.
+
+The job's params name the recovery point (a group snapshot id or txn, or
+"latest": the newest DR recovery point) and the checks.  `run_job` builds a
+`cutpoint.coordinator.drill.DrillSpec` from the database (member disks of
+the recovery point -> DR images) and the lab (guest kernel/initrd and the DR
+host namespace the QEMU launcher runs in), runs it, mirrors each timeline
+event into the job's progress/message (what `cutpoint drill run` follows),
+and stores the report in the job result.  A drill whose check fails is a
+failed job whose result still holds the whole report (evidence).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from cutpoint.api.errors import Conflict, NotFound
+from cutpoint.api.models import Disk, Group, GroupSnapshot, Job, SnapState, utcnow
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+STEPS = {"start": 0.02, "clone": 0.15, "isolate": 0.2, "boot": 0.5, "check": 0.85,
+         "cleanup": 0.95, "verdict": 0.99, "error": 0.9}
+
+
+class DrillFailed(Exception):
+    def __init__(self, code: str, message: str, result: dict[str, Any] | None = None) -> None:
+        self.code = code
+        self.result = result
+        super().__init__(message)
+
+
+def recovery_point(s: Session, g: Group, ref: str | int | None) -> GroupSnapshot:
+    """A DR recovery point of `g` by id, txn, or None/"latest" (the newest)."""
+    q = select(GroupSnapshot).where(GroupSnapshot.group_id == g.id)
+    if ref in (None, "", "latest"):
+        snap = s.scalar(q.where(GroupSnapshot.dr_verified_at.is_not(None),
+                                GroupSnapshot.state == SnapState.committed)
+                        .order_by(GroupSnapshot.cut_at.desc()).limit(1))
+        if snap is None:
+            raise NotFound(f"group {g.name!r} has no DR recovery point yet",
+                           code="no_recovery_point")
+        return snap
+    sref = str(ref)
+    snap = s.scalar(q.where(GroupSnapshot.id == int(sref))) if sref.isdigit() else None
+    snap = snap or s.scalar(q.where(GroupSnapshot.txn == sref))
+    if snap is None:
+        raise NotFound(f"group {g.name!r} has no snapshot {sref!r}", code="snapshot_not_found")
+    if snap.dr_verified_at is None or snap.state != SnapState.committed:
+        raise Conflict(f"snapshot {snap.txn} is not a DR recovery point (state "
+                       f"{snap.state.value}, not verified at DR)", code="not_a_recovery_point")
+    return snap
+
+
+def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
+            actor: str | None) -> Job:
+    from cutpoint.api.services import jobs
+    from cutpoint.coordinator.drill import CHECKS
+
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        from cutpoint.api.errors import ApiError
+        raise ApiError(f"unknown check(s) {unknown}; known: {sorted(CHECKS)}",
+                         code="unknown_check")
+    snap = recovery_point(s, g, ref)
+    return jobs.create(s, "drill", actor=actor, group_id=g.id, snapshot_id=snap.id,
+                       params={"group_id": g.id, "recovery_point": snap.txn,
+                               "checks": checks or ["writer"]})
+
+
+def _lab_vm_index(status: dict[str, Any], vm: str, fallback: int) -> int:
+    for v in status.get("vms", []):
+        if v["name"] == vm:
+            return int(v["index"])
+    return fallback
+
+
+def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str) -> Any:
+    from cutpoint.api.services.replication import ceph_sites
+    from cutpoint.coordinator.drill import DrillSpec, DrillVM
+    from cutpoint.lab.status import load_status
+
+    g = s.get(Group, snap.group_id)
+    assert g is not None
+    target = g.policy.replication_target if g.policy else None
+    if target is None:
+        raise DrillFailed("no_target", f"group {g.name} has no replication target")
+    sites = ceph_sites()
+    status = load_status()
+    dr_hosts = [h for h in status["hosts"] if h["site"] == "dr"]
+    if not dr_hosts:
+        raise DrillFailed("no_dr_host", "the lab has no DR host")
+    by_vm: dict[str, list[dict[str, Any]]] = {}
+    for m in snap.members:
+        disk = s.get(Disk, m.disk_id) if m.disk_id else None
+        if disk is None or not disk.image:
+            raise DrillFailed("not_replicable", f"member {m.disk} has no RBD image")
+        by_vm.setdefault(m.vm, []).append({"node": disk.node, "image": disk.image})
+    vms = [DrillVM(vm, _lab_vm_index(status, vm, 200 + k), sorted(d, key=lambda x: x["node"]))
+           for k, (vm, d) in enumerate(sorted(by_vm.items()))]
+    return DrillSpec(site=sites[target.name], recovery_point=snap.members[0].name, vms=vms,
+                     guest_image=status["image"], host_netns=dr_hosts[0]["netns"],
+                     accel=status.get("accel", "tcg"), checks=checks,
+                     report_dir=os.environ.get("CP_DRILL_DIR", "/var/lib/cutpoint/drills"),
+                     drill_id=drill_id)
+
+
+def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
+    from cutpoint.coordinator.drill import run_drill
+
+    with sf() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.snapshot_id is None:
+            raise DrillFailed("bad_job", f"job {job_id} names no recovery point")
+        snap = s.get(GroupSnapshot, job.snapshot_id)
+        if snap is None or snap.dr_verified_at is None:
+            raise DrillFailed("not_a_recovery_point", "the recovery point is gone")
+        spec = build_spec(s, snap, list(job.params.get("checks") or ["writer"]),
+                          job_id.replace("-", "")[:8])
+
+    def progress(ev: dict[str, Any]) -> None:
+        with sf() as s2:
+            j = s2.get(Job, job_id)
+            if j is None:
+                return
+            j.progress = max(j.progress, STEPS.get(ev["step"], j.progress))
+            detail = ev.get("vm") or ev.get("check") or ev.get("error") or ""
+            j.message = f"{ev['step']} {ev['status']} {detail}".strip()[:255]
+            s2.commit()
+
+    report = run_drill(spec, on_event=progress)
+    if report["verdict"] != "passed":
+        why = report.get("error") or "; ".join(
+            f"{c['name']}: {c['summary']}" for c in report["checks"] if not c["ok"]) \
+            or "cleanup failed"
+        with sf() as s:
+            j = s.get(Job, job_id)
+            if j is not None:
+                # The evidence stays with the failed job.
+                j.result = report
+                j.finished_at = utcnow()
+                s.commit()
+        raise DrillFailed("drill_failed", f"drill {report['drill_id']} failed: {why} "
+                          f"(report {report['report_html']})", report)
+    return report

@@ -1,0 +1,254 @@
+"""Group-level replication through the control plane (issue 6, item 2).
+
+`run(sf, settings, snapshot_id)` replicates every member disk of one
+committed group snapshot to its group's replication target site with
+`cutpoint.coordinator.replicate.replicate_group` (cutpoint-sync, parallel,
+bounded), records one `member_replications` row per member and attempt,
+and only when *every* member is verified sets `dr_verified_at` (the group
+snapshot is now a DR recovery point, invariant 5) and moves the
+`replication_base` flag to it.  The previous base keeps its flag until the
+new one is verified, so the base an increment is running from is never
+deletable (invariant 6).
+
+Where the Ceph clusters are: `CP_CEPH_SITES_FILE` (JSON `{site name:
+{ceph_conf, keyring, client_id, pool}}`), else the lab status
+(`cutpoint.lab.status.load_status()["sites"]`).
+
+DR retention (`dr_plan` / `dr_apply`) is a separate policy (`dr_policies`)
+applied to the DR copies: it keeps the `keep_last` newest DR recovery
+points, those younger than `keep_within_seconds`, the newest DR recovery
+point and every replication base.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from typing import Any
+
+from cutpoint.api.models import (
+    Disk,
+    DrPolicy,
+    Group,
+    GroupSnapshot,
+    MemberReplication,
+    SnapState,
+    utcnow,
+)
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+
+class ReplicationFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+def ceph_sites() -> dict[str, dict[str, Any]]:
+    path = os.environ.get("CP_CEPH_SITES_FILE")
+    if path:
+        with open(path) as f:
+            sites = json.load(f)
+        if not isinstance(sites, dict):
+            raise ReplicationFailed("bad_sites_file", f"{path}: want an object of sites")
+        return sites
+    from cutpoint.lab.status import load_status
+
+    try:
+        return dict(load_status()["sites"])
+    except Exception as exc:
+        raise ReplicationFailed(
+            "no_ceph_sites", "no Ceph site configuration: set CP_CEPH_SITES_FILE or run "
+            f"the lab ({type(exc).__name__}: {exc})") from exc
+
+
+def base_for(s: Session, snap: GroupSnapshot) -> GroupSnapshot | None:
+    """The newest DR recovery point of the group older than `snap` (the increment's base)."""
+    return s.scalar(select(GroupSnapshot).where(
+        GroupSnapshot.group_id == snap.group_id, GroupSnapshot.id != snap.id,
+        GroupSnapshot.state == SnapState.committed,
+        GroupSnapshot.dr_verified_at.is_not(None),
+        GroupSnapshot.cut_at <= snap.cut_at)
+        .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc()).limit(1))
+
+
+def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
+        verify_full: bool = False, state_dir: str | None = None) -> dict[str, Any]:
+    from cutpoint.coordinator.replicate import MemberCopy, replicate_group
+
+    with sf() as s:
+        snap = s.get(GroupSnapshot, snapshot_id)
+        if snap is None:
+            raise ReplicationFailed("snapshot_not_found", f"no group snapshot {snapshot_id}")
+        if snap.state != SnapState.committed:
+            raise ReplicationFailed("not_committed",
+                                    f"group snapshot {snap.txn} is {snap.state.value}")
+        g = s.get(Group, snap.group_id)
+        assert g is not None
+        target = g.policy.replication_target if g.policy else None
+        if target is None:
+            raise ReplicationFailed("no_target", f"group {g.name} has no replication target")
+        if snap.dr_verified_at is not None:
+            return summary(s, snap)
+        base = base_for(s, snap)
+        base_names = {m.disk: m.name for m in base.members} if base else {}
+        sites = ceph_sites()
+        if target.name not in sites:
+            raise ReplicationFailed("unknown_site", f"no Ceph configuration for site "
+                                    f"{target.name!r} (have {sorted(sites)})")
+        copies, src_name = [], None
+        attempt = (s.scalar(select(func.max(MemberReplication.attempt)).where(
+            MemberReplication.group_snapshot_id == snap.id)) or 0) + 1
+        rows = []
+        for m in snap.members:
+            disk = s.get(Disk, m.disk_id) if m.disk_id else None
+            if disk is None or disk.backend != "rbd" or not disk.image:
+                raise ReplicationFailed("not_replicable", f"member {m.disk} is not an RBD disk")
+            site = disk.vm.host.site.name
+            if src_name not in (None, site):
+                raise ReplicationFailed("mixed_sites", f"members at {src_name} and {site}")
+            src_name = site
+            copies.append(MemberCopy(disk.image, m.name, base_names.get(m.disk), m.disk))
+            row = MemberReplication(group_snapshot_id=snap.id, attempt=attempt, disk=m.disk,
+                                    pool=disk.pool or "rbd", image=disk.image, snap=m.name,
+                                    base=base_names.get(m.disk), target_site=target.name,
+                                    state="copying", started_at=utcnow())
+            s.add(row)
+            rows.append(row)
+        s.commit()
+        if src_name not in sites:
+            raise ReplicationFailed("unknown_site", f"no Ceph configuration for site {src_name!r}")
+        rep = replicate_group(sites[src_name], sites[target.name], copies, jobs=jobs,
+                              verify_full=verify_full,
+                              state_dir=state_dir or "/var/lib/cutpoint/sync")
+        now = utcnow()
+        for row, r in zip(rows, rep.members, strict=True):
+            row.state, row.full, row.error = r.state, r.full, r.error
+            row.bytes_shipped, row.bytes_changed = r.bytes_shipped, r.bytes_changed
+            row.seconds, row.throughput_mbps = round(r.seconds, 3), round(r.throughput_mbps, 3)
+            row.finished_at = now
+        if rep.recovery_point:
+            snap.dr_verified_at = now
+            for old in s.scalars(select(GroupSnapshot).where(
+                    GroupSnapshot.group_id == snap.group_id,
+                    GroupSnapshot.replication_base.is_(True), GroupSnapshot.id != snap.id)):
+                old.replication_base = False
+            snap.replication_base = True
+        s.commit()
+        out = summary(s, snap)
+        if not rep.recovery_point:
+            failed = [f"{r.disk}: {r.error}" for r in rep.members if r.state != "verified"]
+            raise ReplicationFailed("replication_failed", "; ".join(failed))
+        return out
+
+
+def summary(s: Session, snap: GroupSnapshot) -> dict[str, Any]:
+    """The replication state of one group snapshot, from its latest attempt."""
+    rows = list(s.scalars(select(MemberReplication).where(
+        MemberReplication.group_snapshot_id == snap.id).order_by(
+        MemberReplication.attempt.desc(), MemberReplication.id)))
+    latest = [r for r in rows if rows and r.attempt == rows[0].attempt]
+    if snap.dr_verified_at is not None:
+        state = "verified"
+    elif not latest:
+        state = "not_replicated"
+    elif any(r.state == "copying" for r in latest):
+        state = "copying"
+    else:
+        state = "failed"
+    shipped = sum(r.bytes_shipped for r in latest)
+    secs = max((r.seconds or 0.0 for r in latest), default=0.0)
+    lag = ((snap.dr_verified_at - snap.cut_at).total_seconds()
+           if snap.dr_verified_at and snap.cut_at else None)
+    return {
+        "snapshot_id": snap.id, "txn": snap.txn, "state": state,
+        "recovery_point": snap.dr_verified_at is not None,
+        "dr_verified_at": snap.dr_verified_at.isoformat() if snap.dr_verified_at else None,
+        "replication_base": snap.replication_base, "attempts": rows[0].attempt if rows else 0,
+        "bytes_shipped": shipped, "seconds": secs,
+        "throughput_mbps": round(shipped / 1e6 / secs, 3) if secs else None, "lag_s": lag,
+        "members": [{"disk": r.disk, "image": f"{r.pool}/{r.image}", "snap": r.snap,
+                     "base": r.base, "target_site": r.target_site, "state": r.state,
+                     "full": r.full, "bytes_shipped": r.bytes_shipped,
+                     "bytes_changed": r.bytes_changed, "seconds": r.seconds,
+                     "throughput_mbps": r.throughput_mbps, "error": r.error,
+                     "lag_s": ((r.finished_at - snap.cut_at).total_seconds()
+                               if r.finished_at and snap.cut_at and r.state == "verified"
+                               else None)}
+                    for r in latest],
+    }
+
+
+def replication_lag_s(s: Session, group_id: int) -> float | None:
+    """Lag of the newest DR recovery point: cut to verified at DR (seconds)."""
+    snap = s.scalar(select(GroupSnapshot).where(
+        GroupSnapshot.group_id == group_id, GroupSnapshot.dr_verified_at.is_not(None))
+        .order_by(GroupSnapshot.dr_verified_at.desc()).limit(1))
+    if snap is None or snap.cut_at is None or snap.dr_verified_at is None:
+        return None
+    return (snap.dr_verified_at - snap.cut_at).total_seconds()
+
+
+def achieved_dr_rpo_s(s: Session, group_id: int, now: dt.datetime) -> float | None:
+    """Data lost if the primary died now: now minus the cut of the newest DR recovery point."""
+    cut = s.scalar(select(func.max(GroupSnapshot.cut_at)).where(
+        GroupSnapshot.group_id == group_id, GroupSnapshot.dr_verified_at.is_not(None)))
+    if cut is None:
+        return None
+    if cut.tzinfo is None:
+        cut = cut.replace(tzinfo=dt.UTC)
+    return (now - cut).total_seconds()
+
+
+def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
+    """DR copies to delete now, oldest first: never a base, never the newest DR point."""
+    pol = s.get(DrPolicy, g.id) or DrPolicy(group_id=g.id, keep_last=48, keep_within_seconds=0)
+    snaps = list(s.scalars(select(GroupSnapshot).where(
+        GroupSnapshot.group_id == g.id, GroupSnapshot.dr_verified_at.is_not(None))
+        .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc())))
+    if not snaps:
+        return []
+    keep = {x.id for x in snaps[: pol.keep_last]} | {snaps[0].id}
+    keep.update(x.id for x in snaps if x.replication_base)
+    if pol.keep_within_seconds:
+        cutoff = now - dt.timedelta(seconds=pol.keep_within_seconds)
+        keep.update(x.id for x in snaps if x.cut_at is not None and x.cut_at >= cutoff)
+    doomed = [x for x in snaps if x.id not in keep]
+    doomed.reverse()
+    return doomed
+
+
+def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
+    """Delete the DR copies `dr_plan` selects (rbd snap rm at the target site)."""
+    from cutpoint.coordinator.replicate import ReplicationError, _rbd
+
+    deleted, failed = [], []
+    with sf() as s:
+        g = s.get(Group, group_id)
+        if g is None:
+            return {"deleted": []}
+        sites = ceph_sites()
+        for snap in dr_plan(s, g, utcnow()):
+            rows = list(s.scalars(select(MemberReplication).where(
+                MemberReplication.group_snapshot_id == snap.id,
+                MemberReplication.state == "verified")))
+            ok = True
+            for r in rows:
+                site = sites.get(r.target_site)
+                try:
+                    if site is None:
+                        raise ReplicationError(f"no Ceph configuration for {r.target_site}")
+                    _rbd(site, "snap", "rm", "--no-progress", f"{r.pool}/{r.image}@{r.snap}")
+                except ReplicationError as exc:
+                    if "No such file" not in exc.stderr:
+                        ok = False
+                        failed.append(f"{snap.txn} {r.disk}: {exc}")
+                        continue
+                r.state = "dr_deleted"
+            if ok:
+                snap.dr_verified_at = None
+                deleted.append(snap.txn)
+            s.commit()
+    return {"deleted": deleted, **({"failed": failed} if failed else {})}

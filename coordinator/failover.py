@@ -1,0 +1,200 @@
+"""Failover to the DR site and failback (issue 6, items 3 and 4).
+
+    failover(spec, fence)   ->  {timeline, rto_s, guests, epoch, ...}
+    failback(spec, ...)     ->  {bytes_shipped, base, snap, ...}
+
+Failover, after the caller has (in planned mode) taken and replicated a
+final group snapshot:
+
+    fence     `fence()` stops the primary VMs if reachable (agents'
+              `vm.stop`) and records a fencing epoch; an unreachable primary
+              is recorded, not waited for (unplanned mode)
+    rollback  every DR image back to the recovery point (`rbd snap
+              rollback`; the DR images are never written between rounds, so
+              this only undoes a drill-free no-op or a half-applied copy)
+    boot      one QEMU per VM in the DR host namespace, on the DR host's
+              bridge, from the DR images.  Agents start VMs only through
+              libvirt (`vm.start`, docs/agent-protocol.md 4.9) and the lab
+              runs plain QEMU, so the lab's QEMU launcher is used
+    ready     every guest's init printed its ready line: RTO = request to
+              here
+
+Failback replicates DR -> primary from the newest snapshot both sites hold
+(`newest_common_snapshot`): cutpoint-sync ships the extents changed at DR
+since then plus whatever the primary wrote after it (drift, repaired), never
+a full copy when a common snapshot exists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutpoint.coordinator.drill import READY, DrillVM
+from cutpoint.coordinator.replicate import (
+    GroupReplication,
+    MemberCopy,
+    ReplicationError,
+    _rbd,
+    newest_common_snapshot,
+    replicate_group,
+)
+
+
+class FailoverError(RuntimeError):
+    pass
+
+
+@dataclass
+class BootSpec:
+    site: dict[str, Any]  # Ceph site of the images
+    vms: list[DrillVM]
+    guest_image: dict[str, Any]
+    host_netns: str
+    accel: str = "tcg"
+    workload: str = "none"
+    state_dir: str = "/var/lib/cutpoint/failover"
+    memory_mb: int = 160
+    boot_timeout_s: float = 240
+    tap_prefix: str = "fo"
+    guests: list[dict[str, Any]] = field(default_factory=list)
+
+
+def rollback(site: dict[str, Any], images: list[str], snap: str) -> None:
+    pool = site.get("pool", "rbd")
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        list(ex.map(lambda i: _rbd(site, "snap", "rollback", "--no-progress",
+                                   f"{pool}/{i}@{snap}", timeout=600), images))
+
+
+def boot(spec: BootSpec, on_event: Callable[[str, dict[str, Any]], None] | None = None) \
+        -> list[dict[str, Any]]:
+    """Start every VM of `spec` and wait until each guest is ready."""
+    from cutpoint.lab import config as C
+    from cutpoint.lab import net
+    from cutpoint.lab.vms import qemu_argv
+
+    peers = [C.vm_addr(v.index) for v in spec.vms]
+    for k, vm in enumerate(spec.vms):
+        d = Path(spec.state_dir) / vm.name
+        d.mkdir(parents=True, exist_ok=True)
+        for f in ("console.log", "qmp.sock", "qemu.pid"):
+            (d / f).unlink(missing_ok=True)
+        tap = f"{spec.tap_prefix}{k}"
+        g = {"name": vm.name, "index": vm.index, "address": C.vm_addr(vm.index),
+             "mac": C.vm_mac(vm.index), "tap": tap, "qmp": str(d / "qmp.sock"),
+             "console": str(d / "console.log"), "pidfile": str(d / "qemu.pid"),
+             "workload": spec.workload, "netns": spec.host_netns, "pid": 0,
+             "disks": [{"node": x["node"], "backend": "rbd", "pool": spec.site.get("pool", "rbd"),
+                        "image": x["image"], "site": "s"} for x in vm.disks]}
+        net.add_tap(spec.host_netns, tap)
+        argv = qemu_argv(g, spec.guest_image, spec.accel, peers, {"s": spec.site},
+                         spec.memory_mb, "")
+        import subprocess
+        cp = subprocess.run(["ip", "netns", "exec", spec.host_netns, *argv],
+                            capture_output=True, text=True, timeout=60, check=False)
+        if cp.returncode != 0:
+            raise FailoverError(f"{vm.name}: QEMU did not start: {cp.stderr.strip()[-400:]}")
+        g["pid"] = int(Path(g["pidfile"]).read_text().strip())
+        spec.guests.append(g)
+    end = time.monotonic() + spec.boot_timeout_s
+    pending = {g["name"]: g for g in spec.guests}
+    while pending:
+        for name, g in list(pending.items()):
+            p = Path(g["console"])
+            text = p.read_text(errors="replace") if p.exists() else ""
+            if READY in text:
+                del pending[name]
+                if on_event:
+                    on_event("ready", {"vm": name})
+            elif not Path(f"/proc/{g['pid']}").exists():
+                raise FailoverError(f"{name}: QEMU died during boot: "
+                                    + " | ".join(text.strip().splitlines()[-3:]))
+        if pending and time.monotonic() > end:
+            raise FailoverError(f"not booted after {spec.boot_timeout_s:.0f}s: {sorted(pending)}")
+        if pending:
+            time.sleep(0.5)
+    return spec.guests
+
+
+def stop_guests(guests: list[dict[str, Any]]) -> None:
+    """Kill the QEMUs started by `boot` and remove their taps."""
+    import os
+    import signal
+    import subprocess
+
+    for g in guests:
+        pid = g.get("pid") or 0
+        if pid and Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(100):
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                time.sleep(0.1)
+        subprocess.run(["ip", "-n", g["netns"], "link", "del", g["tap"]],
+                       capture_output=True, check=False)
+
+
+@dataclass
+class FailoverResult:
+    recovery_point: str
+    rto_s: float
+    timeline: list[dict[str, Any]]
+    guests: list[dict[str, Any]]
+    fence: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"recovery_point": self.recovery_point, "rto_s": round(self.rto_s, 3),
+                "timeline": self.timeline, "fence": self.fence,
+                "guests": [{"vm": g["name"], "pid": g["pid"], "console": g["console"],
+                            "netns": g["netns"]} for g in self.guests]}
+
+
+def failover(boot_spec: BootSpec, recovery_point: str, fence: Callable[[], dict[str, Any]],
+             t_request: float | None = None) -> FailoverResult:
+    """Fence, roll the DR images back to `recovery_point`, boot at DR; RTO from t_request."""
+    t0 = t_request if t_request is not None else time.monotonic()
+    timeline: list[dict[str, Any]] = []
+
+    def ev(step: str, detail: dict[str, Any]) -> None:
+        timeline.append({"t_s": round(time.monotonic() - t0, 3), "step": step, **detail})
+
+    fenced = fence()
+    ev("fence", fenced)
+    images = [d["image"] for v in boot_spec.vms for d in v.disks]
+    try:
+        rollback(boot_spec.site, images, recovery_point)
+    except ReplicationError as exc:
+        raise FailoverError(f"rollback to {recovery_point} at DR failed: {exc}") from exc
+    ev("rollback", {"images": images, "to": recovery_point})
+    try:
+        boot(boot_spec, ev)
+    except Exception:
+        stop_guests(boot_spec.guests)
+        raise
+    rto = time.monotonic() - t0
+    ev("running", {"vms": [g["name"] for g in boot_spec.guests]})
+    return FailoverResult(recovery_point, rto, timeline, boot_spec.guests, fenced)
+
+
+def failback_replicate(dr_site: dict[str, Any], primary_site: dict[str, Any],
+                       images: list[str], snap: str, *, state_dir: str,
+                       prefix: str = "cp.") -> GroupReplication:
+    """Ship DR -> primary the deltas since the newest common snapshot of each image.
+
+    `snap` must exist at DR (taken after the DR VMs stopped).  Refuses when
+    an image has no common snapshot (that would be a full copy: the operator
+    asks for it explicitly with a full resync, not here)."""
+    members = []
+    for image in images:
+        base = newest_common_snapshot(dr_site, primary_site, image, prefix)
+        if base is None:
+            raise FailoverError(f"{image}: no snapshot common to DR and primary; failback "
+                                "would be a full copy")
+        members.append(MemberCopy(image, snap, base))
+    return replicate_group(dr_site, primary_site, members, jobs=2, state_dir=state_dir,
+                           verify_full=True)
