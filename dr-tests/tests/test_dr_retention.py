@@ -1,0 +1,83 @@
+"""Invariant 6 at both sites: retention never deletes a replication base and
+always keeps the newest DR recovery point, whatever the policies say.
+
+The policies are set to delete as much as they can (keep_last=1, no
+keep_within) and the base is made the *oldest* snapshot, the first one any
+age-based rule would drop.  A real SQLite database migrated with Alembic.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from cutpoint.api.db import get_sessionmaker
+from cutpoint.api.migrate import upgrade
+from cutpoint.api.models import (
+    DrPolicy,
+    Group,
+    GroupSnapshot,
+    Policy,
+    SnapState,
+    utcnow,
+)
+from cutpoint.api.services import replication, retention
+
+
+def _setup(tmp_path: Path):  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    upgrade(url)
+    return get_sessionmaker(url)
+
+
+def test_retention_never_deletes_a_replication_base_at_either_site(tmp_path: Path) -> None:
+    sf = _setup(tmp_path)
+    now = utcnow()
+    with sf() as s:
+        g = Group(name="ret")
+        g.policy = Policy(keep_last=1, keep_within_seconds=0)
+        s.add(g)
+        s.flush()
+        s.add(DrPolicy(group_id=g.id, keep_last=1, keep_within_seconds=0))
+        snaps = []
+        for i in range(6):
+            sn = GroupSnapshot(group_id=g.id, txn=f"t{i}", state=SnapState.committed,
+                               cut_at=now - dt.timedelta(seconds=600 - 60 * i))
+            s.add(sn)
+            snaps.append(sn)
+        s.flush()
+        # t0: the base of an increment still running (the oldest point);
+        # t1, t2: older DR points; t3: the newest DR point; t4, t5 not replicated.
+        snaps[0].replication_base = True
+        for i in (0, 1, 2, 3):
+            snaps[i].dr_verified_at = snaps[i].cut_at + dt.timedelta(seconds=5)
+        s.commit()
+        primary = {x.txn for x in retention.plan(s, g, now)}
+        dr = {x.txn for x in replication.dr_plan(s, g, now)}
+    assert "t0" not in primary and "t0" not in dr, (primary, dr)
+    assert "t3" not in primary and "t3" not in dr  # the newest DR recovery point
+    assert "t5" not in primary  # the newest recovery point
+    # The policies did delete what they may: the rules are not vacuous.
+    assert dr == {"t1", "t2"}
+    assert {"t1", "t2", "t4"} <= primary
+
+
+def test_dr_retention_is_a_separate_policy(tmp_path: Path) -> None:
+    sf = _setup(tmp_path)
+    now = utcnow()
+    with sf() as s:
+        g = Group(name="sep")
+        g.policy = Policy(keep_last=1, keep_within_seconds=0)
+        s.add(g)
+        s.flush()
+        s.add(DrPolicy(group_id=g.id, keep_last=3, keep_within_seconds=0))
+        for i in range(5):
+            cut = now - dt.timedelta(seconds=500 - 60 * i)
+            s.add(GroupSnapshot(group_id=g.id, txn=f"s{i}", state=SnapState.committed,
+                                cut_at=cut, dr_verified_at=cut + dt.timedelta(seconds=3),
+                                replication_base=(i == 4)))
+        s.commit()
+        dr = [x.txn for x in replication.dr_plan(s, g, now)]
+        primary = [x.txn for x in retention.plan(s, g, now)]
+    assert dr == ["s0", "s1"]  # keeps 3 at DR
+    assert primary == ["s0", "s1", "s2", "s3"]  # keeps 1 at the primary
