@@ -198,3 +198,38 @@ def failback_replicate(dr_site: dict[str, Any], primary_site: dict[str, Any],
         members.append(MemberCopy(image, snap, base))
     return replicate_group(dr_site, primary_site, members, jobs=2, state_dir=state_dir,
                            verify_full=True)
+
+
+def fence_via_agents(targets: list[tuple[str, int, list[str]]], tls: tuple[str, str, str],
+                     timeout_s: float = 15) -> dict[str, Any]:
+    """`vm.stop` every VM through its agent; unreachable agents are recorded, not waited for.
+
+    targets: [(address, port, [vm names])]; tls: (ca, cert, key)."""
+    import asyncio
+
+    from cutpoint.agentclient.client import AgentClient
+    from cutpoint.agentclient.tls import client_context
+
+    ctx = client_context(*tls)
+
+    async def one(addr: str, port: int, vms: list[str]) -> tuple[list[str], dict[str, str] | None]:
+        done: list[str] = []
+        try:
+            async with AgentClient(addr, port, ssl_context=ctx, connect_timeout=5,
+                                   call_timeout=timeout_s) as c:
+                for vm in vms:
+                    await c.call("vm.stop", {"vm": vm})
+                    done.append(vm)
+            return done, None
+        except Exception as exc:  # noqa: BLE001  fencing goes on without this host
+            return done, {"agent": f"{addr}:{port}", "error": f"{type(exc).__name__}: {exc}"}
+
+    async def all_() -> list[tuple[list[str], dict[str, str] | None]]:
+        return await asyncio.gather(*(one(a, p, v) for a, p, v in targets))
+
+    stopped, unreachable = [], []
+    for done, err in asyncio.run(all_()):
+        stopped += done
+        if err:
+            unreachable.append(err)
+    return {"stopped": stopped, "unreachable": unreachable}

@@ -204,3 +204,75 @@ def test_drill_with_failing_check_reports_evidence(env: Env, tmp_path: Path) -> 
                                    f"{site['pool']}/{image}"), capture_output=True, check=False)
             subprocess.run(rbd_cmd(site, "rm", "--no-progress", f"{site['pool']}/{image}"),
                            capture_output=True, check=False)
+
+
+def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
+                                                                      tmp_path: Path) -> None:
+    """Last in the module: it stops the primary guests (fencing)."""
+    from cutpoint.checkers.writer import RbdSpec, scan_specs
+    from cutpoint.coordinator.failover import (
+        BootSpec,
+        failback_replicate,
+        failover,
+        fence_via_agents,
+        stop_guests,
+    )
+
+    p, d = env.status["sites"]["primary"], env.status["sites"]["dr"]
+    if env.last is None:
+        snap = env.snapshot()
+        assert env.replicate(snap, None).recovery_point
+        env.last = snap
+    # Planned: a final group snapshot, replicated, is the recovery point.
+    final = env.snapshot()
+    rep = env.replicate(final, env.last)
+    assert rep.recovery_point and all(m.full is False for m in rep.members), rep.as_dict()
+    hosts = {h["name"]: h for h in env.status["hosts"]}
+    targets = [(hosts[v["host"]]["address"], 7443, [v["name"]]) for v in env.vms]
+    tls = (str(env.certs / "ca.pem"), str(env.certs / "coordinator.pem"),
+           str(env.certs / "coordinator.key"))
+    dspec = spec_from_lab(env.status, final, report_dir=str(tmp_path))
+    boot = BootSpec(site=d, vms=dspec.vms, guest_image=dspec.guest_image,
+                    host_netns=dspec.host_netns, accel=dspec.accel, workload="none",
+                    state_dir=str(tmp_path / "fo"), tap_prefix="fot")
+    try:
+        res = failover(boot, final, lambda: fence_via_agents(targets, tls))
+        assert sorted(res.fence["stopped"]) == sorted(v["name"] for v in env.vms), res.fence
+        assert res.fence["unreachable"] == []
+        for v in env.vms:
+            assert not Path(f"/proc/{v['pid']}").exists(), f"{v['name']} still runs at primary"
+        assert [g["name"] for g in res.guests] == [v["name"] for v in env.vms]
+        for g in res.guests:
+            assert "cp-init: ready" in Path(g["console"]).read_text()
+            assert Path(f"/proc/{g['pid']}").exists()
+        assert res.rto_s > 0 and res.timeline[-1]["step"] == "running"
+        # The writer checker on the disks the DR guests run from.
+        verdict = scan_specs([RbdSpec(d["pool"], i, None, d["ceph_conf"], d["client_id"],
+                                      d["keyring"]) for i in env.images])
+        assert verdict.ok and verdict.p > 0, verdict.summary()
+        print(f"failover RTO {res.rto_s:.1f}s, writer {verdict.summary()}")
+
+        # Failback: the DR guests stop (planned), DR wrote a little meanwhile,
+        # a snapshot at DR, and only deltas go back to the primary.
+        stop_guests(res.guests)
+        for i in env.images:
+            subprocess.run(rbd_cmd(d, "bench", "--io-type", "write", "--io-size", "4K",
+                                   "--io-total", "1M", "--io-pattern", "rand",
+                                   f"{d['pool']}/{i}"), capture_output=True, check=True)
+        fb = f"cp.{GROUP}.failback1"
+        for i in env.images:
+            subprocess.run(rbd_cmd(d, "snap", "create", f"{d['pool']}/{i}@{fb}"), check=True)
+        back = failback_replicate(d, p, env.images, fb, state_dir=env.state_dir,
+                                  prefix=f"cp.{GROUP}.")
+        assert back.recovery_point, back.as_dict()
+        size = 64 << 20
+        for m in back.members:
+            assert m.base == final, m
+            assert m.full is False
+            assert 0 < m.bytes_shipped <= size // 8, f"{m.image}: shipped {m.bytes_shipped}"
+            print(f"failback {m.image}: shipped {m.bytes_shipped} B of {size} B "
+                  f"(changed {m.bytes_changed} B)")
+        for i in env.images:
+            assert sha256_of(p, i, fb) == sha256_of(d, i, fb)
+    finally:
+        stop_guests(boot.guests)
