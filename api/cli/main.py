@@ -12,6 +12,7 @@ from cutpoint.api.cli import (
     agent,
     bench,
     check,
+    drill,
     group,
     inventory,
     job,
@@ -43,6 +44,7 @@ app.add_typer(bench.app, name="bench")
 bench.app.command("control-plane")(bench_control_plane)
 app.add_typer(agent.app, name="agent")
 app.command("snapshot")(snapshot_cmd)
+app.add_typer(drill.app, name="drill"); app.add_typer(drill.dr_app, name="dr")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,113 @@
+"""`cutpoint drill run GROUP`, `cutpoint dr status GROUP`, `cutpoint dr replicate SNAPSHOT`,
+`cutpoint dr failover GROUP` (issue 6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
+from cutpoint.api.cli.job import watch_job
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Drills (test failover) at the DR site.", no_args_is_help=True)
+CheckOpt = typer.Option(["writer"], "--check", help="check to run (repeatable)")
+dr_app = typer.Typer(help="Replication state, replication and failover.", no_args_is_help=True)
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    c = Console()
+    color = "green" if r.get("verdict") == "passed" else "red"
+    c.print(f"drill {r.get('drill_id')}: [{color}]{str(r.get('verdict')).upper()}[/{color}]"
+            f" recovery point {r.get('recovery_point')}")
+    t = Table("t (s)", "step", "status", "detail")
+    for ev in r.get("timeline", []):
+        detail = ev.get("vm") or ev.get("check") or ev.get("summary") or ev.get("error") or ""
+        t.add_row(f"{ev['t_s']:.1f}", ev["step"], ev["status"], str(detail)[:100])
+    c.print(t)
+    for chk in r.get("checks", []):
+        c.print(f"check {chk['name']}: {'pass' if chk['ok'] else 'FAIL'}: {chk['summary']}")
+    c.print(f"report: {r.get('report_html')}  (JSON {r.get('report_json')})")
+
+
+@app.command("run")
+def drill_run(group: str,
+              recovery_point: str = typer.Option("latest", help="snapshot id, txn or latest"),
+              check: list[str] = CheckOpt,
+              url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt,
+              timeout: float = typer.Option(900, help="give up following after this")) -> None:
+    """Start a drill and follow it live; exit status 1 unless it passed."""
+    api = Api(url, token)
+    job = run(lambda: api.post(f"/v1/groups/{group}/drills",
+                               json={"recovery_point": recovery_point, "checks": check}))
+    job = watch_job(api, job["id"], quiet=json_out, timeout=timeout, poll=0.5)
+    report = job.get("result") or {}
+    if json_out:
+        print_json(job)
+    elif report:
+        _print_report(report)
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@dr_app.command("status")
+def dr_status(group: str, url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt,
+              limit: int = typer.Option(10)) -> None:
+    """Replication state per group snapshot and member: bytes, throughput, lag."""
+    doc = run(lambda: Api(url, token).get(f"/v1/groups/{group}/replication",
+                                          params={"limit": limit}))
+    if json_out:
+        print_json(doc)
+        return
+    c = Console()
+    c.print(f"group {doc['group']} -> {doc['target_site']}; newest recovery point "
+            f"{doc['newest_recovery_point']}; lag {doc['replication_lag_s']} s; achieved DR "
+            f"RPO {doc['achieved_dr_rpo_s']} s; fencing epoch {doc['fencing_epoch']}")
+    t = Table("snapshot", "state", "RP", "base", "member", "m.state", "full", "shipped B",
+              "MB/s", "lag s")
+    for s in doc["snapshots"]:
+        rows = s["members"] or [None]
+        for m in rows:
+            t.add_row(s["txn"], s["state"], "yes" if s["recovery_point"] else "",
+                      "yes" if s["replication_base"] else "",
+                      m["disk"] if m else "", m["state"] if m else "",
+                      str(m["full"]) if m else "", str(m["bytes_shipped"]) if m else "",
+                      f"{m['throughput_mbps'] or 0:.1f}" if m else "",
+                      f"{m['lag_s']:.1f}" if m and m["lag_s"] is not None else "")
+    c.print(t)
+
+
+@dr_app.command("replicate")
+def dr_replicate(snapshot_id: int, verify_full: bool = typer.Option(False),
+                 url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """Replicate (or retry) one group snapshot and follow the job."""
+    api = Api(url, token)
+    job = run(lambda: api.post(f"/v1/snapshots/{snapshot_id}/replicate",
+                               json={"verify_full": verify_full}))
+    job = watch_job(api, job["id"], quiet=json_out, timeout=1800)
+    if json_out:
+        print_json(job)
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@dr_app.command("failover")
+def dr_failover(group: str, mode: str = typer.Option(..., help="planned or unplanned"),
+                recovery_point: str = typer.Option("latest"),
+                workload: str = typer.Option("none", help="what the DR guests run"),
+                url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """Fail the group over to DR and follow the job (result: RTO, fencing epoch)."""
+    api = Api(url, token)
+    job = run(lambda: api.post(f"/v1/groups/{group}/failover",
+                               json={"recovery_point": recovery_point, "mode": mode,
+                                     "workload": workload}))
+    job = watch_job(api, job["id"], quiet=json_out, timeout=1800)
+    if json_out:
+        print_json(job)
+    elif job.get("result"):
+        r = job["result"]
+        Console().print(f"RTO {r['rto_s']} s; fencing epoch {r['fence']['epoch']}; "
+                        f"recovery point {r['recovery_point']}")
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
