@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-PYTEST="pytest -q -p no:cacheprovider"
+PYTEST="pytest -q -p no:cacheprovider --durations=10"
 
 # name | command
 SUITES=(
