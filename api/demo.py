@@ -44,6 +44,33 @@ def cp(*args: str, env: dict[str, str] | None = None, check: bool = True,
     return r.stdout if capture else ""
 
 
+def dr_steps(env: dict[str, str]) -> None:
+    """Issue 6: every committed snapshot is replicated to site dr; end with a
+    replicated recovery point, a drill at DR that passes, and its report."""
+    say("replication to the DR site: state per group snapshot and member")
+    for _ in range(240):
+        doc = json.loads(cp("dr", "status", "demo", "--json", env=env, capture=True))
+        if doc["newest_recovery_point"]:
+            break
+        time.sleep(1)
+    else:
+        raise SystemExit("demo: no DR recovery point after 240 s")
+    cp("dr", "status", "demo", "--limit", "5", env=env)
+    say(f"a drill of the newest DR recovery point ({doc['newest_recovery_point']}) at DR")
+    out = cp("drill", "run", "demo", "--json", env=env, capture=True)
+    job = json.loads(out)
+    report = job.get("result") or {}
+    cp("dr", "status", "demo", "--limit", "3", env=env)
+    if job["state"] != "succeeded":
+        raise SystemExit(f"demo: the drill failed: {job.get('error')}")
+    say(f"drill {report['drill_id']} PASSED; report: {report['report_html']} "
+        f"(JSON {report['report_json']})")
+    DR_RESULT.update(recovery_point=doc["newest_recovery_point"], report=report["report_html"])
+
+
+DR_RESULT: dict[str, str] = {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=60)
@@ -89,6 +116,7 @@ def main() -> int:
             env["CUTPOINT_TOKEN"] = token_file.read_text().strip()
             say("register the site and the hosts (each pulls its agent's inventory)")
             cp("site", "create", "primary", env=env)
+            cp("site", "create", "dr", env=env)  # DR target (issue 6)
             for h in status["hosts"]:
                 if h["site"] == "primary":
                     cp("host", "add", h["name"], "--site", "primary", "--address",
@@ -96,7 +124,8 @@ def main() -> int:
             cp("host", "list", env=env)
             say(f"a group of the 2 VMs on 2 hosts, RPO {a.rpo} s")
             cp("group", "create", "demo", "--rpo", str(a.rpo), "--lease-ms", "3000",
-               "--pause-budget-ms", "2000", "--keep-last", "100", env=env)
+               "--pause-budget-ms", "2000", "--keep-last", "100",
+               "--replication-target", "dr", env=env)
             for vm in status["vms"]:
                 if vm["site"] == "primary":
                     cp("group", "add-vm", "demo", vm["name"], env=env)
@@ -116,6 +145,7 @@ def main() -> int:
             cp("check", "writer", "--group-snapshot", newest["txn"], "--db",
                f"sqlite:///{state / 'server' / 'cutpoint.db'}", env=env)
             cp("group", "snapshot-show", str(newest["id"]), env=env)
+            dr_steps(env)
         finally:
             say("tear down: server, agents, lab")
             if server is not None and server.poll() is None:
@@ -124,6 +154,9 @@ def main() -> int:
             if status is not None:
                 stop_agents(status)
             cp("lab", "down", check=False)
+    if DR_RESULT:
+        say(f"replicated recovery point {DR_RESULT['recovery_point']}; drill at DR passed; "
+            f"report {DR_RESULT['report']}")
     return 0
 
 

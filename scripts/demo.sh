@@ -75,4 +75,6 @@ echo "  processes: $(pgrep -fc 'process=cplab-' || true) QEMU guests," \
      "$(pgrep -fc '/ceph/(primary|dr)/ceph.conf' || true) Ceph daemons"
 echo "  namespaces: $(ip netns list | grep -cE '^(primary|dr)-h' || true)"
 echo "  links: $(ip -o link | grep -cE 'cpbr0|cpv[pd][0-9]' || true)"
+step "control plane + DR: scheduled group snapshots replicated to site dr, then a drill at DR"
+python -m cutpoint.api.demo --seconds "${CUTPOINT_DEMO_SECONDS:-30}"
 echo "demo: done"
