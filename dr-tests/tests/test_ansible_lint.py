@@ -142,3 +142,57 @@ def test_registration_module_reads_compares_and_writes_only_on_difference(
     # ...the real run patches exactly that field.
     changed, _ = _module(api, pem2)
     assert changed and _hosts(api)[0]["cert_fingerprint"] == _fp(pem2)
+
+
+def _hello(args: dict) -> tuple[bool, dict]:
+    r = subprocess.run([str(BIN / "ansible"), "localhost", "-c", "local", "-m",
+                        "cutpoint_agent_hello", "-a", json.dumps(args)], cwd=ANSIBLE, env=_env(),
+                       capture_output=True, text=True, timeout=120, check=False)
+    m = re.search(r"localhost \| (SUCCESS|FAILED!) => (\{.*\})", r.stdout, re.DOTALL)
+    assert m, r.stdout + r.stderr
+    return m.group(1) == "SUCCESS", json.loads(m.group(2))
+
+
+def test_hello_module_against_a_real_agent(tmp_path: Path) -> None:
+    """The health-check module: hello accepted with the deployment's
+    coordinator certificate, refused in the handshake with one from another CA
+    (what rotate-certs.yml relies on)."""
+    agent = ROOT / "build" / "agent" / "cutpointd"
+    if not agent.is_file():
+        pytest.skip("build/agent/cutpointd is not built")
+    ca, other = tmp_path / "ca", tmp_path / "other"
+    script = str(ROOT / "scripts" / "make-lab-ca.sh")
+    for d in (ca, other):
+        subprocess.run([script, str(d)], check=True)
+        subprocess.run([script, str(d), "issue", "coordinator"], check=True)
+    subprocess.run([script, str(ca), "issue", "hv1", "127.0.0.1"], check=True)
+    port = _free_port()
+    cfg = tmp_path / "agent.ini"
+    cfg.write_text(f"[agent]\nhost = hv1\nlisten = 127.0.0.1:{port}\njournal = {tmp_path}/journal\n"
+                   f"[tls]\nca = {ca}/ca.pem\ncert = {ca}/hv1.pem\nkey = {ca}/hv1.key\n")
+    log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - closed in finally
+    p = subprocess.Popen([str(agent), "-c", str(cfg)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert p.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "agent.log").read_text()
+                time.sleep(0.1)
+        base = {"host": "127.0.0.1", "port": port, "ca": f"{ca}/ca.pem", "expect_host": "hv1"}
+        ok, res = _hello(dict(base, cert=f"{ca}/coordinator.pem", key=f"{ca}/coordinator.key"))
+        assert ok and res["hello"]["host"] == "hv1" and res["hello"]["protocol"] == 1, res
+        assert res["peer_fingerprint"] == _fp((ca / "hv1.pem").read_text())
+        assert res["changed"] is False
+        ok, res = _hello(dict(base, cert=f"{other}/coordinator.pem", key=f"{other}/coordinator.key"))
+        assert not ok and "UNKNOWN_CA" in res["msg"], res
+        ok, res = _hello(dict(base, cert=f"{ca}/coordinator.pem", key=f"{ca}/coordinator.key",
+                              expect_host="hv9"))
+        assert not ok and "expected 'hv9'" in res["msg"], res
+    finally:
+        p.terminate()
+        p.wait(timeout=20)
+        log.close()
