@@ -131,11 +131,20 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
             row.finished_at = now
         if rep.recovery_point:
             snap.dr_verified_at = now
+            s.flush()
+            # The base of the next increment is the newest DR point by cut
+            # (a late-finishing older copy does not take the flag away).
+            newest = s.scalar(select(GroupSnapshot).where(
+                GroupSnapshot.group_id == snap.group_id,
+                GroupSnapshot.dr_verified_at.is_not(None))
+                .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc()).limit(1))
             for old in s.scalars(select(GroupSnapshot).where(
                     GroupSnapshot.group_id == snap.group_id,
-                    GroupSnapshot.replication_base.is_(True), GroupSnapshot.id != snap.id)):
-                old.replication_base = False
-            snap.replication_base = True
+                    GroupSnapshot.replication_base.is_(True))):
+                if newest is None or old.id != newest.id:
+                    old.replication_base = False
+            if newest is not None:
+                newest.replication_base = True
         s.commit()
         out = summary(s, snap)
         if not rep.recovery_point:
