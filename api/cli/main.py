@@ -7,7 +7,6 @@ below; keep this file a table of contents.
 from __future__ import annotations
 
 import typer
-from cutpoint.api.benchmark import control_plane as bench_control_plane
 from cutpoint.api.cli import (
     agent,
     bench,
@@ -21,6 +20,7 @@ from cutpoint.api.cli import (
     server,
     token,
 )
+from cutpoint.api.cli.benchcp import control_plane as bench_control_plane
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 
 VERSION = "0.1.0"
