@@ -143,7 +143,12 @@ class Drill:
         subprocess.run(["ip", "-n", ns, "-batch", "-"], input="\n".join(cmds) + "\n",
                        text=True, capture_output=True, check=True, timeout=30)
         ports = _sh(["ip", "-n", ns, "-o", "link", "show", "master", self.bridge])
-        addrs = _sh(["ip", "-n", ns, "-o", "addr", "show", "dev", self.bridge])
+        # Link-local IPv6 (fe80::, scope link) is not a route anywhere; any
+        # IPv4 or global address on the bridge would be.
+        addrs = "\n".join(
+            line for line in _sh(["ip", "-n", ns, "-o", "addr", "show", "dev",
+                                  self.bridge]).splitlines()
+            if " inet " in line or "scope global" in line)
         members = sorted(line.split(":", 2)[1].strip().split("@")[0]
                          for line in ports.splitlines() if ":" in line)
         if set(members) != set(self.taps) or addrs.strip():
