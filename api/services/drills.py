@@ -143,4 +143,4 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
                 s.commit()
         raise DrillFailed("drill_failed", f"drill {report['drill_id']} failed: {why} "
                           f"(report {report['report_html']})", report)
-    return report
+    return dict(report)

@@ -80,7 +80,7 @@ def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None) -> int
         raise FailoverFailed("final_snapshot_failed",
                              f"the final group snapshot did not commit: {summary}")
     replication.run(sf, settings, snap_id)
-    return snap_id
+    return int(snap_id)
 
 
 def fence(sf: Any, settings: Any, g_id: int, snap_id: int, job_id: str,

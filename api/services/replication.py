@@ -197,7 +197,7 @@ def replication_lag_s(s: Session, group_id: int) -> float | None:
         .order_by(GroupSnapshot.dr_verified_at.desc()).limit(1))
     if snap is None or snap.cut_at is None or snap.dr_verified_at is None:
         return None
-    return (snap.dr_verified_at - snap.cut_at).total_seconds()
+    return float((snap.dr_verified_at - snap.cut_at).total_seconds())
 
 
 def achieved_dr_rpo_s(s: Session, group_id: int, now: dt.datetime) -> float | None:
@@ -208,7 +208,7 @@ def achieved_dr_rpo_s(s: Session, group_id: int, now: dt.datetime) -> float | No
         return None
     if cut.tzinfo is None:
         cut = cut.replace(tzinfo=dt.UTC)
-    return (now - cut).total_seconds()
+    return float((now - cut).total_seconds())
 
 
 def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
