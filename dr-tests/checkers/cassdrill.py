@@ -39,7 +39,7 @@ from cutpoint.checkers import pgcoord
 from cutpoint.checkers.cassandra import check_cluster
 from cutpoint.checkers.guestvm import DebianVM, GuestDisk
 from cutpoint.checkers.pgdrill import restore
-from cutpoint.lab.debian_image import Image, build
+from cutpoint.lab.debian_image import Image, build, cached
 
 BRIDGE, SUBNET_HOST = "cpcbr0", "10.79.0.1/24"
 NODES = (("node1", "10.79.0.11", "-4611686018427387904", "cpct1"),
@@ -186,7 +186,9 @@ def drill(image: Image, snap: Snap, copies: list[list[GuestDisk]],
 
 def run(workdir: Path, snapshots: int, interval: float, mem_mb: int = 1536,
         heap: str = "384m", keep: bool = False) -> dict[str, Any]:
-    image = build("debian-cassandra")
+    # cached() first: build() waits for the cache lock even when the image
+    # is there, and another recipe may be building for minutes.
+    image = cached("debian-cassandra") or build("debian-cassandra")
     if workdir.exists() and not keep:
         shutil.rmtree(workdir)
     prim = workdir / "primary"

@@ -7,7 +7,7 @@ set -eu
 R=$1
 JARS=$2
 echo cp-cass > "$R/etc/hostname"
-printf '127.0.0.1 localhost\n' > "$R/etc/hosts"
+printf '127.0.0.1 localhost\n127.0.1.1 cp-cass\n' > "$R/etc/hosts"
 : > "$R/etc/fstab"
 mkdir -p "$R/opt/cassandra/lib"
 cp "$JARS"/*.jar "$R/opt/cassandra/lib/"
