@@ -215,14 +215,7 @@ class Drill:
     def cleanup(self) -> dict[str, Any]:
         s = self.spec
         errors: list[str] = []
-        for g in self.guests:
-            pid = g.get("pid")
-            if pid and Path(f"/proc/{pid}").exists():
-                subprocess.run(["kill", "-9", str(pid)], check=False)
-                for _ in range(100):
-                    if not Path(f"/proc/{pid}").exists():
-                        break
-                    time.sleep(0.1)
+        stop_pids([g.get("pid") or 0 for g in self.guests])
         # Keep the console logs (evidence) next to the report.
         if self.taps or self.bridge:
             cmds = [f"link del {t}" for t in self.taps] + [f"link del {self.bridge}"]
@@ -232,7 +225,7 @@ class Drill:
         pool = s.site.get("pool", "rbd")
         for c in self.clones:
             last = ""
-            for _ in range(20):  # the image watch of a killed QEMU lingers a moment
+            for _ in range(40):  # a killed QEMU's watch lingers until it times out
                 try:
                     _rbd(s.site, "rm", "--no-progress", f"{pool}/{c}")
                     break
@@ -285,6 +278,25 @@ class Drill:
         (self.dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
         (self.dir / "report.html").write_text(render_html(report))
         return report
+
+
+def stop_pids(pids: list[int], grace_s: float = 10) -> None:
+    """SIGTERM (QEMU then closes its RBD images: no stale watch or lock), SIGKILL after grace."""
+    import os
+    import signal
+
+    live = [p for p in pids if p and Path(f"/proc/{p}").exists()]
+    for p in live:
+        os.kill(p, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(Path(f"/proc/{p}").exists() for p in live):
+        time.sleep(0.1)
+    for p in live:
+        if Path(f"/proc/{p}").exists():
+            os.kill(p, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(Path(f"/proc/{p}").exists() for p in live):
+        time.sleep(0.1)
 
 
 def run_drill(spec: DrillSpec, on_event: EventHook | None = None) -> dict[str, Any]:

@@ -123,18 +123,12 @@ def boot(spec: BootSpec, on_event: Callable[[str, dict[str, Any]], None] | None 
 
 def stop_guests(guests: list[dict[str, Any]]) -> None:
     """Kill the QEMUs started by `boot` and remove their taps."""
-    import os
-    import signal
     import subprocess
 
+    from cutpoint.coordinator.drill import stop_pids
+
+    stop_pids([g.get("pid") or 0 for g in guests])
     for g in guests:
-        pid = g.get("pid") or 0
-        if pid and Path(f"/proc/{pid}").exists():
-            os.kill(pid, signal.SIGKILL)
-            for _ in range(100):
-                if not Path(f"/proc/{pid}").exists():
-                    break
-                time.sleep(0.1)
         subprocess.run(["ip", "-n", g["netns"], "link", "del", g["tap"]],
                        capture_output=True, check=False)
 
