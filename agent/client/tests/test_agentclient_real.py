@@ -101,9 +101,6 @@ async def test_foreign_client_certificate_refused(agent: realagent.RealAgent,
     await c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="cutpointd 0.1.0: after one client is killed -9, the "
-                   "agent closes another client's connection on its next request "
-                   "(event=conn_close why=read_error, reply_dropped)")
 async def test_other_client_killed_does_not_drop_our_connection(
         agent: realagent.RealAgent, pki: Any) -> None:
     child = (
