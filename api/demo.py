@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,10 +81,10 @@ def main() -> int:
     from cutpoint.lab.agents import start_agents, stop_agents
     from cutpoint.lab.status import load_status
 
-    state = Path(tempfile.mkdtemp(prefix="cutpoint-demo-"))
     server: subprocess.Popen[bytes] | None = None
     status = None
     with lock.lab_lock(wait=True, log=print):
+        state = Path(tempfile.mkdtemp(prefix="cutpoint-demo-"))
         try:
             say("lab up: 2 primary hosts x 1 guest x 2 RBD disks, workload writer")
             cp("lab", "up", "--hosts", "2", "--vms-per-host", "1", "--disks", "2",
