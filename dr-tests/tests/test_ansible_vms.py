@@ -69,7 +69,7 @@ class Vm:
         cmdline = (f"{image.cmdline} cp.ip={self.addr}/{PREFIX} cp.gw={GW} cp.name={self.name} "
                    f"cp.authkey={authkey}")
         self.proc = subprocess.Popen([
-            "qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "1",
+            "qemu-system-x86_64", "-machine", "pc,accel=tcg", "-nodefaults", "-smp", "1",
             "-m", str(self.mem), "-kernel", str(image.kernel), "-initrd", str(image.initrd),
             "-append", cmdline, "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe",
             "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no",
