@@ -139,12 +139,17 @@ def test_random_frames_do_not_kill_the_server(server: tuple[str, int]) -> None:
             if n >= 32 and rnd.random() < 0.7:     # valid op, random fields
                 body = bytes([rnd.randrange(1, 12)]) + body[1:]
             with socket.create_connection((server[0], port), timeout=5) as s:
-                s.sendall(struct.pack("<I", len(body)) + body)
                 s.settimeout(0.5)
                 try:
+                    s.sendall(struct.pack("<I", len(body)) + body)
                     s.recv(4)
                 except TimeoutError:
                     pass                            # e.g. a callback waiting
+                except (ConnectionResetError, BrokenPipeError):
+                    # The server closed a connection whose input it had not
+                    # read (it rejects a frame by its header): the kernel
+                    # answers with RST.  A closed connection is allowed.
+                    pass
     assert request(server, INSERT, b"alive", b"yes")[0] == OK
     assert request(server, LOOKUP, b"alive")[::2] == (OK, b"yes")
 
