@@ -1028,6 +1028,8 @@ commit_one(void *arg)
     int budget_hit = 0, rc;
     double r_cont_ms = 0;
     char derr[CFG_MAX_DISKS][256];
+    const char *resume_code = NULL;
+    char resume_msg[512] = "";
 
     memset(derr, 0, sizeof(derr));
     ts0 = mono_ms();
@@ -1106,6 +1108,51 @@ commit_one(void *arg)
         if (rc < 0 && err.kind == QMP_E_TIMEOUT)
             budget_hit = 1;
     }
+resume:
+    ts1 = mono_ms();
+    /* Resume at once: this VM's disks are done (or the budget is spent). */
+    tc0 = mono_ms();
+    {
+        struct resume_job r = {.a = a, .vm = j->vm, .why = "commit",
+                               .txn = j->x->id};
+        resume_one(&r);
+        rc = r.rc;
+        r_cont_ms = r.cont_ms;
+        if (rc < 0) {
+            resume_code = vm_err_code(&r.err);
+            snprintf(resume_msg, sizeof(resume_msg), "vm %s: %s (resume is "
+                     "being retried)", j->vm->cfg->name, r.err.msg);
+        }
+    }
+    tc1 = mono_ms();
+    if (rc == 0)    /* the pause ends when cont returns, not after the journal */
+        tc1 = tc0 + r_cont_ms;
+    /*
+     * Invariant 3: a disk counts as done only if its snapshot exists.  In
+     * the lab librbd returned 0 for a snapshot the lock owner refused (snap
+     * limit reached), so every RBD create is checked against the image
+     * header.  Checked after cont: the snapshot is immutable, and the check
+     * (a header refresh) must not lengthen the pause.
+     */
+    if (j->vm->cfg->method == CFG_METHOD_RBD) {
+        for (int k = 0; k < j->ndisks; k++) {
+            struct rbdsnap_image *img = j->vm->img[j->disks[k]];
+            char e[256] = "";
+            int exists = 0;
+            if (!ok[k] || !img)
+                continue;
+            if (rbdsnap_exists(img, j->names[k], &exists, e, sizeof(e)) < 0) {
+                ok[k] = 0;
+                snprintf(derr[k], sizeof(derr[k]), "cannot confirm the "
+                         "snapshot: %s", e);
+            } else if (!exists) {
+                ok[k] = 0;
+                snprintf(derr[k], sizeof(derr[k]), "librbd reported the "
+                         "snapshot created but the image header does not "
+                         "list it (refused by the lock owner?)");
+            }
+        }
+    }
     for (int k = 0; k < j->ndisks; k++) {
         char did[400];
         snprintf(did, sizeof(did), "%s/%s", j->vm->cfg->name,
@@ -1128,25 +1175,10 @@ commit_one(void *arg)
         snprintf(j->msg, sizeof(j->msg), "vm %s: snapshots exceeded the "
                  "budget", j->vm->cfg->name);
     }
-resume:
-    ts1 = mono_ms();
-    /* Resume at once: this VM's disks are done (or the budget is spent). */
-    tc0 = mono_ms();
-    {
-        struct resume_job r = {.a = a, .vm = j->vm, .why = "commit",
-                               .txn = j->x->id};
-        resume_one(&r);
-        rc = r.rc;
-        r_cont_ms = r.cont_ms;
-        if (rc < 0 && !j->code) {
-            j->code = vm_err_code(&r.err);
-            snprintf(j->msg, sizeof(j->msg), "vm %s: %s (resume is being "
-                     "retried)", j->vm->cfg->name, r.err.msg);
-        }
+    if (resume_code && !j->code) {
+        j->code = resume_code;
+        snprintf(j->msg, sizeof(j->msg), "%s", resume_msg);
     }
-    tc1 = mono_ms();
-    if (rc == 0)    /* the pause ends when cont returns, not after the journal */
-        tc1 = tc0 + r_cont_ms;
     j->out = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:o,s:b}",
                        "vm", j->vm->cfg->name,
                        "stop_ms", j->x->t_stop1[j->vmidx] -

@@ -127,6 +127,16 @@ lv_qmp(struct vm *v, const char *cmd, json_t *args, json_t **ret,
     }
     log_debug("event=qmp_recv vm=%s via=libvirt json=%s", v->cfg->name, out);
     rep = json_loads(out, 0, NULL);
+    /* A reply that is neither a return nor an error is a failure: taking
+     * it as success would report a refused snapshot as made (invariant 3). */
+    if (!json_is_object(rep) || (!json_object_get(rep, "error") &&
+                                 !json_object_get(rep, "return"))) {
+        err->kind = QMP_E_PROTO;
+        err->cls[0] = '\0';
+        snprintf(err->msg, sizeof(err->msg), "%s: libvirt returned a reply "
+                 "with neither return nor error", cmd);
+        goto cleanup;
+    }
     if ((e = json_object_get(rep, "error"))) {
         const char *desc = json_string_value(json_object_get(e, "desc"));
         err->kind = QMP_E_ERROR;

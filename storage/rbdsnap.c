@@ -2,6 +2,7 @@
 #include "rbdsnap.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,22 @@ rbdsnap_create(struct rbdsnap_image *img, const char *name, char *err,
                  strerror(-r));
         return -1;
     }
+    return 0;
+}
+
+int
+rbdsnap_exists(struct rbdsnap_image *img, const char *name, int *exists,
+               char *err, size_t errlen)
+{
+    bool b = false;
+    int r = rbd_snap_exists(img->image, name, &b);
+
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_snap_exists %s@%s: %s", img->spec, name,
+                 strerror(-r));
+        return -1;
+    }
+    *exists = b;
     return 0;
 }
 

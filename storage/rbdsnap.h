@@ -49,6 +49,15 @@ void rbdsnap_image_free(struct rbdsnap_image *img);
  * (commit is idempotent, agent-protocol §4.4). */
 int rbdsnap_create(struct rbdsnap_image *img, const char *name,
                    char *err, size_t errlen);
+/*
+ * *exists = 1 when the image header lists snapshot name (after a header
+ * refresh if a notify told this handle it changed).  commit checks every
+ * create with it: in the lab librbd returned 0 from rbd_snap_create2 for a
+ * snapshot the lock owner (QEMU) refused under `rbd snap limit`, so a zero
+ * return alone does not prove the snapshot exists.
+ */
+int rbdsnap_exists(struct rbdsnap_image *img, const char *name, int *exists,
+                   char *err, size_t errlen);
 /* Returns 0 when removed, RBDSNAP_ENOENT when absent, -1 on error. */
 int rbdsnap_remove(struct rbdsnap_image *img, const char *name,
                    char *err, size_t errlen);

@@ -286,3 +286,44 @@ async def test_budget_overrun_still_resumes(lab: dict[str, Any], agents: list[di
         await c.abort(txn)
         for d in disks.values():
             assert name not in rbd_snaps(lab, d)
+
+
+# invariant 3 ---------------------------------------------------------------
+async def test_snapshot_refused_by_snap_limit_is_snapshot_failed(
+        lab: dict[str, Any], agents: list[dict], certs_dir: Path) -> None:
+    """One image is at its `rbd snap limit`: commit must answer
+    SNAPSHOT_FAILED (cutpointd 0.1.0 answered COMMITTED: librbd returned 0),
+    resume both VMs, and abort deletes the member snapshots that were made."""
+    txn = new_txn()
+    name = f"cp.agenttest.{txn}"
+    names = vm_names(lab)
+    disks = {f"{vm['name']}/{d['node']}": d for vm in lab["vms"] for d in vm["disks"]}
+    bad_id, bad = next(iter(disks.items()))
+    site = lab["sites"]["primary"]
+    spec = f"{bad['pool']}/{bad['image']}"
+    # The limit is enforced by the lock owner (QEMU) from its cached header:
+    # set it one above the current count and create one more snapshot, which
+    # refreshes QEMU's header; the image is then full (recipe from
+    # coordinator/tests/test_coordinator_lab.py).
+    count = len(rbd_snaps(lab, bad))
+    subprocess.run(rbd_cmd(site, "snap", "limit", "set", "--limit", str(count + 1), spec),
+                   check=True)
+    try:
+        subprocess.run(rbd_cmd(site, "snap", "create", f"{spec}@limit-probe"), check=True)
+        probe = subprocess.run(rbd_cmd(site, "snap", "create", f"{spec}@limit-probe2"),
+                               capture_output=True, text=True, check=False)
+        assert probe.returncode != 0, "the snapshot limit is not enforced"
+        async with client(agents[0], certs_dir) as c:
+            await c.prepare(txn, names, 5000)
+            with pytest.raises(AgentReplyError) as ei:
+                await c.commit(txn, {d: name for d in disks}, 5000)
+            assert ei.value.code == "SNAPSHOT_FAILED", ei.value
+            assert bad_id in str(ei.value)
+            assert set((await states(c)).values()) == {"running"}
+            assert name not in rbd_snaps(lab, bad)
+            await c.abort(txn)
+            for d in disks.values():
+                assert name not in rbd_snaps(lab, d)
+    finally:
+        subprocess.run(rbd_cmd(site, "snap", "limit", "clear", spec), check=True)
+        subprocess.run(rbd_cmd(site, "snap", "rm", f"{spec}@limit-probe"), check=False)

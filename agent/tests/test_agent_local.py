@@ -265,3 +265,33 @@ def test_other_client_killed_keeps_our_connection(local_agent: dict[str, Any]) -
         ours.sendall(struct.pack(">I", len(hello)) + hello)
         r = _read(ours)
         assert r is not None and r["ok"] is True, "our connection was dropped"
+
+
+async def test_refused_member_snapshot_is_snapshot_failed(local_agent: dict[str, Any]) -> None:
+    """Invariant 3: a member snapshot QEMU refuses (here: the name already
+    exists on vm1/disk1) makes commit fail with SNAPSHOT_FAILED, never
+    COMMITTED; the VMs are resumed and abort deletes what was made."""
+    async with _client(local_agent) as c:
+        await c.prepare("dup0", ["vm1"], 5000)
+        await c.commit("dup0", {"vm1/disk1": "cp.g.dup"}, 5000)   # the squatter
+        await c.prepare("dup1", ["vm1", "vm2"], 5000)
+        snaps = {f"{v}/disk{k}": "cp.g.dup" for v in ("vm1", "vm2") for k in range(2)}
+        with pytest.raises(AgentReplyError) as ei:
+            await c.commit("dup1", snaps, 5000)
+        assert ei.value.code == "SNAPSHOT_FAILED", ei.value
+        assert "vm1/disk" in str(ei.value)
+        done = {d["disk"]: d["ok"] for v in ei.value.result["vms"] for d in v["disks"]}
+        assert done == {"vm1/disk0": False, "vm1/disk1": False,
+                        "vm2/disk0": True, "vm2/disk1": True}, done
+        assert all(v["resumed"] for v in ei.value.result["vms"])
+        # a repeated commit gives the same answer (idempotent)
+        with pytest.raises(AgentReplyError) as ei:
+            await c.commit("dup1", snaps, 5000)
+        assert ei.value.code == "SNAPSHOT_FAILED"
+        assert {v["name"]: v["state"] for v in (await c.inventory())["vms"]} == \
+            {"vm1": "running", "vm2": "running"}
+        await c.abort("dup1")
+        await c.abort("dup0")
+        for v in ("vm1", "vm2"):
+            for k in range(2):
+                assert await c.snapshot_list(f"{v}/disk{k}") == []
