@@ -13,12 +13,17 @@
 
 #include "log.h"
 #include "mono.h"
+#include "qga.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 #define INVENTORY_TIMEOUT_MS 500
 #define RETRY_RESUME_MS 500.0
+/* quiesce: fs-freeze deadlines (dr-tests/checkers/quiesce.py) */
+#define QGA_SYNC_MS 1000
+#define QGA_FREEZE_MS 5000
+#define QGA_THAW_MS 5000
 
 static double
 clock_mono(void *opaque)
@@ -114,6 +119,41 @@ struct resume_job {
 
 /* Resumes one VM; on success clears its journal entry, on failure marks
  * it for the reaper to retry (invariant 2: never left paused). */
+/*
+ * Thaws the guest filesystems if this VM's prepare opened its guest agent
+ * (after a freeze, and also after a failed one: a slow agent may freeze
+ * after we gave up).  Runs after cont: a paused guest cannot answer.
+ */
+static void
+thaw_vm(struct agent *a, struct vm *v, const char *txn)
+{
+    struct qga_conn *q;
+    char err[256] = "";
+    double t0 = mono_ms();
+    int rc, nfs = 0;
+
+    pthread_mutex_lock(&a->mu);
+    q = v->qga;
+    v->qga = NULL;
+    pthread_mutex_unlock(&a->mu);
+    if (!q)
+        return;
+    rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS, err,
+                  sizeof(err));
+    if (rc == 0)
+        rc = qga_thaw(q, QGA_THAW_MS, &nfs, err, sizeof(err));
+    qga_free(q);
+    pthread_mutex_lock(&a->mu);
+    v->thaw_ms = mono_ms() - t0;
+    pthread_mutex_unlock(&a->mu);
+    if (rc == 0)
+        log_info("event=thawed vm=%s txn=%s filesystems=%d thaw_ms=%.3f",
+                 v->cfg->name, txn ? txn : "-", nfs, mono_ms() - t0);
+    else
+        log_warnx("event=thaw_failed vm=%s txn=%s msg=\"%s\"", v->cfg->name,
+                  txn ? txn : "-", err);
+}
+
 static void *
 resume_one(void *arg)
 {
@@ -146,6 +186,7 @@ resume_one(void *arg)
         log_info("event=resumed vm=%s txn=%s why=%s cont_ms=%.3f "
                  "paused_ms=%.3f", j->vm->cfg->name, j->txn ? j->txn : "-",
                  j->why, j->cont_ms, j->paused_ms);
+        thaw_vm(a, j->vm, j->txn);
     } else {
         log_warnx("event=resume_failed vm=%s txn=%s why=%s msg=\"%s\" "
                   "retry=yes", j->vm->cfg->name, j->txn ? j->txn : "-",
@@ -768,6 +809,61 @@ prep_one(void *arg)
     return NULL;
 }
 
+/*
+ * quiesce fs-freeze, one VM, before any VM of the txn is stopped (so the
+ * freeze wait is never inside a pause window).  Any failure falls back to
+ * crash consistency with the reason recorded; the txn carries on.
+ */
+static void *
+freeze_one(void *arg)
+{
+    struct prep_job *j = arg;
+    struct vm *v = j->vm;
+    struct qga_conn *q = NULL;
+    char err[256] = "";
+    double t0 = mono_ms();
+    int nfs = 0, rc = -1;
+
+    if (!v->cfg->qga[0])
+        snprintf(err, sizeof(err), "no qga socket configured for vm %s",
+                 v->cfg->name);
+    else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0 &&
+             (rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS,
+                            err, sizeof(err))) == 0)
+        rc = qga_freeze(q, QGA_FREEZE_MS, &nfs, err, sizeof(err));
+    pthread_mutex_lock(&j->a->mu);
+    v->freeze_ms = mono_ms() - t0;
+    v->consistency = rc == 0 ? "fs-freeze" : "crash";
+    snprintf(v->freeze_error, sizeof(v->freeze_error), "%s",
+             rc == 0 ? "" : err);
+    v->qga = q;                 /* thawed after cont, even if freeze failed */
+    pthread_mutex_unlock(&j->a->mu);
+    if (rc == 0)
+        log_info("event=frozen vm=%s txn=%s filesystems=%d freeze_ms=%.3f",
+                 v->cfg->name, j->txn, nfs, v->freeze_ms);
+    else
+        log_warnx("event=freeze_failed vm=%s txn=%s fallback=crash "
+                  "msg=\"%s\"", v->cfg->name, j->txn, err);
+    return NULL;
+}
+
+/* The quiesce facts of one VM for a reply. */
+static void
+add_quiesce(struct agent *a, json_t *o, struct vm *v, int with_thaw)
+{
+    pthread_mutex_lock(&a->mu);
+    json_object_set_new(o, "consistency",
+                        json_string(v->consistency ? v->consistency :
+                                    "crash"));
+    json_object_set_new(o, "freeze_ms", json_real(v->freeze_ms));
+    if (with_thaw)
+        json_object_set_new(o, "thaw_ms", v->thaw_ms < 0 ? json_null() :
+                            json_real(v->thaw_ms));
+    json_object_set_new(o, "freeze_error", v->freeze_error[0] ?
+                        json_string(v->freeze_error) : json_null());
+    pthread_mutex_unlock(&a->mu);
+}
+
 static int
 same_vms(const struct txn *x, json_t *vms)
 {
@@ -793,6 +889,8 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     const char *id = json_string_value(json_object_get(args, "txn"));
     json_t *jvms = json_object_get(args, "vms"), *v, *result = NULL, *arr;
     json_int_t lease = json_integer_value(json_object_get(args, "lease_ms"));
+    const char *quiesce = json_string_value(json_object_get(args, "quiesce"));
+    int freeze;
     struct prep_job jobs[CFG_MAX_VMS];
     struct vm *vms[CFG_MAX_VMS], *undo[CFG_MAX_VMS];
     struct resume_job rj[CFG_MAX_VMS];
@@ -803,6 +901,10 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
 
     if (n > CFG_MAX_VMS)
         FAIL("BAD_REQUEST", "too many VMs (%d > %d)", n, CFG_MAX_VMS);
+    if (quiesce && strcmp(quiesce, "crash") && strcmp(quiesce, "fs-freeze"))
+        FAIL("BAD_REQUEST", "args.quiesce must be \"crash\" or "
+             "\"fs-freeze\", got \"%s\"", quiesce);
+    freeze = quiesce && strcmp(quiesce, "fs-freeze") == 0;
     json_array_foreach(jvms, i, v) {
         names[i] = json_string_value(v);
         if (!(vms[i] = find_vm(a, names[i])))
@@ -862,9 +964,20 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
             FAIL("INTERNAL", "no VM paused: %s", jerr);
         }
     }
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n; k++) {
         jobs[k] = (struct prep_job){.a = a, .vm = vms[k], .txn = x->id,
                                     .journaled = 1};
+        pthread_mutex_lock(&a->mu);
+        vms[k]->consistency = "crash";
+        vms[k]->freeze_ms = 0;
+        vms[k]->thaw_ms = -1;
+        vms[k]->freeze_error[0] = '\0';
+        pthread_mutex_unlock(&a->mu);
+    }
+    /* All freezes first, then all stops: the freeze wait (up to sync +
+     * freeze deadlines) is outside every VM's pause window. */
+    if (freeze)
+        run_parallel(freeze_one, jobs, sizeof(*jobs), n);
     run_parallel(prep_one, jobs, sizeof(*jobs), n);
 
     for (int k = 0; k < n; k++) {
@@ -891,6 +1004,9 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     }
     if (failed >= 0) {
         resume_vms(a, undo, nundo, x->id, "prepare_failed", rj);
+        for (int k = 0; k < n; k++)
+            if (jobs[k].rc < 0)     /* not paused: thaw now */
+                thaw_vm(a, vms[k], x->id);
         /* Partial facts (agent-protocol §3.4): what was paused and undone. */
         arr = json_array();
         for (int k = 0, u = 0; k < n; k++) {
@@ -925,8 +1041,10 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     for (int k = 0; k < n; k++) {
         x->t_stop0[k] = jobs[k].t0;
         x->t_stop1[k] = jobs[k].t1;
-        json_array_append_new(arr, json_pack("{s:s,s:f}", "vm", names[k],
-                                             "stop_ms", jobs[k].t1 - jobs[k].t0));
+        json_t *o = json_pack("{s:s,s:f}", "vm", names[k], "stop_ms",
+                              jobs[k].t1 - jobs[k].t0);
+        add_quiesce(a, o, vms[k], 0);
+        json_array_append_new(arr, o);
     }
     result = json_pack("{s:s,s:s,s:o,s:I}", "txn", id, "state", "prepared",
                        "vms", arr, "lease_ms", lease);
@@ -1189,6 +1307,7 @@ resume:
                        "paused_ms", tc1 - j->x->t_stop0[j->vmidx],
                        "method", method_name(j->vm), "disks", disks,
                        "resumed", rc == 0);
+    add_quiesce(a, j->out, j->vm, 1);
     return NULL;
 }
 

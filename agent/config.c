@@ -197,6 +197,12 @@ config_load(const char *path, struct agent_config *cfg, char *err,
                 goto bad;
         } else if (vm && strcmp(k, "qmp") == 0)
             SET(vm->qmp, v);
+        else if (vm && strcmp(k, "qga") == 0) {
+            /* an absolute unix socket path that fits sockaddr_un */
+            if (v[0] != '/' || strlen(v) >= sizeof(vm->qga))
+                goto bad;
+            SET(vm->qga, v);
+        }
         else if (vm && strcmp(k, "domain") == 0)
             SET(vm->domain, v);
         else if (vm && strcmp(k, "method") == 0) {

@@ -27,6 +27,7 @@ struct cfg_vm {
     char name[256];
     enum cfg_driver driver;
     char qmp[1024];
+    char qga[108];          /* guest agent socket, "" none (sun_path size) */
     char domain[256];
     enum cfg_method method;
     struct cfg_disk disks[CFG_MAX_DISKS];

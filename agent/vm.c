@@ -10,6 +10,7 @@
 #include <libvirt/virterror.h>
 
 #include "log.h"
+#include "qga.h"
 
 static void
 lv_err(struct qmp_err *err, const char *what)
@@ -66,6 +67,8 @@ vm_destroy(struct vm *v)
     for (int i = 0; i < CFG_MAX_DISKS; i++)
         rbdsnap_image_free(v->img[i]);
     qmp_free(v->qmp);
+    qga_free(v->qga);
+    v->qga = NULL;
     pthread_mutex_destroy(&v->mu);
     v->cfg = NULL;
 }

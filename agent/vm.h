@@ -19,6 +19,8 @@
 #include "qmp.h"
 #include "rbdsnap.h"
 
+struct qga_conn;
+
 struct vm {
     const struct cfg_vm *cfg;          /* borrowed from the agent config */
     pthread_mutex_t mu;
@@ -29,6 +31,11 @@ struct vm {
     char needs_resume_txn[129];
     double paused_at;                  /* start of the stop that paused it, 0 if
                                           not paused by us (guarded by agent mu) */
+    /* quiesce of the current txn (set by prepare; guarded by agent mu) */
+    struct qga_conn *qga;              /* open guest agent: thaw pending */
+    const char *consistency;           /* "crash" or "fs-freeze" */
+    double freeze_ms, thaw_ms;         /* thaw_ms < 0: no thaw yet */
+    char freeze_error[256];
 };
 
 int vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn);

@@ -49,6 +49,10 @@ def local_agent() -> Iterator[dict[str, Any]]:
             argv = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults",
                     "-display", "none", "-m", "64", "-serial", "null",
                     "-qmp", f"unix:{d / v}.sock,server=on,wait=off"]
+            if v == "vm1":      # a guest agent channel, but no guest OS answers
+                argv += ["-device", "virtio-serial",
+                         "-chardev", f"socket,path={d / v}.qga,server=on,wait=off,id=qga0",
+                         "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0"]
             disks = []
             for k in range(2):
                 f = d / f"{v}-d{k}.qcow2"
@@ -59,7 +63,8 @@ def local_agent() -> Iterator[dict[str, Any]]:
                          "-device", f"virtio-blk-pci,drive=disk{k}"]
                 disks.append(f"disk.disk{k} = qcow2:{f}")
             qemus.append(subprocess.Popen(argv))
-            vm_sections.append(f"[vm {v}]\nqmp = {d / v}.sock\n" + "\n".join(disks) + "\n")
+            qga = f"qga = {d / v}.qga\n" if v == "vm1" else ""
+            vm_sections.append(f"[vm {v}]\nqmp = {d / v}.sock\n{qga}" + "\n".join(disks) + "\n")
         for v in ("vm1", "vm2"):
             t0 = time.monotonic()
             while not (d / f"{v}.sock").exists():
@@ -295,3 +300,34 @@ async def test_refused_member_snapshot_is_snapshot_failed(local_agent: dict[str,
         for v in ("vm1", "vm2"):
             for k in range(2):
                 assert await c.snapshot_list(f"{v}/disk{k}") == []
+
+
+async def test_quiesce_fs_freeze_falls_back_to_crash(local_agent: dict[str, Any]) -> None:
+    """quiesce fs-freeze with a guest agent channel nobody answers (vm1: no
+    guest OS) and with no channel at all (vm2): both fall back to crash
+    consistency with the reason, and the snapshot is still taken."""
+    async with _client(local_agent) as c:
+        with pytest.raises(AgentReplyError) as ei:
+            await c.call("prepare", {"txn": "qz0", "vms": ["vm1"], "lease_ms": 5000,
+                                     "quiesce": "app"})
+        assert ei.value.code == "BAD_REQUEST" and "quiesce" in ei.value.message
+        prep = await c.call("prepare", {"txn": "qz1", "vms": ["vm1", "vm2"],
+                                        "lease_ms": 5000, "quiesce": "fs-freeze"})
+        q = {v["vm"]: v for v in prep["vms"]}
+        assert q["vm1"]["consistency"] == "crash"
+        assert "guest-sync-delimited" in q["vm1"]["freeze_error"]
+        assert q["vm1"]["freeze_ms"] >= 999         # waited out the 1 s sync deadline
+        assert q["vm2"]["consistency"] == "crash"
+        assert "no qga socket" in q["vm2"]["freeze_error"]
+        snaps = {f"{v}/disk0": "cp.g.qz1" for v in ("vm1", "vm2")}
+        res = await c.commit("qz1", snaps, 5000)
+        r = {v["vm"]: v for v in res["vms"]}
+        assert r["vm1"]["consistency"] == "crash" and r["vm1"]["freeze_error"]
+        assert r["vm1"]["thaw_ms"] is not None      # a thaw was attempted
+        assert r["vm2"]["thaw_ms"] is None          # nothing to thaw
+        assert all(d["ok"] for v in res["vms"] for d in v["disks"])
+        await c.abort("qz1")
+        plain = await c.prepare("qz2", ["vm2"], 5000)
+        assert plain["vms"][0]["consistency"] == "crash"
+        assert plain["vms"][0]["freeze_error"] is None
+        await c.abort("qz2")

@@ -41,7 +41,8 @@ test_full(void **state)
                           "[ceph]\nconf = /etc/ceph.conf\n"
                           "[vm a]\nqmp = /s\ndisk.disk0 = rbd:rbd/img0\n"
                           "disk.disk1 = rbd:rbd/img1\n"
-                          "[vm b]\nqmp = /t\ndisk.disk0 = qcow2:/x.qcow2\n",
+                          "[vm b]\nqmp = /t\nqga = /t.qga\n"
+                          "disk.disk0 = qcow2:/x.qcow2\n",
                           err, sizeof(err)), 0);
     assert_string_equal(cfg.host, "h1");
     assert_string_equal(cfg.listen_addr, "10.0.0.1");
@@ -54,6 +55,8 @@ test_full(void **state)
     assert_int_equal(cfg.vms[0].method, CFG_METHOD_RBD);
     assert_int_equal(cfg.vms[1].method, CFG_METHOD_QMP);
     assert_string_equal(cfg.vms[1].disks[0].file, "/x.qcow2");
+    assert_string_equal(cfg.vms[0].qga, "");
+    assert_string_equal(cfg.vms[1].qga, "/t.qga");
 }
 
 static void
@@ -85,6 +88,9 @@ test_errors_name_the_line(void **state)
     assert_int_equal(load(TLS "[vm a]\nqmp=/s\n[vm a]\nqmp=/s\n", err,
                           sizeof(err)), -1);
     assert_non_null(strstr(err, "defined twice"));
+    assert_int_equal(load(TLS "[vm a]\nqmp=/s\nqga = rel.sock\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for qga"));
     assert_int_equal(config_load("/nonexistent.ini", &cfg, err, sizeof(err)),
                      -1);
 }
