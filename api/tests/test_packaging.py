@@ -7,6 +7,7 @@ must be inside the wheel.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_contains_alembic_environment_and_every_revision(tmp_path: Path) -> None:
+    # A stale staging tree would hide files that setup.cfg fails to declare.
+    shutil.rmtree(ROOT / "build-py", ignore_errors=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
          "-w", str(tmp_path), str(ROOT)],
