@@ -22,7 +22,6 @@
 #define RETRY_RESUME_MS 500.0
 /* quiesce: fs-freeze deadlines (dr-tests/checkers/quiesce.py) */
 #define QGA_SYNC_MS 1000
-#define QGA_FREEZE_MS 5000
 #define QGA_THAW_MS 5000
 
 static double
@@ -830,7 +829,8 @@ freeze_one(void *arg)
     else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0 &&
              (rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS,
                             err, sizeof(err))) == 0)
-        rc = qga_freeze(q, QGA_FREEZE_MS, &nfs, err, sizeof(err));
+        rc = qga_freeze(q, j->a->cfg.freeze_timeout_ms, &nfs, err,
+                        sizeof(err));
     pthread_mutex_lock(&j->a->mu);
     v->freeze_ms = mono_ms() - t0;
     v->consistency = rc == 0 ? "fs-freeze" : "crash";

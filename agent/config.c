@@ -86,6 +86,7 @@ config_load(const char *path, struct agent_config *cfg, char *err,
     memset(cfg, 0, sizeof(*cfg));
     cfg->listen_port = 7443;
     cfg->qmp_timeout_ms = 2000;
+    cfg->freeze_timeout_ms = 5000;
     SET(cfg->listen_addr, "0.0.0.0");
     SET(cfg->log_level, "info");
     SET(cfg->journal, "/var/lib/cutpoint/agent/journal");
@@ -159,6 +160,10 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             SET(cfg->listen_addr, v);
         } else if (KEY("agent", "journal"))
             SET(cfg->journal, v);
+        else if (KEY("agent", "freeze_timeout_ms")) {
+            if (parse_int(v, 10, 600000, &cfg->freeze_timeout_ms) < 0)
+                goto bad;
+        }
         else if (KEY("agent", "qmp_timeout_ms")) {
             if (parse_int(v, 10, 600000, &cfg->qmp_timeout_ms) < 0)
                 goto bad;

@@ -40,6 +40,7 @@ struct agent_config {
     int listen_port;
     char journal[1024];
     int qmp_timeout_ms;
+    int freeze_timeout_ms;      /* quiesce fs-freeze: guest-fsfreeze-freeze */
     char log_level[16];
     char ca[1024], cert[1024], key[1024];
     char ceph_conf[1024], ceph_id[128], ceph_keyring[1024];
