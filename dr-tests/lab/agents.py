@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cutpoint.lab.errors import LabError
-from cutpoint.lab.proc import pid_alive
+from cutpoint.lab.proc import MARK, pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 7443
@@ -116,9 +116,12 @@ def start_agent(status: dict[str, Any], host: dict[str, Any], certs_dir: Path,
     if check.returncode != 0:
         raise LabError(f"cutpointd -n rejected {cfg}: {check.stderr.strip()}")
     with open(log, "ab") as lf:
+        # The lab mark lets `cutpoint lab down` find this agent even when
+        # whoever started it died without calling stop_agents().
+        env = dict(os.environ, **{MARK: str(status["state_dir"])})
         p = subprocess.Popen(["ip", "netns", "exec", host["netns"], str(binary), "-c", str(cfg)],
                              stdin=subprocess.DEVNULL, stdout=lf, stderr=lf,
-                             start_new_session=True)
+                             start_new_session=True, env=env)
     (d / "agent.pid").write_text(f"{p.pid}\n")
     port = int(config.get("port", PORT))
     _wait_listening(host["address"], port, p.pid, log)

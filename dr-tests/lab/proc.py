@@ -84,7 +84,9 @@ def lab_processes() -> list[tuple[int, str]]:
         cmd = " ".join(args)
         qemu = exe.startswith("qemu-system")
         cephd = exe in ("ceph-mon", "ceph-mgr", "ceph-osd")
-        if not (qemu or cephd):
+        # Agents started for a lab (cutpoint.lab.agents) carry the mark.
+        agentd = exe == "cutpointd"
+        if not (qemu or cephd or agentd):
             continue
         # By name pattern first (works without the state dir), then by mark.
         # Only lab guests carry `process=cplab-` (QEMU's -name); other

@@ -65,3 +65,23 @@ def test_lab_up_after_kill9_cleans_and_recovers(lab: dict[str, Any], lab_session
     left = net.leftovers()
     assert left == {"netns": [], "links": [], "mounts": []}, left
     lab_session.status = None
+
+
+@pytest.mark.lab
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=1, fresh=True)
+def test_lab_down_stops_agents_whose_starter_died(lab: dict[str, Any], lab_session: Any,
+                                                  tmp_path: Path) -> None:
+    """Agents outlive a test or worker killed before it could stop them;
+    `lab down` must still find them (by the lab mark) and stop them."""
+    from cutpoint.lab import agents
+
+    started = agents.start_agents(lab, tmp_path / "certs")
+    pids = [a["pid"] for a in started]
+    assert pids and all(pid_alive(p) for p in pids)
+    # No stop_agents(): the starter is gone as far as the lab knows.
+    down = subprocess.run([*CLI, "down"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not [p for p in pids if pid_alive(p)], down.stdout
+    assert lab_processes() == []
+    lab_session.status = None
