@@ -255,7 +255,7 @@ def run(workdir: Path, snapshots: int, interval: float, mem_mb: int = 1536,
             "acks_seen": acks_at_end, "full_oplog_bytes": len(full),
             "full_oplog_records": len(full) // 33,
             "guest_uptime_writer_start_s": _mark(primary_consoles["node1"],
-                                                 "writer-start"),
+                                                 r"writer-start \d+"),
             "consoles": {NODES[i][0]: str(vm.console)
                          for i, vm in enumerate(vms)}},
         "params": {"snapshots": snapshots, "interval_s": interval,
