@@ -9,9 +9,10 @@ final group snapshot:
     fence     `fence()` stops the primary VMs if reachable (agents'
               `vm.stop`) and records a fencing epoch; an unreachable primary
               is recorded, not waited for (unplanned mode)
-    rollback  every DR image back to the recovery point (`rbd snap
-              rollback`; the DR images are never written between rounds, so
-              this only undoes a drill-free no-op or a half-applied copy)
+    rollback  every DR image whose head differs from the recovery point
+              back to it (`rbd snap rollback`); an unchanged image is left
+              alone, because a rollback rewrites every object and would make
+              failback ship the whole disk
     boot      one QEMU per VM in the DR host namespace, on the DR host's
               bridge, from the DR images.  Agents start VMs only through
               libvirt (`vm.start`, docs/agent-protocol.md 4.9) and the lab
@@ -27,6 +28,7 @@ a full copy when a common snapshot exists.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -64,11 +66,27 @@ class BootSpec:
     guests: list[dict[str, Any]] = field(default_factory=list)
 
 
-def rollback(site: dict[str, Any], images: list[str], snap: str) -> None:
+def rollback(site: dict[str, Any], images: list[str], snap: str) -> list[str]:
+    """Roll every image back to `snap`; returns the images actually rolled back.
+
+    An image whose head has not changed since `snap` (the usual case: the
+    replication engine writes the head, then creates the snapshot) is left
+    alone.  `rbd snap rollback` rewrites every object, so a needless rollback
+    would make the next diff from `snap` (failback's base) cover the whole
+    disk instead of what the DR guests wrote.
+    """
     pool = site.get("pool", "rbd")
+
+    def one(image: str) -> str | None:
+        changed = json.loads(_rbd(site, "diff", "--from-snap", snap, "--format", "json",
+                                  f"{pool}/{image}", timeout=600) or "[]")
+        if not changed:
+            return None
+        _rbd(site, "snap", "rollback", "--no-progress", f"{pool}/{image}@{snap}", timeout=600)
+        return image
+
     with ThreadPoolExecutor(max_workers=4) as ex:
-        list(ex.map(lambda i: _rbd(site, "snap", "rollback", "--no-progress",
-                                   f"{pool}/{i}@{snap}", timeout=600), images))
+        return [i for i in ex.map(one, images) if i is not None]
 
 
 def boot(spec: BootSpec, on_event: Callable[[str, dict[str, Any]], None] | None = None) \
@@ -161,10 +179,10 @@ def failover(boot_spec: BootSpec, recovery_point: str, fence: Callable[[], dict[
     ev("fence", fenced)
     images = [d["image"] for v in boot_spec.vms for d in v.disks]
     try:
-        rollback(boot_spec.site, images, recovery_point)
+        rolled = rollback(boot_spec.site, images, recovery_point)
     except ReplicationError as exc:
         raise FailoverError(f"rollback to {recovery_point} at DR failed: {exc}") from exc
-    ev("rollback", {"images": images, "to": recovery_point})
+    ev("rollback", {"images": images, "to": recovery_point, "rolled_back": rolled})
     try:
         boot(boot_spec, ev)
     except Exception:
