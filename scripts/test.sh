@@ -11,6 +11,7 @@ PYTEST="pytest -q -p no:cacheprovider --durations=10"
 SUITES=(
   "c-unit|meson test -C build --print-errorlogs"
   "c-asan|scripts/build-asan.sh && meson test -C build-asan --print-errorlogs"
+  "fuzz|scripts/fuzz.sh 60"
   "py-unit|$PYTEST -m 'not lab and not slow' api coordinator agent/client dr-tests"
   "lab|$PYTEST -m 'lab and not slow' dr-tests/tests"
   "api-schemathesis|python api/tests/tools/run_schemathesis.py --max-examples 15"
