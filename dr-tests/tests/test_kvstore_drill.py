@@ -87,13 +87,15 @@ class Drill:
 
     def wait_console(self, pattern: str, count: int = 1,
                      vms: list[dict[str, Any]] | None = None,
-                     timeout: float = 300) -> None:
-        """Until every guest's console matched pattern count times."""
+                     timeout: float = 300, any_vm: bool = False) -> None:
+        """Until every guest's console (or, with any_vm, one of them)
+        matched pattern count times."""
         rx = re.compile(pattern)
         end = time.monotonic() + timeout
+        done = any if any_vm else all
         while True:
             texts = self.consoles(vms)
-            if all(len(rx.findall(t)) >= count for t in texts):
+            if done(len(rx.findall(t)) >= count for t in texts):
                 return
             for t in texts:
                 assert "FATAL" not in t, t[-1500:]
