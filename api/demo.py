@@ -71,11 +71,19 @@ def dr_steps(env: dict[str, str]) -> None:
 DR_RESULT: dict[str, str] = {}
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise SystemExit(f"demo: interrupted by signal {signum}; cleaning up")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--rpo", type=int, default=10)
     a = ap.parse_args()
+    # SIGTERM (a CI timeout, `kill`) would end Python without running the
+    # `finally` below and leave the server, its worker and the lab behind.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
     from cutpoint.lab import lock
     from cutpoint.lab.agents import start_agents, stop_agents
     from cutpoint.lab.status import load_status
