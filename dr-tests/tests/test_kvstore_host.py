@@ -11,17 +11,13 @@ fail.
 
 from __future__ import annotations
 
-import os
-import random
 import shutil
-import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from cutpoint.checkers import kvstore as kv
+from hostcluster import HostCluster, cluster_factory
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "build/dr-tests/workloads/kvstore/cp-kvstore"
@@ -29,69 +25,10 @@ NODES = 3
 PARTS = 6
 
 
-def free_base(nodes: int) -> int:
-    """A random base port whose node ports (and +1) are all free now."""
-    for _ in range(100):
-        base = random.randrange(20000, 60000, 100)
-        try:
-            for i in range(nodes):
-                for port in (base + 10 * i, base + 10 * i + 1):
-                    with socket.socket() as s:
-                        s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range")
-
-
-class Cluster:
-    def __init__(self, tmp: Path, extra: list[str] | None = None) -> None:
-        self.tmp = tmp
-        base = free_base(NODES)
-        self.peers = [f"127.0.0.1:{base + 10 * i}" for i in range(NODES)]
-        self.disks = [tmp / f"node{i}.img" for i in range(NODES)]
-        for d in self.disks:
-            if not d.exists():
-                with open(d, "wb") as f:
-                    f.truncate(16 << 20)
-        self.extra = extra or []
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.run = 0
-
-    def start(self, *args: str) -> None:
-        self.run += 1
-        for i in range(NODES):
-            with open(self.tmp / f"node{i}.run{self.run}.log", "wb") as log:
-                self.procs.append(subprocess.Popen(
-                    [str(BIN), "--node", str(i), "--peers", ",".join(self.peers),
-                     "--disk", str(self.disks[i]), "--partitions", str(PARTS),
-                     "--simulate-power-loss", *self.extra, *args],
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-
-    def log(self, i: int) -> str:
-        return (self.tmp / f"node{i}.run{self.run}.log").read_text()
-
-    def wait_log(self, text: str, timeout: float = 60) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if all(text in self.log(i) for i in range(NODES)):
-                return
-            for p in self.procs:
-                assert p.poll() is None, f"a node exited: {self.logs()}"
-            time.sleep(0.2)
-        raise AssertionError(f"no '{text}' in every log:\n{self.logs()}")
-
-    def logs(self) -> str:
-        return "\n".join(f"--- node {i}\n{self.log(i)[-2000:]}" for i in range(NODES))
-
-    def kill9(self) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-        self.procs = []
+class Cluster(HostCluster):
+    binary = BIN
+    nodes = NODES
+    node_args = ("--partitions", str(PARTS))
 
     def check(self) -> kv.Verdict:
         return kv.check_disks(self.disks)
@@ -99,16 +36,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    assert BIN.exists(), f"{BIN} is not built (ninja -C build)"
-    made: list[Cluster] = []
-
-    def make(extra: list[str] | None = None) -> Cluster:
-        c = Cluster(tmp_path, extra)
-        made.append(c)
-        return c
-    yield make
-    for c in made:
-        c.kill9()
+    yield from cluster_factory(Cluster, tmp_path)
 
 
 def run_load(c: Cluster, seconds: float) -> None:
