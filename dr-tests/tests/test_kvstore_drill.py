@@ -2,22 +2,30 @@
 
 Four tiny guests on two primary hosts run the store and its clients. Each
 guest is a ZHT node: server, secondary of its predecessor's partitions,
-and a client. Their disks are RBD images. The drill does five things:
+and a client. Their disks are RBD images on the primary Ceph cluster.
+Every snapshot the drill checks is first replicated to the DR Ceph
+cluster with the project's group replication (`coordinator.replicate`,
+one `cutpoint-sync` per disk: the first copy full, later ones
+incremental), and everything after that reads the DR copies. The drill
+does five things:
 
 1. Negative control, uncoordinated: every disk is snapshotted one after
-   another with `rbd snap create` and no pause. The checker must fail.
+   another with `rbd snap create` and no pause, replicated, and the DR
+   copies are checked. The checker must fail.
 2. Group snapshots under load, through the real agents and coordinator
-   (`cutpoint snapshot --group-file`). The newest one is exported and
-   checked offline: every invariant holds.
-3. Restore: clones of that group snapshot's member snapshots boot on the
-   DR host (new addresses, so the copies run isolated next to the running
-   primaries). The store cold-restarts (load, replay, reconcile, serve;
-   the membership epoch goes up), and `cutpoint check kvstore --live`
-   finds the digests the offline check predicted.
-4. Negative control, fsync off: the clones boot again, as
+   (`cutpoint snapshot --group-file`). The newest one is replicated with
+   full verification; every member must be verified at DR (invariant 5).
+   Its DR copies are exported and checked offline: every invariant holds.
+3. Restore: clones of the DR member snapshots, made on the DR cluster,
+   boot on the DR host (new addresses, so the copies run isolated next to
+   the running primaries). The store cold-restarts (load, replay,
+   reconcile, serve; the membership epoch goes up), and
+   `cutpoint check kvstore --live` finds the digests the offline check
+   predicted.
+4. Negative control, fsync off: DR clones boot again, as
    `--no-fsync --simulate-power-loss` with clients. Every guest is
    paused, the disks are read, and only "acknowledged survives" fails.
-5. Cleanup of the clones and the drill guests.
+5. Cleanup of the clones, the drill guests and the DR replicas.
 
 `Drill` is shared with test_sharedlog_drill.py.
 """
@@ -78,7 +86,10 @@ class Drill:
         self.db = f"sqlite:///{tmp / 'coordinator.db'}"
         self.vms = sorted(status["vms"], key=lambda v: v["index"])
         self.restored: list[dict[str, Any]] = []
-        self.clones: list[str] = []
+        self.clones: list[tuple[str, str]] = []    # (site, pool/image)
+        self.dr = status["sites"]["dr"]
+        self.sync_dir = tmp / "sync"              # cutpoint-sync progress records
+        self.replicated: list[str] = []          # snapshots at DR, oldest first
 
     # -- load --
     def consoles(self, vms: list[dict[str, Any]] | None = None) -> list[str]:
@@ -105,9 +116,9 @@ class Drill:
             time.sleep(1)
 
     # -- snapshots --
-    def rbd(self, *args: str, timeout: float = 120) -> str:
+    def rbd(self, *args: str, timeout: float = 120, site: str = "primary") -> str:
         from cutpoint.lab.ceph import rbd_cmd
-        return _sh(rbd_cmd(self.site, *args), timeout)
+        return _sh(rbd_cmd(self.status["sites"][site], *args), timeout)
 
     def image(self, vm: dict[str, Any]) -> str:
         d = vm["disks"][0]
@@ -134,7 +145,41 @@ class Drill:
             time.sleep(gap_s)
         return name
 
-    def export(self, snap: str, tag: str) -> list[Path]:
+    def replicate(self, snap: str, verify_full: bool = False) -> Any:
+        """Every member disk's snap to the DR cluster with the project's
+        group replication (coordinator.replicate: one cutpoint-sync per
+        disk), incrementally from the previous replicated snapshot.
+        Asserts invariant 5: each member verified at DR, hence a recovery
+        point, and the DR snapshot (the engine's completion marker) is
+        there."""
+        from cutpoint.coordinator.replicate import (
+            MemberCopy,
+            list_snaps,
+            replicate_group,
+        )
+        base = self.replicated[-1] if self.replicated else None
+        members = [MemberCopy(vm["disks"][0]["image"], snap, base,
+                              disk=f"{vm['name']}/{vm['disks'][0]['node']}")
+                   for vm in self.vms]
+        rep = replicate_group(self.site, self.dr, members, jobs=2,
+                              verify_full=verify_full, state_dir=str(self.sync_dir))
+        print(f"replicated {snap} (base {base}): {rep.state}, "
+              f"{rep.bytes_shipped} B shipped in {rep.seconds:.1f} s, "
+              + ", ".join(f"{m.disk} {'full' if m.full else 'incr'} "
+                          f"{m.bytes_shipped} B {m.seconds:.1f} s" for m in rep.members))
+        assert len(rep.members) == len(self.vms), rep.as_dict()
+        for m in rep.members:
+            assert m.state == "verified" and m.error is None, m.as_dict()
+            assert m.verified_full or not verify_full, m.as_dict()
+            assert snap in list_snaps(self.dr, m.image), (m.image, snap)
+        assert rep.state == "verified" and rep.recovery_point, rep.as_dict()
+        self.replicated.append(snap)
+        return rep
+
+    def export(self, snap: str, tag: str, site: str = "dr") -> list[Path]:
+        """Raw images of every member's snap, read from `site`."""
+        if site == "dr":
+            assert snap in self.replicated, f"{snap} was not replicated to DR"
         out = []
         for vm in self.vms:
             p = self.tmp / f"{tag}-{vm['name']}.img"
@@ -143,24 +188,27 @@ class Drill:
 
         def one(args: tuple[dict[str, Any], Path]) -> None:
             vm, p = args
-            self.rbd("export", "--no-progress", f"{self.image(vm)}@{snap}", str(p))
+            self.rbd("export", "--no-progress", f"{self.image(vm)}@{snap}", str(p),
+                     site=site)
         with ThreadPoolExecutor(max_workers=4) as ex:
             list(ex.map(one, zip(self.vms, out, strict=True)))
         return out
 
     # -- restored copies on the DR host --
     def boot_restored(self, snap: str, args: str, tag: str) -> list[str]:
-        """Clones of snap booted on the DR host with new addresses;
-        returns the new peer addresses in ring order."""
+        """Clones of the replicated snap, made on the DR cluster, booted on
+        the DR host with new addresses; returns the new peer addresses in
+        ring order.  Nothing of the primary cluster is used."""
         from cutpoint.lab import config as C
         from cutpoint.lab import net, vms
         from cutpoint.lab.proc import read_pidfile
+        assert snap in self.replicated, f"{snap} was not replicated to DR"
         self.stop_restored()
         dr_host = next(h["name"] for h in self.status["hosts"] if h["site"] == "dr")
         state = Path(self.status["state_dir"])
         for vm in self.vms:
             try:
-                self.rbd("snap", "protect", f"{self.image(vm)}@{snap}")
+                self.rbd("snap", "protect", f"{self.image(vm)}@{snap}", site="dr")
             except AssertionError:
                 pass              # already protected
         new = []
@@ -168,11 +216,11 @@ class Drill:
             g = vm["index"] + 40
             clone = f"{vm['disks'][0]['image']}-{tag}"
             self.rbd("clone", f"{self.image(vm)}@{snap}",
-                     f"{vm['disks'][0]['pool']}/{clone}")
-            self.clones.append(f"{vm['disks'][0]['pool']}/{clone}")
+                     f"{vm['disks'][0]['pool']}/{clone}", site="dr")
+            self.clones.append(("dr", f"{vm['disks'][0]['pool']}/{clone}"))
             d = state / "vms" / f"drill-{tag}-{vm['name']}"
             d.mkdir(parents=True, exist_ok=True)
-            disk = dict(vm["disks"][0], image=clone, site="primary")
+            disk = dict(vm["disks"][0], image=clone, site="dr")
             nv = dict(vm, name=f"drill-{tag}-{vm['name']}", host=dr_host,
                       index=g, address=C.vm_addr(g), mac=C.vm_mac(g),
                       tap=f"tap{k + 1}", qmp=str(d / "qmp.sock"),
@@ -192,6 +240,11 @@ class Drill:
             nv["pid"] = read_pidfile(Path(nv["pidfile"]))
             self.restored.append(nv)
         vms.wait_ready(new, log=lambda m: None)
+        for nv in new:            # each guest's disk is open on the DR cluster
+            disk = nv["disks"][0]
+            st = json.loads(self.rbd("status", "--format", "json",
+                                     f"{disk['pool']}/{disk['image']}", site="dr"))
+            assert st.get("watchers"), (nv["name"], st)
         return peers
 
     def pause_restored(self) -> None:
@@ -216,8 +269,9 @@ class Drill:
         for nv in self.restored:
             p = self.tmp / f"{tag}-{nv['name']}.img"
             p.unlink(missing_ok=True)
-            self.rbd("export", "--no-progress",
-                     f"{nv['disks'][0]['pool']}/{nv['disks'][0]['image']}", str(p))
+            disk = nv["disks"][0]
+            self.rbd("export", "--no-progress", f"{disk['pool']}/{disk['image']}",
+                     str(p), site=disk["site"])
             out.append(p)
         return out
 
@@ -235,19 +289,36 @@ class Drill:
                             "del", nv["tap"]], capture_output=True, check=False)
         _ = net
         self.restored = []
-        for c in self.clones:
-            subprocess.run(self._rbd_argv("rm", "--no-progress", c),
+        for site, c in self.clones:
+            subprocess.run(self._rbd_argv(site, "rm", "--no-progress", c),
                            capture_output=True, check=False, timeout=120)
         self.clones = []
 
-    def _rbd_argv(self, *args: str) -> list[str]:
+    def _rbd_argv(self, site: str, *args: str) -> list[str]:
         from cutpoint.lab.ceph import rbd_cmd
-        return rbd_cmd(self.site, *args)
+        return rbd_cmd(self.status["sites"][site], *args)
+
+    def remove_replicas(self) -> None:
+        """The replicated images at DR, with their snapshots (best effort:
+        the clones are gone first, so the snapshots can be unprotected)."""
+        if not self.replicated:
+            return
+        for vm in self.vms:
+            img = self.image(vm)
+            for snap in self.replicated:
+                subprocess.run(self._rbd_argv("dr", "snap", "unprotect", f"{img}@{snap}"),
+                               capture_output=True, check=False, timeout=120)
+            for args in (("snap", "purge", "--no-progress", img),
+                         ("rm", "--no-progress", img)):
+                subprocess.run(self._rbd_argv("dr", *args), capture_output=True,
+                               check=False, timeout=120)
+        self.replicated = []
 
     def close(self) -> None:
         from cutpoint.lab.agents import stop_agents
         try:
             self.stop_restored()
+            self.remove_replicas()
         finally:
             stop_agents(self.status)
 
@@ -259,17 +330,21 @@ def test_kvstore_drill(lab: dict[str, Any], tmp_path: Path) -> None:
         d.wait_console(r"serving on", 1)
         d.wait_console(r"client \d+: op \d+", 1)
 
-        # 1. uncoordinated snapshots, one after another: must fail
-        bad = kv.check_disks(d.export(d.uncoordinated(f"unc.{int(time.time())}", 2.0), "unc"))
+        # 1. uncoordinated snapshots, one after another, replicated: must fail
+        unc = d.uncoordinated(f"unc.{int(time.time())}", 2.0)
+        d.replicate(unc)                  # the first, full copy to DR
+        bad = kv.check_disks(d.export(unc, "unc"))      # read at DR
         print(f"\nuncoordinated: failed {bad.failed()} {bad.stats}")
         assert not bad.ok, bad.as_dict()
         assert "acked_survives" in bad.failed() or "dependent_order" in bad.failed()
 
-        # 2. group snapshots under load; the newest is checked offline
+        # 2. group snapshots under load; the newest is replicated and its
+        #    DR copies are checked offline
         d.group_snapshot()
         d.wait_console(r"client \d+: op \d+", 2)
         snap = d.group_snapshot()
-        disks = d.export(snap, "gs")
+        d.replicate(snap, verify_full=True)   # incremental; invariant 5 asserted
+        disks = d.export(snap, "gs")          # the DR copies
         v = kv.check_disks(disks)
         print(f"group snapshot {snap}: {v.failed() or 'ok'} {v.stats}")
         assert v.ok, v.as_dict()
@@ -277,7 +352,7 @@ def test_kvstore_drill(lab: dict[str, Any], tmp_path: Path) -> None:
         res = cutpoint("check", "kvstore", *map(str, disks), "--json")
         assert res.returncode == 0 and json.loads(res.stdout)["ok"], res.stdout
 
-        # 3. restore clones at DR, cold restart, live digests
+        # 3. restore DR-cluster clones on the DR host, cold restart, live digests
         peers = d.boot_restored(snap, "--role=server", "live")
         d.wait_console(r"serving on", 1, vms=d.restored)
         addrs = ",".join(f"{p}:7700" for p in peers)

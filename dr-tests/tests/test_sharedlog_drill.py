@@ -4,10 +4,14 @@ Four tiny guests on two primary hosts run 2 shards x 2 storage servers,
 3 ordering replicas (Multi-Paxos) and 4 clients. The steps are those of
 test_kvstore_drill.py (whose `Drill` helper this reuses):
 
-1. uncoordinated snapshots must fail the checker;
-2. the newest coordinated group snapshot under load passes offline;
-3. its clones boot at DR with `--role=servers`, and
-   `cutpoint check sharedlog --live` subscribes through every shard;
+1. uncoordinated snapshots, replicated to the DR cluster, must fail the
+   checker there;
+2. the newest coordinated group snapshot under load is replicated
+   (coordinator.replicate / cutpoint-sync, every member verified) and its
+   DR copies pass offline;
+3. clones of the DR copies, on the DR cluster, boot on the DR host with
+   `--role=servers`, and `cutpoint check sharedlog --live` subscribes
+   through every shard;
 4. with `--no-fsync` only "acknowledged present" fails.
 """
 
@@ -35,23 +39,27 @@ def test_sharedlog_drill(lab: dict[str, Any], tmp_path: Path) -> None:
         d.wait_console(r"storage \d+ serving", 1)
         d.wait_console(r"client \d+: seq \d+", 1)
 
-        # 1. uncoordinated snapshots, one after another: must fail
-        bad = sl.check_disks(d.export(d.uncoordinated(f"unc.{int(time.time())}", 2.0),
-                                      "unc"))
+        # 1. uncoordinated snapshots, one after another, replicated: must fail
+        unc = d.uncoordinated(f"unc.{int(time.time())}", 2.0)
+        d.replicate(unc)                  # the first, full copy to DR
+        bad = sl.check_disks(d.export(unc, "unc"))      # read at DR
         print(f"\nuncoordinated: failed {bad.failed()} {bad.stats}")
         assert not bad.ok, bad.as_dict()
 
-        # 2. group snapshots under load; the newest is checked offline
+        # 2. group snapshots under load; the newest is replicated and its
+        #    DR copies are checked offline
         d.group_snapshot()
         d.wait_console(r"client \d+: seq \d+", 2)
         snap = d.group_snapshot()
-        disks = d.export(snap, "gs")
+        d.replicate(snap, verify_full=True)   # incremental; invariant 5 asserted
+        disks = d.export(snap, "gs")          # the DR copies
         v = sl.check_disks(disks)
         print(f"group snapshot {snap}: {v.failed() or 'ok'} {v.stats}")
         assert v.ok, v.as_dict()
         assert v.stats["acked"] > 20 and v.stats["shards_active"] == 2, v.stats
 
-        # 3. restore clones at DR, cold restart, subscribe through every shard
+        # 3. DR-cluster clones boot on the DR host, cold restart,
+        #    subscribe through every shard
         peers = d.boot_restored(snap, "--interval-ms=20,--role=servers", "live")
         d.wait_console(r"storage \d+ serving", 1, vms=d.restored)
         # whichever ordering replica booted first leads; the others follow
