@@ -303,6 +303,7 @@ class Drill:
         the clones are gone first, so the snapshots can be unprotected)."""
         if not self.replicated:
             return
+        t0 = time.monotonic()
         for vm in self.vms:
             img = self.image(vm)
             for snap in self.replicated:
@@ -313,6 +314,10 @@ class Drill:
                 subprocess.run(self._rbd_argv("dr", *args), capture_output=True,
                                check=False, timeout=120)
         self.replicated = []
+        left = subprocess.run(self._rbd_argv("dr", "ls", self.dr.get("pool", "rbd")),
+                              capture_output=True, text=True, check=False, timeout=120)
+        print(f"DR replicas removed in {time.monotonic() - t0:.1f} s; "
+              f"left at DR: {left.stdout.split() or 'nothing'}")
 
     def close(self) -> None:
         from cutpoint.lab.agents import stop_agents
