@@ -264,7 +264,10 @@ class GroupSnapshot(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     max_pause_ms: Mapped[float | None] = mapped_column(Float, default=None)
     duration_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    # Reached: the weakest level of its members (crash | fs-freeze).
     consistency: Mapped[str | None] = mapped_column(String(16), default=None)
+    # Requested: the group policy's quiesce when the snapshot ran.
+    quiesce: Mapped[str | None] = mapped_column(String(16), default=None)
     # Set by replication: a DR recovery point / the base of the next increment.
     dr_verified_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     replication_base: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -299,6 +302,12 @@ class MemberSnapshot(Base):
     snapshot_ms: Mapped[float | None] = mapped_column(Float, default=None)
     cont_ms: Mapped[float | None] = mapped_column(Float, default=None)
     paused_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    # quiesce fs-freeze (agent-protocol §4.3): time spent freezing the guest
+    # before the pause, thawing it after, and why it fell back to crash
+    # (`consistency` above is the level the member reached).
+    freeze_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    thaw_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    freeze_error: Mapped[str | None] = mapped_column(Text, default=None)
     group_snapshot: Mapped[GroupSnapshot] = relationship(back_populates="members")
 
 

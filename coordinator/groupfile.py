@@ -4,6 +4,11 @@
     lease_ms: 2000              # longest pause while agents wait for COMMIT
     budget_ms: 1000             # snapshot budget of COMMIT
     prepare_timeout_ms: 1000    # optional; default lease_ms / 2
+    quiesce: fs-freeze          # optional; crash (default) or fs-freeze: guest
+                                # fs freeze through the QEMU guest agent, with a
+                                # per-VM fallback to crash (agent-protocol §4.3)
+    freeze_timeout_ms: 5000     # optional; the agents' [agent] freeze_timeout_ms
+                                # (sizes the wait for PREPARED; default 5000)
     tls:                        # coordinator's client cert + the agents' CA
       ca: certs/ca.pem          # relative paths are relative to this file
       cert: certs/coordinator.pem
@@ -61,6 +66,9 @@ def dump_group_spec(spec: GroupSpec) -> str:
         "group": spec.name, "lease_ms": spec.lease_ms, "budget_ms": spec.budget_ms,
         "prepare_timeout_ms": spec.effective_prepare_timeout_ms,
     }
+    if spec.quiesce != "crash":
+        d["quiesce"] = spec.quiesce
+        d["freeze_timeout_ms"] = spec.freeze_timeout_ms
     if spec.tls is not None:
         d["tls"] = spec.tls.to_dict()
     d["agents"] = [{"name": a.name, "address": a.address, "port": a.port,
@@ -73,7 +81,8 @@ def spec_from_lab(status: dict[str, Any], *, group: str = "lab",
                   certs_dir: str | Path | None = None, site: str = "primary",
                   vms: list[str] | None = None, port: int = 7443,
                   lease_ms: int = 2000, budget_ms: int = 1000,
-                  prepare_timeout_ms: int | None = None) -> GroupSpec:
+                  prepare_timeout_ms: int | None = None, quiesce: str = "crash",
+                  freeze_timeout_ms: int | None = None) -> GroupSpec:
     """A GroupSpec for the VMs of a running lab (`cutpoint lab status --json`).
 
     certs_dir holds ca.pem, coordinator.pem and coordinator.key (the layout of
@@ -104,6 +113,7 @@ def spec_from_lab(status: dict[str, Any], *, group: str = "lab",
     d: dict[str, Any] = {
         "group": group, "lease_ms": lease_ms, "budget_ms": budget_ms,
         "prepare_timeout_ms": prepare_timeout_ms,
+        "quiesce": quiesce, "freeze_timeout_ms": freeze_timeout_ms,
         "tls": {"ca": str(certs / "ca.pem"), "cert": str(certs / "coordinator.pem"),
                 "key": str(certs / "coordinator.key")},
         "agents": agents,

@@ -8,6 +8,11 @@ from typing import Any
 from cutpoint.coordinator.txlog import COMMITTED, TxnRecord
 
 VM_TIMING_FIELDS = ("stop_ms", "barrier_ms", "snapshot_ms", "cont_ms", "paused_ms")
+# The quiesce facts of a VM (agent-protocol §4.3, §4.4): times, then the
+# level reached and the reason a freeze fell back to crash.
+VM_QUIESCE_TIMES = ("freeze_ms", "thaw_ms")
+# Weakest first: a group is only as consistent as its weakest member.
+CONSISTENCY_ORDER = ("crash", "fs-freeze")
 
 
 @dataclass
@@ -23,6 +28,12 @@ class VMTiming:
     paused_ms: float | None = None
     method: str | None = None
     disks: list[dict[str, Any]] = field(default_factory=list)
+    # Level reached ("crash" | "fs-freeze", as the agent replied); None when
+    # no agent reply said (e.g. the VM's agent was unreachable).
+    consistency: str | None = None
+    freeze_ms: float | None = None
+    thaw_ms: float | None = None
+    freeze_error: str | None = None
 
     @property
     def overhead_ms(self) -> float | None:
@@ -38,6 +49,18 @@ class VMTiming:
                 setattr(self, k, float(v))
         if isinstance(d.get("method"), str):
             self.method = d["method"]
+        for k in VM_QUIESCE_TIMES:
+            v = d.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                setattr(self, k, float(v))
+        if isinstance(d.get("consistency"), str):
+            self.consistency = d["consistency"]
+            # The reply that carries the level also says why it fell back;
+            # null there means no error, so an older reason is cleared.
+            fe = d.get("freeze_error")
+            self.freeze_error = fe if isinstance(fe, str) and fe else None
+        elif isinstance(d.get("freeze_error"), str) and d["freeze_error"]:
+            self.freeze_error = d["freeze_error"]
         if isinstance(d.get("disks"), list):
             self.disks = [x for x in d["disks"] if isinstance(x, dict)]
 
@@ -58,6 +81,12 @@ class GroupSnapshotResult:
     timings: dict[str, float | None] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
     from_log: bool = False  # True when returned from the log (idempotent repeat)
+    quiesce: str = "crash"  # requested; what each VM reached is in vms[].consistency
+
+    @property
+    def consistency(self) -> str | None:
+        """The level of the group: its weakest member's (None if unknown)."""
+        return weakest([v.consistency for v in self.vms])
 
     @property
     def committed(self) -> bool:
@@ -68,7 +97,8 @@ class GroupSnapshotResult:
                 "reason": self.reason, "snapshots": dict(self.snapshots),
                 "vms": [v.to_dict() for v in self.vms],
                 "timings": dict(self.timings), "errors": list(self.errors),
-                "from_log": self.from_log}
+                "from_log": self.from_log, "quiesce": self.quiesce,
+                "consistency": self.consistency}
 
     @classmethod
     def from_record(cls, rec: TxnRecord) -> GroupSnapshotResult:
@@ -82,7 +112,7 @@ class GroupSnapshotResult:
         return cls(txn=rec.txn, group=rec.group, state=rec.state, reason=rec.reason,
                    snapshots=snaps if rec.state == COMMITTED else {},
                    vms=vms, timings=dict(rec.timings or {}), errors=list(rec.errors),
-                   from_log=True)
+                   from_log=True, quiesce=str((rec.spec or {}).get("quiesce") or "crash"))
 
 
 def group_timings(vms: list[VMTiming]) -> dict[str, float | None]:
@@ -96,3 +126,16 @@ def group_timings(vms: list[VMTiming]) -> dict[str, float | None]:
         "overhead_max_ms": mx([v.overhead_ms for v in vms]),
         "barrier_max_ms": mx([v.barrier_ms for v in vms]),
     }
+
+
+def weakest(levels: list[str | None]) -> str | None:
+    """The weakest consistency level of `levels`; None if any is unknown.
+
+    A level this module does not know (a newer agent) ranks below "crash",
+    so it is never mistaken for a stronger one.
+    """
+    if not levels or any(x is None for x in levels):
+        return None
+    def rank(x: str | None) -> int:
+        return CONSISTENCY_ORDER.index(x) if x in CONSISTENCY_ORDER else -1
+    return min(levels, key=rank)

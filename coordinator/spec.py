@@ -16,6 +16,17 @@ from typing import Any
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # Lease and budget bounds accepted by the agent (agent-protocol §4.3, §4.4).
 MAX_MS = 600000
+# agent-protocol §4.3: prepare's optional `quiesce`.
+QUIESCE_MODES = ("crash", "fs-freeze")
+# The agent's fixed guest-agent deadlines around `quiesce: fs-freeze`
+# (agent/agent.c QGA_SYNC_MS, QGA_THAW_MS): a guest-sync-delimited before the
+# freeze and before the thaw, then the thaw itself after `cont`.
+QGA_SYNC_MS = 1000
+QGA_THAW_MS = 5000
+# The agents' `[agent] freeze_timeout_ms` default (agent-protocol §9).
+DEFAULT_FREEZE_TIMEOUT_MS = 5000
+# Transport and scheduling slack on top of the guest-agent deadlines.
+QUIESCE_MARGIN_MS = 1000
 
 
 class SpecError(ValueError):
@@ -60,6 +71,14 @@ class GroupSpec:
     # than the lease, or COMMIT could arrive after the agents gave up.
     prepare_timeout_ms: int | None = None
     tls: TlsSpec | None = None
+    # Guest quiesce asked of every agent at PREPARE (agent-protocol §4.3):
+    # "crash" (pause only) or "fs-freeze" (guest-fsfreeze-freeze through the
+    # QEMU guest agent before the pause, crash fallback per VM).
+    quiesce: str = "crash"
+    # The agents' `[agent] freeze_timeout_ms`; only sizes the coordinator's
+    # waits.  It must not be below the agents' value, or PREPARE times out
+    # while an agent still waits for a slow guest agent.
+    freeze_timeout_ms: int = DEFAULT_FREEZE_TIMEOUT_MS
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +92,40 @@ class GroupSpec:
             return self.prepare_timeout_ms
         return max(1, self.lease_ms // 2)
 
+    @property
+    def freeze_allowance_ms(self) -> int:
+        """How long an agent may spend on guest freezes inside PREPARE.
+
+        The agent freezes every VM (sync 1 s + freeze deadline) *before* it
+        stops any of them and arms the lease only after the stops, so this
+        time is outside its own VMs' pause windows and outside its lease.
+        """
+        if self.quiesce != "fs-freeze":
+            return 0
+        return QGA_SYNC_MS + self.freeze_timeout_ms + QUIESCE_MARGIN_MS
+
+    @property
+    def thaw_allowance_ms(self) -> int:
+        """How much longer COMMIT and ABORT replies may take: the agent thaws
+        each guest (sync 1 s + thaw 5 s) after its `cont`, before replying."""
+        if self.quiesce != "fs-freeze":
+            return 0
+        return QGA_SYNC_MS + QGA_THAW_MS + QUIESCE_MARGIN_MS
+
+    @property
+    def prepare_wait_ms(self) -> int:
+        """The coordinator's whole wait for every PREPARED.
+
+        prepare_timeout_ms (< lease) bounds the part after the pause begins;
+        the freeze allowance is added in front of it.  Invariant 2 stays
+        with the agent: each agent arms its lease after its own stops, so no
+        VM is paused longer than lease + budget whatever we wait here.  In a
+        group of several agents a fast agent's VMs may wait paused for a slow
+        agent's freeze; if that exceeds their lease they resume, COMMIT gets
+        EXPIRED and the group aborts (recorded, never a partial cut).
+        """
+        return self.effective_prepare_timeout_ms + self.freeze_allowance_ms
+
     def vms(self) -> list[tuple[AgentSpec, VMSpec]]:
         return [(a, v) for a in self.agents for v in a.vms]
 
@@ -85,6 +138,7 @@ class GroupSpec:
             "name": self.name, "lease_ms": self.lease_ms,
             "budget_ms": self.budget_ms,
             "prepare_timeout_ms": self.effective_prepare_timeout_ms,
+            "quiesce": self.quiesce, "freeze_timeout_ms": self.freeze_timeout_ms,
             "tls": self.tls.to_dict() if self.tls else None,
             "agents": [{"name": a.name, "address": a.address, "port": a.port,
                         "server_name": a.server_name,
@@ -103,7 +157,7 @@ class GroupSpec:
         if not isinstance(d, dict):
             raise SpecError("group: expected a mapping")
         known = {"name", "group", "agents", "lease_ms", "budget_ms",
-                 "prepare_timeout_ms", "tls", "certs"}
+                 "prepare_timeout_ms", "quiesce", "freeze_timeout_ms", "tls", "certs"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise SpecError(f"unknown key(s) {', '.join(unknown)}; allowed: "
@@ -152,7 +206,11 @@ class GroupSpec:
             budget_ms=_int(d.get("budget_ms", 1000), "budget_ms", 1, MAX_MS),
             prepare_timeout_ms=(None if d.get("prepare_timeout_ms") is None else
                                 _int(d["prepare_timeout_ms"], "prepare_timeout_ms", 1, MAX_MS)),
-            tls=tls)
+            tls=tls,
+            quiesce="crash" if d.get("quiesce") is None else d["quiesce"],
+            freeze_timeout_ms=(DEFAULT_FREEZE_TIMEOUT_MS if d.get("freeze_timeout_ms") is None
+                               else _int(d["freeze_timeout_ms"], "freeze_timeout_ms", 10,
+                                         MAX_MS)))
 
 
 def validate(spec: GroupSpec) -> None:
@@ -168,6 +226,13 @@ def validate(spec: GroupSpec) -> None:
     if not 1 <= pt < spec.lease_ms:
         raise SpecError(f"prepare_timeout_ms: {pt} must be below lease_ms "
                         f"({spec.lease_ms}), or COMMIT could arrive after the lease")
+    if spec.quiesce not in QUIESCE_MODES:
+        raise SpecError(f"quiesce: {spec.quiesce!r} must be one of "
+                        f"{', '.join(QUIESCE_MODES)}")
+    ft = spec.freeze_timeout_ms
+    if isinstance(ft, bool) or not isinstance(ft, int) or not 10 <= ft <= MAX_MS:
+        raise SpecError(f"freeze_timeout_ms: {ft!r} must be an integer in 10..{MAX_MS} "
+                        "(the agents' [agent] freeze_timeout_ms)")
     if not spec.agents:
         raise SpecError("agents: a group needs at least one agent")
     seen_vm: set[str] = set()

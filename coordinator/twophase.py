@@ -93,7 +93,22 @@ def pool_for(spec: GroupSpec, **kwargs: Any) -> AgentPool:
 
 def _stale_at(rec: TxnRecord) -> dt.datetime:
     return rec.updated_at + dt.timedelta(
-        milliseconds=rec.lease_ms + rec.budget_ms, seconds=STALE_MARGIN_S)
+        milliseconds=rec.lease_ms + rec.budget_ms + _quiesce_allowance_ms(rec.spec),
+        seconds=STALE_MARGIN_S)
+
+
+def _quiesce_allowance_ms(spec: dict[str, Any] | None) -> int:
+    """Extra time a live coordinator may spend in a txn with guest freezes:
+    the freezes inside PREPARE (before any lease is armed) and the thaws
+    inside COMMIT/ABORT (after `cont`).  Read from the stored spec, so an
+    in-doubt fs-freeze txn is not taken for stale while it is still driven."""
+    if not spec or spec.get("quiesce") != "fs-freeze":
+        return 0
+    try:
+        s = GroupSpec.from_dict({k: v for k, v in spec.items() if k != "tls"})
+    except SpecError:
+        return 0
+    return s.freeze_allowance_ms + s.thaw_allowance_ms
 
 
 class _Run:
@@ -145,7 +160,9 @@ class _Run:
     def vm_rows(self) -> list[dict[str, Any]]:
         return [{"vm": t.vm, "agent": t.agent, "stop_ms": t.stop_ms,
                  "barrier_ms": t.barrier_ms, "snapshot_ms": t.snapshot_ms,
-                 "cont_ms": t.cont_ms, "paused_ms": t.paused_ms, "method": t.method}
+                 "cont_ms": t.cont_ms, "paused_ms": t.paused_ms, "method": t.method,
+                 "consistency": t.consistency, "freeze_ms": t.freeze_ms,
+                 "thaw_ms": t.thaw_ms, "freeze_error": t.freeze_error}
                 for t in self.vms.values()]
 
     def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:
@@ -174,17 +191,25 @@ class _Run:
         return GroupSnapshotResult(txn=self.txn, group=self.spec.name, state=state,
                                    reason=reason, snapshots=snaps,
                                    vms=list(self.vms.values()), timings=dict(self.timings),
-                                   errors=list(self.errors))
+                                   errors=list(self.errors), quiesce=self.spec.quiesce)
 
     # -- phase 1 ---------------------------------------------------------------
     async def prepare(self) -> str | None:
         """Send PREPARE to every agent in parallel; None if all PREPARED,
-        else the reason to abort."""
+        else the reason to abort.
+
+        With quiesce fs-freeze the wait for PREPARED grows by the agents'
+        freeze deadlines (GroupSpec.prepare_wait_ms); connecting keeps the
+        plain prepare timeout, since no freeze happens before PREPARE.
+        """
         pt = self.spec.effective_prepare_timeout_ms / 1000
+        pw = self.spec.prepare_wait_ms / 1000
+        quiesce = self.spec.quiesce if self.spec.quiesce != "crash" else None
 
         async def one(a: AgentSpec) -> dict[str, Any]:
             res = await self.client(a).prepare(
-                self.txn, [v.name for v in a.vms], self.spec.lease_ms, timeout=pt)
+                self.txn, [v.name for v in a.vms], self.spec.lease_ms,
+                quiesce=quiesce, timeout=pw)
             got = {v.get("vm") for v in res.get("vms", []) if isinstance(v, dict)}
             want = {v.name for v in a.vms}
             if res.get("state") != "prepared" or got != want:
@@ -229,7 +254,8 @@ class _Run:
 
     # -- phase 2 ---------------------------------------------------------------
     async def commit(self) -> str | None:
-        timeout = self.spec.budget_ms / 1000 + COMMIT_MARGIN_S
+        # The reply comes after each guest's thaw (agent-protocol §4.3).
+        timeout = (self.spec.budget_ms + self.spec.thaw_allowance_ms) / 1000 + COMMIT_MARGIN_S
 
         async def one(a: AgentSpec) -> dict[str, Any]:
             res = await self.client(a).commit(self.txn, self.disk_names(a),
@@ -301,7 +327,8 @@ class _Run:
     async def abort(self) -> bool:
         """ABORT everywhere (resume + delete member snapshots).  True when no
         member snapshot can remain (rule R5)."""
-        timeout = min(ABORT_TIMEOUT_MAX_S, self.spec.lease_ms / 1000 + 1.0)
+        timeout = (min(ABORT_TIMEOUT_MAX_S, self.spec.lease_ms / 1000 + 1.0)
+                   + self.spec.thaw_allowance_ms / 1000)
 
         async def one(a: AgentSpec) -> dict[str, Any]:
             return await self.client(a).abort(self.txn, self.disk_names(a),

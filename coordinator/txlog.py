@@ -108,6 +108,11 @@ coord_txn_vm = Table(
     Column("cont_ms", Float, nullable=True),
     Column("paused_ms", Float, nullable=True),
     Column("method", String(32), nullable=True),
+    # quiesce (agent-protocol §4.3): the level reached and why it fell back
+    Column("consistency", String(16), nullable=True),
+    Column("freeze_ms", Float, nullable=True),
+    Column("thaw_ms", Float, nullable=True),
+    Column("freeze_error", Text, nullable=True),
     UniqueConstraint("txn", "vm", name="uq_coord_txn_vm_txn_vm"),
 )
 
@@ -125,6 +130,30 @@ coord_txn_snapshot = Table(
     Column("snapshot_ms", Float, nullable=True),
     UniqueConstraint("txn", "disk", name="uq_coord_txn_snapshot_txn_disk"),
 )
+
+
+VM_COLUMNS = ("agent", "stop_ms", "barrier_ms", "snapshot_ms", "cont_ms", "paused_ms",
+              "method", "consistency", "freeze_ms", "thaw_ms", "freeze_error")
+# Columns added after the first release of a table.  A stand-alone log
+# (`cutpoint snapshot --db sqlite:///...`, create=True) made by an older
+# version gets them on open; the control plane's database gets them from
+# Alembic (api/alembic/versions/0004).
+ADDED_COLUMNS = {"coord_txn_vm": ("consistency", "freeze_ms", "thaw_ms", "freeze_error")}
+
+
+def _add_columns(c: Connection) -> None:
+    from sqlalchemy import inspect, text
+
+    insp = inspect(c)
+    for table, names in ADDED_COLUMNS.items():
+        have = {col["name"] for col in insp.get_columns(table)}
+        for name in names:
+            if name not in have:
+                col = METADATA.tables[table].c[name]
+                # All added columns are nullable, so a bare ADD COLUMN is
+                # valid on SQLite and PostgreSQL alike.
+                c.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} "
+                               f"{col.type.compile(dialect=c.dialect)}"))
 
 
 class TxLogError(RuntimeError):
@@ -206,6 +235,7 @@ class TxLog:
     def create_schema(self) -> None:
         with self._tx("create schema") as c:
             METADATA.create_all(c)
+            _add_columns(c)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -276,8 +306,7 @@ class TxLog:
 
     @staticmethod
     def _upsert_vm(c: Connection, txn: str, v: dict[str, Any]) -> None:
-        cols = {k: v.get(k) for k in ("agent", "stop_ms", "barrier_ms", "snapshot_ms",
-                                      "cont_ms", "paused_ms", "method")}
+        cols = {k: v.get(k) for k in VM_COLUMNS}
         found = c.execute(select(coord_txn_vm.c.id).where(
             coord_txn_vm.c.txn == txn, coord_txn_vm.c.vm == v["vm"])).scalar_one_or_none()
         if found is None:

@@ -236,10 +236,17 @@ class AgentClient:
         return await self.call("inventory", timeout=timeout, retry_closed=True)
 
     async def prepare(self, txn: str, vms: list[str], lease_ms: int, *,
+                      quiesce: str | None = None,
                       timeout: float | None = None) -> dict[str, Any]:
-        return await self.call("prepare", {"txn": txn, "vms": list(vms),
-                                           "lease_ms": int(lease_ms)},
-                               timeout=timeout, retry_closed=True)
+        """agent-protocol §4.3.  `quiesce` "crash" or "fs-freeze"; None sends
+        nothing (the agent's default, crash), so older agents still accept
+        crash-consistent requests.  With "fs-freeze" the reply may take the
+        freeze deadlines (sync 1 s + `[agent] freeze_timeout_ms`): size
+        `timeout` for it."""
+        args: dict[str, Any] = {"txn": txn, "vms": list(vms), "lease_ms": int(lease_ms)}
+        if quiesce is not None and quiesce != "crash":
+            args["quiesce"] = quiesce
+        return await self.call("prepare", args, timeout=timeout, retry_closed=True)
 
     async def commit(self, txn: str, snapshots: dict[str, str], budget_ms: int, *,
                      timeout: float | None = None) -> dict[str, Any]:

@@ -110,6 +110,8 @@ class PeerTxn:
     stop_ms: dict[str, float] = field(default_factory=dict)
     reply: dict[str, Any] | None = None       # stored commit reply (idempotence)
     created: dict[str, str] = field(default_factory=dict)  # disk id -> snap name
+    # vm -> {consistency, freeze_ms, thaw_ms, freeze_error} (agent-protocol §4.3)
+    quiesce: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class AgentPeer:
@@ -133,6 +135,12 @@ class AgentPeer:
         self.fail_snapshot: set[str] = set()    # disk ids whose snapshot fails
         self.lie_snapshot: set[str] = set()     # reported done, never created
         self.snapshot_delay_s = 0.002
+        # quiesce fs-freeze: per VM the facts the agent replies (recorded
+        # from cutpointd: coordinator/tests/data/quiesce_replies.json); a VM
+        # not listed falls back to crash like a VM without a `qga` socket.
+        # The freezes take freeze_delay_s, before any VM is stopped.
+        self.quiesce_facts: dict[str, dict[str, Any]] = {}
+        self.freeze_delay_s = 0.0
         # Called with each request before it is handled (e.g. to look into
         # the coordinator's log at that instant).
         self.on_request: Callable[[dict[str, Any]], None] | None = None
@@ -250,6 +258,10 @@ class AgentPeer:
 
     async def _cmd_prepare(self, a: dict[str, Any]) -> dict[str, Any]:
         txn, names, lease_ms = a["txn"], list(a["vms"]), int(a["lease_ms"])
+        quiesce = a.get("quiesce", "crash")
+        if quiesce not in ("crash", "fs-freeze"):
+            raise _Err("BAD_REQUEST", f'args.quiesce must be "crash" or "fs-freeze", '
+                       f'got "{quiesce}"')
         t = self.txns.get(txn)
         if t is not None:
             if t.state == "prepared" and t.vms == names:
@@ -264,6 +276,18 @@ class AgentPeer:
                 raise _Err("BUSY", f"vm {n} is in another live txn")
         t = PeerTxn(txn, names, "prepared")
         for n in names:
+            t.quiesce[n] = {"consistency": "crash", "freeze_ms": 0.0, "thaw_ms": None,
+                            "freeze_error": None}
+        if quiesce == "fs-freeze":
+            # All freezes before any stop, as cutpointd does.
+            for n in names:
+                self.vms[n].history.append(("freeze", time.monotonic()))
+            await asyncio.sleep(self.freeze_delay_s)
+            for n in names:
+                t.quiesce[n] = dict(self.quiesce_facts.get(n) or {
+                    "consistency": "crash", "freeze_ms": 0.0, "thaw_ms": None,
+                    "freeze_error": f"no qga socket configured for vm {n}"})
+        for n in names:
             t.stop_ms[n] = self._stop(self.vms[n])
         t.lease = asyncio.get_running_loop().call_later(lease_ms / 1000, self._expire, txn)
         self.txns[txn] = t
@@ -272,7 +296,9 @@ class AgentPeer:
     @staticmethod
     def _prepared(t: PeerTxn, lease_ms: int) -> dict[str, Any]:
         return {"txn": t.txn, "state": "prepared", "lease_ms": lease_ms,
-                "vms": [{"vm": n, "stop_ms": t.stop_ms[n]} for n in t.vms]}
+                "vms": [{"vm": n, "stop_ms": t.stop_ms[n],
+                         **{k: v for k, v in t.quiesce.get(n, {}).items()
+                            if k != "thaw_ms"}} for n in t.vms]}
 
     async def _cmd_commit(self, a: dict[str, Any]) -> dict[str, Any]:
         txn, snaps = a["txn"], dict(a["snapshots"])
@@ -320,7 +346,7 @@ class AgentPeer:
                             "barrier_ms": _ms(vm.stop_t, arrived) - t.stop_ms[n],
                             "snapshot_ms": _ms(s0, s1), "cont_ms": cont_ms,
                             "paused_ms": _ms(vm.stop_t, time.monotonic()),
-                            "method": "peer", "disks": disks})
+                            "method": "peer", "disks": disks, **t.quiesce.get(n, {})})
         result = {"txn": txn, "state": "committed", "vms": vms_out}
         if failed:
             t.state = "failed"

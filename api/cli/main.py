@@ -22,6 +22,7 @@ from cutpoint.api.cli import (
 )
 from cutpoint.api.cli.benchcp import control_plane as bench_control_plane
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
+from cutpoint.bench.quiesce import cli as bench_quiesce
 
 VERSION = "0.1.0"
 
@@ -42,6 +43,7 @@ app.add_typer(inventory.host_app, name="host")
 app.add_typer(check.app, name="check")
 app.add_typer(bench.app, name="bench")
 bench.app.command("control-plane")(bench_control_plane)
+bench.app.command("quiesce")(bench_quiesce)
 app.add_typer(agent.app, name="agent")
 app.command("snapshot")(snapshot_cmd)
 app.add_typer(drill.app, name="drill"); app.add_typer(drill.dr_app, name="dr")

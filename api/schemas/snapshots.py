@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 
 from cutpoint.api.schemas.common import Public
+from pydantic import Field
 
 
 class MemberSnapshotPublic(Public):
@@ -19,6 +20,10 @@ class MemberSnapshotPublic(Public):
     snapshot_ms: float | None
     cont_ms: float | None
     paused_ms: float | None
+    freeze_ms: float | None = None
+    thaw_ms: float | None = None
+    freeze_error: str | None = Field(
+        default=None, description="Why quiesce fs-freeze fell back to crash for this member")
 
 
 class SnapshotPublic(Public):
@@ -34,7 +39,9 @@ class SnapshotPublic(Public):
     finished_at: dt.datetime | None
     max_pause_ms: float | None
     duration_ms: float | None
-    consistency: str | None
+    consistency: str | None = Field(
+        description="Level reached: the weakest of the members' (crash | fs-freeze)")
+    quiesce: str | None = Field(default=None, description="Level asked for by the policy")
     dr_verified_at: dt.datetime | None
     replication_base: bool
     error_code: str | None

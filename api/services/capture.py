@@ -85,6 +85,9 @@ def build_spec(session: Session, g: Group, settings: Settings) -> Plan:
     try:
         spec = GroupSpec(
             name=g.name, lease_ms=p.lease_ms, budget_ms=p.pause_budget_ms, tls=tls,
+            # The agents' freeze_timeout_ms is assumed to be their default
+            # (5000); it only sizes the coordinator's wait for PREPARED.
+            quiesce=p.quiesce.value,
             agents=tuple(AgentSpec(name=h.name, address=h.address, port=h.port,
                                    vms=tuple(VMSpec(n, tuple(d)) for n, d in vms.items()))
                          for h, vms in by_host.values()))
@@ -93,6 +96,12 @@ def build_spec(session: Session, g: Group, settings: Settings) -> Plan:
     if tls is None:
         raise CaptureError("agent_tls_unset", "CUTPOINT_AGENT_CA/CERT/KEY are not configured")
     return Plan(spec, members)
+
+
+def weakest(levels: list[str | None]) -> str | None:
+    from cutpoint.coordinator.results import weakest as _weakest
+
+    return _weakest(levels)
 
 
 _txlogs: dict[str, Any] = {}
@@ -162,6 +171,7 @@ def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict
         if snap.started_at is None:
             snap.started_at = utcnow()
         snap.state = SnapState.preparing if snap.state == SnapState.pending else snap.state
+        snap.quiesce = plan.spec.quiesce
         s.commit()
 
     def on_event(_txn: str, phase: str) -> None:
@@ -192,11 +202,16 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                 for d in t.disks:
                     if d.get("disk") == m["disk"]:
                         disk_t = d
+            # The level the agent says the member reached; a pause alone is
+            # crash-consistent, so a committed member without one is "crash".
+            reached = (t.consistency if t is not None and t.consistency else "crash")
             snap.members.append(MemberSnapshot(
                 disk_id=m["disk_id"], host=m["host"], vm=m["vm"], disk=m["disk"],
                 name=plan.spec.snapshot_name(snap.txn),
                 state="present" if result.committed else "deleted",
-                consistency="crash" if result.committed else None,
+                consistency=reached if result.committed else None,
+                freeze_ms=t.freeze_ms if t else None, thaw_ms=t.thaw_ms if t else None,
+                freeze_error=t.freeze_error if t else None,
                 method=t.method if t else None,
                 stop_ms=t.stop_ms if t else None, barrier_ms=t.barrier_ms if t else None,
                 snapshot_ms=disk_t.get("snapshot_ms", t.snapshot_ms if t else None),
@@ -211,7 +226,7 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
             Host.name.in_({m["host"] for m in plan.members})))}
         if result.committed:
             snap.state = SnapState.committed
-            snap.consistency = "crash"
+            snap.consistency = weakest([m.consistency for m in snap.members]) or "crash"
             if snap.cut_at is None:
                 snap.cut_at = now - dt.timedelta(milliseconds=snap.duration_ms or 0)
             for h in hosts.values():
@@ -228,6 +243,7 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                     h.last_error = f"{e.get('code')}: {e.get('message')}"[:2000]
         s.commit()
         return {"snapshot_id": snap.id, "txn": snap.txn, "state": snap.state.value,
+                "quiesce": snap.quiesce, "consistency": snap.consistency,
                 "max_pause_ms": snap.max_pause_ms, "duration_ms": snap.duration_ms,
                 "error_code": snap.error_code, "reason": result.reason}
 

@@ -52,10 +52,10 @@ def make_spec(pki: dict[str, dict[str, str]]) -> Callable[..., GroupSpec]:
 
 def spec_for(pki: dict[str, dict[str, str]], agents: list[AgentPeer], *,
              group: str = "g1", lease_ms: int = 2000, budget_ms: int = 1000,
-             prepare_timeout_ms: int | None = None) -> GroupSpec:
+             prepare_timeout_ms: int | None = None, **kw: Any) -> GroupSpec:
     return GroupSpec(
         name=group, lease_ms=lease_ms, budget_ms=budget_ms,
-        prepare_timeout_ms=prepare_timeout_ms,
+        prepare_timeout_ms=prepare_timeout_ms, **kw,
         tls=TlsSpec(ca=pki["ca"]["cert"], cert=pki["coordinator"]["cert"],
                     key=pki["coordinator"]["key"]),
         agents=tuple(AgentSpec(name=p.host, address=p.address, port=p.port,

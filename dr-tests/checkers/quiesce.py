@@ -4,6 +4,12 @@ Issue 8 item 4.  ``quiesce: fs-freeze`` adds a guest filesystem freeze
 around the pause of the group snapshot, with a timeout and an automatic
 fallback to crash-consistent; the level reached is recorded per member.
 
+``cutpointd`` implements this since a2f21dd (prepare arg ``quiesce``) and
+the coordinator passes a group's ``quiesce`` through (GroupSpec.quiesce);
+the pause with and without fs-freeze through the real coordinator and
+agent is measured by ``cutpoint bench quiesce`` (cutpoint.bench.quiesce).
+This module stays as the reference of the sequence and as a QGA client.
+
 Spec (for the agent, ``cutpointd``; this module is the reference behaviour)
 -------------------------------------------------------------------------
 Per VM, inside PREPARE, *before* QMP ``stop`` (a paused guest cannot answer)::
@@ -129,8 +135,11 @@ class QGA:
             if msg.get("return") == rid:
                 return
 
-    def execute(self, cmd: str, timeout: float) -> Any:
-        sent = {"execute": cmd}
+    def execute(self, cmd: str, timeout: float,
+                args: dict[str, Any] | None = None) -> Any:
+        sent: dict[str, Any] = {"execute": cmd}
+        if args is not None:
+            sent["arguments"] = args
         deadline = time.monotonic() + timeout
         self._send(json.dumps(sent).encode() + b"\n")
         msg = self._line(sent, deadline)
