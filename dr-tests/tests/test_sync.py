@@ -128,9 +128,12 @@ def test_three_rounds_under_writer_load(lab: dict[str, Any], image: str, tmp_pat
         run = run_sync(lab, image, snap, prev, ["--verify-full"], str(tmp_path))
         done = run.done
         assert done["full"] is False and done["verified_full"] is True
-        # Only what changed crosses the wire, byte for byte.
+        # Only what changed crosses the wire, byte for byte (less any 4 KiB
+        # block of it that reads as zeroes: that is zeroed, not shipped).
         assert done["bytes_changed"] == data + zero
-        assert done["bytes_shipped"] == data, f"round {rnd}: shipped {done['bytes_shipped']} != rbd diff data {data}"
+        assert done["bytes_shipped"] + done["bytes_zero_data"] == data, \
+            f"round {rnd}: shipped {done['bytes_shipped']} + zero data " \
+            f"{done['bytes_zero_data']} != rbd diff data {data}"
         assert done["bytes_zeroed"] == zero
         assert done["bytes_repaired"] == 0
         assert done["primary_sha256"] == assert_identical(lab, image, snap)
@@ -179,8 +182,8 @@ def test_kill9_mid_transfer_resumes_identical(lab: dict[str, Any], image: str,
     run = run_sync(lab, image, "k1", None, ["--verify-full"], str(tmp_path))
     done = run.done
     assert done["resumed_from"] == int(rec["done_offset"])
-    assert done["bytes_shipped"] == size - done["resumed_from"]
-    assert done["bytes_shipped_total"] == size
+    assert done["bytes_shipped"] + done["bytes_zero_data"] == size - done["resumed_from"]
+    assert done["bytes_shipped"] <= done["bytes_shipped_total"] <= size
     assert done["verified_full"] is True
     assert done["primary_sha256"] == assert_identical(lab, image, "k1")
     assert not list(tmp_path.glob("*.progress")), "the record outlived the copy"
@@ -243,7 +246,9 @@ def test_dr_drift_is_repaired_and_a_mismatch_is_detected(lab: dict[str, Any], im
     snap_create(p, image, "b")
     done = run_sync(lab, image, "b", "a", ["--verify-full"], str(tmp_path)).done
     assert done["bytes_repaired"] == 65536
-    assert done["bytes_shipped"] == 8192 + 65536
+    # The drifted range reads as zeroes at the primary: it is zeroed at DR
+    # (and verified), not shipped.
+    assert done["bytes_shipped"] == 8192 and done["bytes_zero_data"] == 65536
     assert_identical(lab, image, "b")
 
 
@@ -264,3 +269,40 @@ def test_progress_events_are_json_lines(lab: dict[str, Any], image: str, tmp_pat
     # stderr is key=value logs.
     for line in cp.stderr.splitlines():
         assert line.startswith("ts=") and " level=" in line, line
+
+
+def test_failback_ships_only_what_changed_on_either_side(lab: dict[str, Any], image: str,
+                                                         tmp_path: Path) -> None:
+    """Failback without VMs, on a sparse disk like a guest's: a common
+    snapshot S at both sites, the primary writes a little after S (a guest
+    running until it was fenced), DR writes 1 MiB of random 4 KiB blocks and
+    snapshots F.  Copying F back from DR must ship about DR's writes plus the
+    primary's drift, although `rbd diff` reports every object created after
+    S as changed from its start to its end (holes included): that made the
+    lab's failback ship 62 of 64 MB."""
+    p, d = sites(lab)
+    size = 64 * MiB
+    create_image(p, image, size)
+    write_extents(p, image, size, [(0, pattern(1, 256 * 1024))])
+    snap_create(p, image, "s0")
+    run_sync(lab, image, "s0", None, [], str(tmp_path))
+    write_extents(p, image, size, [(256 * 1024, pattern(2, 4096))])
+    snap_create(p, image, "s1")
+    assert run_sync(lab, image, "s1", "s0", [], str(tmp_path)).done["full"] is False
+    # After the common snapshot: the primary guest's last writes, then DR's.
+    drift = 8192
+    write_extents(p, image, size, [(260 * 1024, pattern(11, drift))])
+    bench_write(d, image, MiB, io_size=4096)
+    snap_create(d, image, "f")
+    dr_data, dr_zero = diff_bytes(d, image, "f", "s1")
+    # Ceph's view: far more than the 1 MiB written (objects born after s1).
+    assert dr_data > 8 * MiB, dr_data
+    argv = sync_argv(lab, image, "f", "s1", ["--verify-full"], str(tmp_path), reverse=True)
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    done = parse_events(cp.stdout)[-1]
+    assert done["event"] == "done" and done["full"] is False and done["verified_full"] is True
+    assert done["bytes_changed"] == dr_data + dr_zero
+    assert done["bytes_shipped"] + done["bytes_zero_data"] == dr_data + done["bytes_repaired"]
+    assert done["bytes_shipped"] <= MiB + drift, done
+    assert snap_sha256(p, image, "f") == snap_sha256(d, image, "f")

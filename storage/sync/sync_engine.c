@@ -20,6 +20,9 @@
 #include "sync_rate.h"
 
 #define HASH_QUEUE 8   /* aio reads in flight while hashing an image */
+/* Granularity of the zero-block check of data read from the primary: the
+ * usual guest block size, so a 4 KiB guest write is one data run. */
+#define ZERO_BLOCK 4096
 
 struct conn {
     rados_t cluster;
@@ -42,10 +45,11 @@ struct copy {
     pthread_cond_t cv;
     size_t next;               /* next item to hand out */
     unsigned char *done;       /* per item: written and verified */
+    uint64_t *sent;            /* per item: data bytes that crossed */
     size_t mark;               /* items[0..mark) are all done */
     uint64_t done_offset;      /* end of items[mark - 1] */
     uint64_t mark_bytes;       /* data bytes of items[0..mark) */
-    uint64_t shipped, zeroed, extents;
+    uint64_t shipped, zeroed, zero_data, extents;
     int active;                /* workers still running */
     struct sync_rate rate;
     int fail_code;             /* 0 or a SYNC_E* code */
@@ -461,20 +465,29 @@ osd_verify_group(struct copy *c, const struct sync_extent *e, size_t n,
  * all writes, then one verification pass, so many small extents cost a
  * few round trips rather than three each.  buf and back hold the chunk;
  * an extent lives at its offset within the chunk.
+ *
+ * A DATA extent is cut into runs after it is read: blocks of ZERO_BLOCK
+ * bytes that read as zeroes become write-zeroes at DR instead of data
+ * (sync_extents_add_runs says why the diff reports such holes).  sent[i]
+ * gets the data bytes of extent i that crossed the wire.
  */
 static int
 copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
-           char *back, char *msg, size_t msglen)
+           char *back, uint64_t *sent, char *msg, size_t msglen)
 {
     uint64_t base = e[0].off - e[0].off % c->o->chunk, data = 0, wait_ns;
     rbd_completion_t *comp = calloc(n, sizeof(*comp));
-    uint32_t *crc = calloc(n, sizeof(*crc));
-    unsigned char (*sha)[SYNC_DIGEST_LEN] = calloc(n, SYNC_DIGEST_LEN);
+    size_t *first = calloc(n + 1, sizeof(*first));
+    struct sync_extents runs = {0};
+    rbd_completion_t *rc_comp = NULL;
+    uint32_t *crc = NULL;
+    unsigned char (*sha)[SYNC_DIGEST_LEN] = NULL;
     unsigned char got[SYNC_DIGEST_LEN];
+    const struct sync_extent *r;
     int ret = SYNC_ERR, rc, any_back = 0;
-    size_t i;
+    size_t i, k, m;
 
-    if (comp == NULL || crc == NULL || sha == NULL) {
+    if (comp == NULL || first == NULL) {
         seterr(msg, msglen, "out of memory");
         goto cleanup;
     }
@@ -482,7 +495,6 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
     for (i = 0; i < n; i++) {
         if (e[i].kind != SYNC_DATA)
             continue;
-        data += e[i].len;
         if ((rc = rbd_aio_create_completion(NULL, NULL, &comp[i])) < 0 ||
             (rc = rbd_aio_read(c->src, e[i].off, e[i].len,
                                buf + (e[i].off - base), comp[i])) < 0) {
@@ -497,13 +509,42 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
     }
     if (aio_wait_all(comp, n, e, "primary read", 1, msg, msglen) < 0)
         goto cleanup;
+    /* The runs of extent i are runs.v[first[i] .. first[i + 1]). */
     for (i = 0; i < n; i++) {
-        if (e[i].kind != SYNC_DATA)
+        first[i] = runs.n;
+        rc = e[i].kind == SYNC_DATA
+             ? sync_extents_add_runs(&runs, buf + (e[i].off - base), e[i].off,
+                                     e[i].len, ZERO_BLOCK)
+             : sync_extents_add(&runs, e[i].off, e[i].len, e[i].kind);
+        if (rc < 0) {
+            seterr(msg, msglen, "out of memory");
+            goto cleanup;
+        }
+    }
+    first[n] = runs.n;
+    r = runs.v;
+    m = runs.n;
+    rc_comp = calloc(m ? m : 1, sizeof(*rc_comp));
+    crc = calloc(m ? m : 1, sizeof(*crc));
+    sha = calloc(m ? m : 1, SYNC_DIGEST_LEN);
+    if (rc_comp == NULL || crc == NULL || sha == NULL) {
+        seterr(msg, msglen, "out of memory");
+        goto cleanup;
+    }
+    for (i = 0; i < n; i++) {
+        sent[i] = 0;
+        for (k = first[i]; k < first[i + 1]; k++)
+            if (r[k].kind == SYNC_DATA && e[i].kind == SYNC_DATA)
+                sent[i] += r[k].len;
+        data += sent[i];
+    }
+    for (k = 0; k < m; k++) {
+        if (r[k].kind != SYNC_DATA)
             continue;
         if (c->osd_verify)
-            crc[i] = sync_crc32c(CRC_SEED, buf + (e[i].off - base), e[i].len);
-        else if (sync_digest_buf(buf + (e[i].off - base), e[i].len,
-                                 sha[i]) < 0) {
+            crc[k] = sync_crc32c(CRC_SEED, buf + (r[k].off - base), r[k].len);
+        else if (sync_digest_buf(buf + (r[k].off - base), r[k].len,
+                                 sha[k]) < 0) {
             seterr(msg, msglen, "digest failed");
             goto cleanup;
         }
@@ -518,85 +559,89 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
             ;
     }
-    /* Write them (or zeroes) at DR. */
-    for (i = 0; i < n; i++) {
-        if ((rc = rbd_aio_create_completion(NULL, NULL, &comp[i])) < 0) {
-            comp[i] = NULL;
-        } else if (e[i].kind == SYNC_DATA) {
-            rc = rbd_aio_write(c->dst, e[i].off, e[i].len,
-                               buf + (e[i].off - base), comp[i]);
+    /* Write the data runs (or zeroes) at DR. */
+    for (k = 0; k < m; k++) {
+        if ((rc = rbd_aio_create_completion(NULL, NULL, &rc_comp[k])) < 0) {
+            rc_comp[k] = NULL;
+        } else if (r[k].kind == SYNC_DATA) {
+            rc = rbd_aio_write(c->dst, r[k].off, r[k].len,
+                               buf + (r[k].off - base), rc_comp[k]);
         } else {
-            rc = rbd_aio_write_zeroes(c->dst, e[i].off, e[i].len, comp[i], 0,
-                                      0);
+            rc = rbd_aio_write_zeroes(c->dst, r[k].off, r[k].len, rc_comp[k],
+                                      0, 0);
         }
         if (rc < 0) {
-            if (comp[i] != NULL)
-                rbd_aio_release(comp[i]);
-            comp[i] = NULL;
-            seterr(msg, msglen, "dr write off=%" PRIu64 ": %s", e[i].off,
+            if (rc_comp[k] != NULL)
+                rbd_aio_release(rc_comp[k]);
+            rc_comp[k] = NULL;
+            seterr(msg, msglen, "dr write off=%" PRIu64 ": %s", r[k].off,
                    strerror(-rc));
-            aio_wait_all(comp, n, e, "dr write", 0, msg, 0);
+            aio_wait_all(rc_comp, m, r, "dr write", 0, msg, 0);
             goto cleanup;
         }
     }
-    if (aio_wait_all(comp, n, e, "dr write", 0, msg, msglen) < 0)
+    if (aio_wait_all(rc_comp, m, r, "dr write", 0, msg, msglen) < 0)
         goto cleanup;
     /* Verify: OSD-side CRCs for data; read back what the OSD cannot sum. */
-    for (i = 0; i < n; i++) {
-        if (c->osd_verify && e[i].kind == SYNC_DATA)
+    for (k = 0; k < m; k++) {
+        if (c->osd_verify && r[k].kind == SYNC_DATA)
             continue;
         any_back = 1;
-        if ((rc = rbd_aio_create_completion(NULL, NULL, &comp[i])) < 0 ||
-            (rc = rbd_aio_read(c->dst, e[i].off, e[i].len,
-                               back + (e[i].off - base), comp[i])) < 0) {
-            if (comp[i] != NULL)
-                rbd_aio_release(comp[i]);
-            comp[i] = NULL;
-            seterr(msg, msglen, "dr read-back off=%" PRIu64 ": %s", e[i].off,
+        if ((rc = rbd_aio_create_completion(NULL, NULL, &rc_comp[k])) < 0 ||
+            (rc = rbd_aio_read(c->dst, r[k].off, r[k].len,
+                               back + (r[k].off - base), rc_comp[k])) < 0) {
+            if (rc_comp[k] != NULL)
+                rbd_aio_release(rc_comp[k]);
+            rc_comp[k] = NULL;
+            seterr(msg, msglen, "dr read-back off=%" PRIu64 ": %s", r[k].off,
                    strerror(-rc));
-            aio_wait_all(comp, n, e, "dr read-back", 1, msg, 0);
+            aio_wait_all(rc_comp, m, r, "dr read-back", 1, msg, 0);
             goto cleanup;
         }
     }
-    if (any_back && aio_wait_all(comp, n, e, "dr read-back", 1, msg, msglen) < 0)
+    if (any_back &&
+        aio_wait_all(rc_comp, m, r, "dr read-back", 1, msg, msglen) < 0)
         goto cleanup;
-    for (i = 0; i < n; i++) {
-        const char *p = back + (e[i].off - base);
+    for (k = 0; k < m; k++) {
+        const char *p = back + (r[k].off - base);
 
-        if (e[i].kind == SYNC_ZERO) {
-            if (!sync_buf_is_zero(p, e[i].len)) {
+        if (r[k].kind == SYNC_ZERO) {
+            if (!sync_buf_is_zero(p, r[k].len)) {
                 seterr(msg, msglen, "dr extent off=%" PRIu64 " len=%" PRIu64
-                       " not zero after write-zeroes", e[i].off, e[i].len);
+                       " not zero after write-zeroes", r[k].off, r[k].len);
                 ret = SYNC_EVERIFY;
                 goto cleanup;
             }
         } else if (!c->osd_verify) {
-            if (sync_digest_buf(p, e[i].len, got) < 0) {
+            if (sync_digest_buf(p, r[k].len, got) < 0) {
                 seterr(msg, msglen, "digest failed");
                 goto cleanup;
             }
-            if (memcmp(sha[i], got, SYNC_DIGEST_LEN) != 0) {
+            if (memcmp(sha[k], got, SYNC_DIGEST_LEN) != 0) {
                 char hw[SYNC_DIGEST_HEX], hg[SYNC_DIGEST_HEX];
 
-                sync_digest_hex(sha[i], hw);
+                sync_digest_hex(sha[k], hw);
                 sync_digest_hex(got, hg);
                 seterr(msg, msglen, "checksum mismatch at dr off=%" PRIu64
-                       " len=%" PRIu64 ": sent %s, read back %s", e[i].off,
-                       e[i].len, hw, hg);
+                       " len=%" PRIu64 ": sent %s, read back %s", r[k].off,
+                       r[k].len, hw, hg);
                 ret = SYNC_EVERIFY;
                 goto cleanup;
             }
         }
     }
     if (c->osd_verify) {
-        ret = osd_verify_group(c, e, n, crc, msg, msglen);
+        ret = osd_verify_group(c, r, m, crc, msg, msglen);
         goto cleanup;
     }
     ret = SYNC_OK;
 cleanup:
     free(comp);
+    free(first);
+    free(rc_comp);
     free(crc);
     free(sha);
+    sync_extents_clear(&runs);
     return ret;
 }
 
@@ -630,7 +675,8 @@ copy_worker(void *arg)
         c->next = j;
         pthread_mutex_unlock(&c->mu);
 
-        rc = copy_group(c, &c->items[i], j - i, buf, back, msg, sizeof(msg));
+        rc = copy_group(c, &c->items[i], j - i, buf, back, &c->sent[i], msg,
+                        sizeof(msg));
 
         pthread_mutex_lock(&c->mu);
         if (rc != SYNC_OK) {
@@ -642,10 +688,12 @@ copy_worker(void *arg)
             for (k = i; k < j; k++) {
                 c->done[k] = 1;
                 c->extents++;
-                if (c->items[k].kind == SYNC_DATA)
-                    c->shipped += c->items[k].len;
-                else
+                if (c->items[k].kind == SYNC_DATA) {
+                    c->shipped += c->sent[k];
+                    c->zero_data += c->items[k].len - c->sent[k];
+                } else {
                     c->zeroed += c->items[k].len;
+                }
             }
             /* Groups finish out of order; the record may only claim the
              * contiguous prefix. */
@@ -653,7 +701,7 @@ copy_worker(void *arg)
                 c->done_offset = c->items[c->mark].off +
                                  c->items[c->mark].len;
                 if (c->items[c->mark].kind == SYNC_DATA)
-                    c->mark_bytes += c->items[c->mark].len;
+                    c->mark_bytes += c->sent[c->mark];
                 c->mark++;
             }
         }
@@ -715,8 +763,9 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
     pthread_mutex_init(&c.mu, NULL);
     pthread_cond_init(&c.cv, NULL);
     c.done = calloc(n ? n : 1, 1);
+    c.sent = calloc(n ? n : 1, sizeof(*c.sent));
     th = calloc((size_t)o->workers, sizeof(*th));
-    if (c.done == NULL || th == NULL) {
+    if (c.done == NULL || c.sent == NULL || th == NULL) {
         seterr(err, errlen, "out of memory");
         goto cleanup;
     }
@@ -777,6 +826,7 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
                            c.zeroed));
     r->bytes_shipped = c.shipped;
     r->bytes_zeroed = c.zeroed;
+    r->bytes_zero_data = c.zero_data;
     r->extents = c.extents;
     r->bytes_shipped_total = prev_bytes + c.shipped;
     if (c.fail_code != 0) {
@@ -789,6 +839,7 @@ cleanup:
     pthread_mutex_destroy(&c.mu);
     pthread_cond_destroy(&c.cv);
     free(c.done);
+    free(c.sent);
     free(th);
     return ret;
 }
@@ -854,7 +905,7 @@ static json_t *
 done_event(const struct sync_opts *o, const struct sync_result *r)
 {
     json_t *j = json_pack("{s:s,s:s,s:s?,s:s,s:b,s:b,s:I,s:I,s:I,s:I,s:I,"
-                          "s:I,s:I,s:I,s:I,s:f}",
+                          "s:I,s:I,s:I,s:I,s:I,s:f}",
                           "event", "done", "image", o->image, "base",
                           r->full ? NULL : o->base, "target", o->target,
                           "full", r->full, "already", r->already,
@@ -863,6 +914,7 @@ done_event(const struct sync_opts *o, const struct sync_result *r)
                           "bytes_changed", (json_int_t)r->bytes_changed,
                           "bytes_shipped", (json_int_t)r->bytes_shipped,
                           "bytes_zeroed", (json_int_t)r->bytes_zeroed,
+                          "bytes_zero_data", (json_int_t)r->bytes_zero_data,
                           "bytes_repaired", (json_int_t)r->bytes_repaired,
                           "bytes_shipped_total",
                           (json_int_t)r->bytes_shipped_total,

@@ -20,7 +20,8 @@
  *      │       split at chunk boundaries; a matching progress record
  *      │       skips every extent below its done_offset (resume)
  *   COPY ───── N workers: read primary → checksum → rate limit → write DR
- *      │       (data, or write-zeroes for discarded ranges) → verify at
+ *      │       (data, or write-zeroes for discarded ranges and for 4 KiB
+ *      │       blocks of data extents that read as zeroes) → verify at
  *      │       DR: CRC-32C computed by the DR OSD, or a read-back and
  *      │       SHA-256 (mismatch → SYNC_EVERIFY);
  *      │       the contiguous done prefix is saved durably as it grows
@@ -96,6 +97,9 @@ struct sync_result {
     uint64_t bytes_changed;    /* sum of diff(base→target) extents */
     uint64_t bytes_shipped;    /* data bytes copied by this run */
     uint64_t bytes_zeroed;     /* bytes zeroed at DR by this run */
+    uint64_t bytes_zero_data;  /* data extents that read as zeroes: zeroed
+                                  at DR, not shipped (holes of objects
+                                  created after the base) */
     uint64_t bytes_repaired;   /* DR drift re-copied (part of the above) */
     uint64_t bytes_shipped_total; /* incl. earlier interrupted runs */
     uint64_t extents;          /* work-list extents done by this run */

@@ -2,6 +2,8 @@
 
 #include <stdlib.h>
 
+#include "sync_digest.h"
+
 int
 sync_extents_add(struct sync_extents *l, uint64_t off, uint64_t len, int kind)
 {
@@ -121,6 +123,34 @@ sync_extents_split(const struct sync_extents *in, uint64_t chunk,
             pos = stop;
         }
     }
+    return 0;
+}
+
+int
+sync_extents_add_runs(struct sync_extents *out, const char *buf,
+                      uint64_t off, uint64_t len, uint64_t block)
+{
+    uint64_t pos = off, end = off + len, run = off;
+    int kind = 0;
+
+    if (block == 0 || end < off)
+        return -1;
+    while (pos < end) {
+        uint64_t next = (pos / block + 1) * block;
+        uint64_t stop = next < end ? next : end;
+        int k = sync_buf_is_zero(buf + (pos - off), stop - pos) ? SYNC_ZERO
+                                                                : SYNC_DATA;
+
+        if (kind != 0 && k != kind) {
+            if (sync_extents_add(out, run, pos - run, kind) < 0)
+                return -1;
+            run = pos;
+        }
+        kind = k;
+        pos = stop;
+    }
+    if (kind != 0 && sync_extents_add(out, run, end - run, kind) < 0)
+        return -1;
     return 0;
 }
 

@@ -58,6 +58,19 @@ int sync_extents_uncovered(const struct sync_extents *base,
 int sync_extents_split(const struct sync_extents *in, uint64_t chunk,
                        struct sync_extents *out);
 
+/*
+ * Append to out the extent [off, off+len) whose bytes are buf, cut into
+ * runs: SYNC_ZERO where a whole block reads as zeroes, SYNC_DATA elsewhere.
+ * Blocks are aligned to multiples of block in image offsets (the first and
+ * last may be partial); adjacent runs of one kind are merged.  Why: Ceph's
+ * diff reports an object created after the base snapshot as changed from
+ * its start to its end, holes included, so a few scattered writes into a
+ * sparse image look like whole objects; only the non-zero blocks need to
+ * cross the wire.  block > 0.  0 or -1.
+ */
+int sync_extents_add_runs(struct sync_extents *out, const char *buf,
+                          uint64_t off, uint64_t len, uint64_t block);
+
 /* Total length of the extents of one kind (kind 0: all kinds). */
 uint64_t sync_extents_bytes(const struct sync_extents *l, int kind);
 

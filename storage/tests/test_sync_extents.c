@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "sync_extents.h"
@@ -128,6 +129,42 @@ test_add_rejects_wrap(void **state)
     sync_extents_clear(&l);
 }
 
+/*
+ * A sparse object written at a few places reads as zeroes elsewhere: only
+ * the non-zero blocks are data.  The extent starts and ends off a block
+ * boundary; a block with a single non-zero byte is data.
+ */
+static void
+test_add_runs_zero_blocks(void **state)
+{
+    static char buf[6 * 4096];
+    static const struct ext out[] = {
+        {1000, 3096, Z}, {4096, 4096, D}, {8192, 8192, Z},
+        {16384, 4096, D}, {20480, 4096, Z}, {24576, 1000, D},
+    };
+    struct sync_extents o = {0};
+
+    (void)state;
+    memset(buf, 0, sizeof(buf));
+    /* buf[k] holds image offset 1000 + k. */
+    buf[4096 - 1000 + 7] = 1;            /* block 4096 */
+    buf[16384 - 1000 + 4095] = 2;        /* last byte of block 16384 */
+    buf[24576 - 1000 + 999] = 3;         /* partial last block */
+    assert_int_equal(sync_extents_add_runs(&o, buf, 1000, 24576, 4096), 0);
+    expect(&o, out, sizeof(out) / sizeof(out[0]));
+    sync_extents_clear(&o);
+    /* All zero: one ZERO run; no zero byte: one DATA run. */
+    memset(buf, 0, sizeof(buf));
+    assert_int_equal(sync_extents_add_runs(&o, buf, 0, 8192, 4096), 0);
+    expect(&o, (const struct ext[]){{0, 8192, Z}}, 1);
+    sync_extents_clear(&o);
+    memset(buf, 0x5a, sizeof(buf));
+    assert_int_equal(sync_extents_add_runs(&o, buf, 4090, 9000, 4096), 0);
+    expect(&o, (const struct ext[]){{4090, 9000, D}}, 1);
+    assert_int_equal(sync_extents_add_runs(&o, buf, 0, 10, 0), -1);
+    sync_extents_clear(&o);
+}
+
 int
 main(void)
 {
@@ -137,6 +174,7 @@ main(void)
         cmocka_unit_test(test_uncovered),
         cmocka_unit_test(test_split_aligned),
         cmocka_unit_test(test_add_rejects_wrap),
+        cmocka_unit_test(test_add_runs_zero_blocks),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
