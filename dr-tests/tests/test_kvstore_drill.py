@@ -90,6 +90,7 @@ class Drill:
         self.dr = status["sites"]["dr"]
         self.sync_dir = tmp / "sync"              # cutpoint-sync progress records
         self.replicated: list[str] = []          # snapshots at DR, oldest first
+        self.left_at_dr: list[str] = []          # DR images after close()
 
     # -- load --
     def consoles(self, vms: list[dict[str, Any]] | None = None) -> list[str]:
@@ -247,22 +248,27 @@ class Drill:
             assert st.get("watchers"), (nv["name"], st)
         return peers
 
+    @staticmethod
+    def _qmp(nv: dict[str, Any], cmd: str) -> None:
+        """One QMP command on a restored guest; asserts it returned."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(nv["qmp"])
+            f = s.makefile("rw")
+            f.readline()
+            for c in ("qmp_capabilities", cmd):
+                f.write(json.dumps({"execute": c}) + "\n")
+                f.flush()
+                while True:
+                    reply = json.loads(f.readline())
+                    if "return" in reply or "error" in reply:
+                        break
+                assert "return" in reply, (nv["name"], c, reply)
+
     def pause_restored(self) -> None:
         """QMP stop on every restored guest: drained and flushed, a cut."""
         for nv in self.restored:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(10)
-                s.connect(nv["qmp"])
-                f = s.makefile("rw")
-                f.readline()
-                for cmd in ("qmp_capabilities", "stop"):
-                    f.write(json.dumps({"execute": cmd}) + "\n")
-                    f.flush()
-                    while True:
-                        reply = json.loads(f.readline())
-                        if "return" in reply or "error" in reply:
-                            break
-                    assert "return" in reply, reply
+            self._qmp(nv, "stop")
 
     def export_restored(self, tag: str) -> list[Path]:
         out = []
@@ -279,6 +285,18 @@ class Drill:
         from cutpoint.lab import net
         from cutpoint.lab.proc import pid_alive
         for nv in self.restored:
+            # QMP quit first: QEMU closes its RBD image, so the watch and
+            # the exclusive lock go at once. After SIGKILL the watch lingers
+            # ~30 s at the OSD and `rbd rm` of the clone is refused.
+            if nv.get("pid") and pid_alive(nv["pid"]):
+                try:
+                    self._qmp(nv, "quit")
+                except (OSError, ValueError, AssertionError):
+                    pass          # gone already, or hung: SIGKILL below
+                for _ in range(200):
+                    if not pid_alive(nv["pid"]):
+                        break
+                    time.sleep(0.05)
             if nv.get("pid") and pid_alive(nv["pid"]):
                 os.kill(nv["pid"], signal.SIGKILL)
                 for _ in range(100):
@@ -290,8 +308,17 @@ class Drill:
         _ = net
         self.restored = []
         for site, c in self.clones:
-            subprocess.run(self._rbd_argv(site, "rm", "--no-progress", c),
-                           capture_output=True, check=False, timeout=120)
+            end = time.monotonic() + 45   # a killed guest's watch expires in ~30 s
+            while True:
+                r = subprocess.run(self._rbd_argv(site, "rm", "--no-progress", c),
+                                   capture_output=True, text=True, check=False,
+                                   timeout=120)
+                if r.returncode == 0 or "No such file" in r.stderr:
+                    break
+                if time.monotonic() > end:
+                    print(f"clone {site}:{c} not removed: {r.stderr.strip()[-300:]}")
+                    break
+                time.sleep(2)
         self.clones = []
 
     def _rbd_argv(self, site: str, *args: str) -> list[str]:
@@ -304,7 +331,8 @@ class Drill:
         if not self.replicated:
             return
         t0 = time.monotonic()
-        for vm in self.vms:
+
+        def one(vm: dict[str, Any]) -> None:
             img = self.image(vm)
             for snap in self.replicated:
                 subprocess.run(self._rbd_argv("dr", "snap", "unprotect", f"{img}@{snap}"),
@@ -313,11 +341,14 @@ class Drill:
                          ("rm", "--no-progress", img)):
                 subprocess.run(self._rbd_argv("dr", *args), capture_output=True,
                                check=False, timeout=120)
+        with ThreadPoolExecutor(max_workers=4) as ex:
+            list(ex.map(one, self.vms))
         self.replicated = []
         left = subprocess.run(self._rbd_argv("dr", "ls", self.dr.get("pool", "rbd")),
                               capture_output=True, text=True, check=False, timeout=120)
+        self.left_at_dr = left.stdout.split() if left.returncode == 0 else [left.stderr]
         print(f"DR replicas removed in {time.monotonic() - t0:.1f} s; "
-              f"left at DR: {left.stdout.split() or 'nothing'}")
+              f"left at DR: {self.left_at_dr or 'nothing'}")
 
     def close(self) -> None:
         from cutpoint.lab.agents import stop_agents
@@ -376,3 +407,4 @@ def test_kvstore_drill(lab: dict[str, Any], tmp_path: Path) -> None:
         assert nv.failed() == ["acked_survives"], nv.as_dict()
     finally:
         d.close()
+    assert d.left_at_dr == [], f"scratch left on the DR cluster: {d.left_at_dr}"

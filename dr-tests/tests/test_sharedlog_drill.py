@@ -89,3 +89,4 @@ def test_sharedlog_drill(lab: dict[str, Any], tmp_path: Path) -> None:
         assert nv.failed() == ["acked_present"], nv.as_dict()
     finally:
         d.close()
+    assert d.left_at_dr == [], f"scratch left on the DR cluster: {d.left_at_dr}"
