@@ -39,6 +39,8 @@ struct copy {
     char prefix[RBD_MAX_BLOCK_NAME_SIZE];   /* DR data object prefix */
     int order;                 /* DR object size = 1 << order */
     int osd_verify;            /* SYNC_VERIFY_OSD in effect */
+    int absent_is_zero;        /* plain layout, no parent: a missing DR
+                                  object reads as zeroes */
     const struct sync_extent *items;
     size_t n;
     pthread_mutex_t mu;
@@ -484,7 +486,7 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
     unsigned char (*sha)[SYNC_DIGEST_LEN] = NULL;
     unsigned char got[SYNC_DIGEST_LEN];
     const struct sync_extent *r;
-    int ret = SYNC_ERR, rc, any_back = 0;
+    int ret = SYNC_ERR, rc, any_back = 0, skip_zero = 0;
     size_t i, k, m;
 
     if (comp == NULL || first == NULL) {
@@ -531,6 +533,32 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
         seterr(msg, msglen, "out of memory");
         goto cleanup;
     }
+    /*
+     * Zero runs need neither a write nor a read-back when the DR object
+     * does not exist: it reads as zeroes, and the data runs written next
+     * leave the rest of it zero.  A sparse disk's new objects are mostly
+     * holes, so this saves the write-zeroes and, above all, reading the
+     * holes back over the wire.  Each object belongs to one group at a
+     * time and nothing else writes the DR image during a run.
+     */
+    for (k = 0; k < m && c->absent_is_zero; k++) {
+        if (r[k].kind == SYNC_ZERO) {
+            char oid[RBD_MAX_BLOCK_NAME_SIZE + 24];
+            uint64_t psize;
+            time_t pmtime;
+
+            snprintf(oid, sizeof(oid), "%s.%016" PRIx64, c->prefix,
+                     r[0].off >> c->order);
+            rc = rados_stat(c->dio, oid, &psize, &pmtime);
+            if (rc == -ENOENT) {
+                skip_zero = 1;
+            } else if (rc < 0) {
+                seterr(msg, msglen, "dr stat %s: %s", oid, strerror(-rc));
+                goto cleanup;
+            }
+            break;
+        }
+    }
     for (i = 0; i < n; i++) {
         sent[i] = 0;
         for (k = first[i]; k < first[i + 1]; k++)
@@ -561,6 +589,8 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
     }
     /* Write the data runs (or zeroes) at DR. */
     for (k = 0; k < m; k++) {
+        if (skip_zero && r[k].kind == SYNC_ZERO)
+            continue;
         if ((rc = rbd_aio_create_completion(NULL, NULL, &rc_comp[k])) < 0) {
             rc_comp[k] = NULL;
         } else if (r[k].kind == SYNC_DATA) {
@@ -584,7 +614,8 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
         goto cleanup;
     /* Verify: OSD-side CRCs for data; read back what the OSD cannot sum. */
     for (k = 0; k < m; k++) {
-        if (c->osd_verify && r[k].kind == SYNC_DATA)
+        if ((c->osd_verify && r[k].kind == SYNC_DATA) ||
+            (skip_zero && r[k].kind == SYNC_ZERO))
             continue;
         any_back = 1;
         if ((rc = rbd_aio_create_completion(NULL, NULL, &rc_comp[k])) < 0 ||
@@ -606,7 +637,7 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
         const char *p = back + (r[k].off - base);
 
         if (r[k].kind == SYNC_ZERO) {
-            if (!sync_buf_is_zero(p, r[k].len)) {
+            if (!skip_zero && !sync_buf_is_zero(p, r[k].len)) {
                 seterr(msg, msglen, "dr extent off=%" PRIu64 " len=%" PRIu64
                        " not zero after write-zeroes", r[k].off, r[k].len);
                 ret = SYNC_EVERIFY;
@@ -755,6 +786,7 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
     memcpy(c.prefix, layout->prefix, sizeof(c.prefix));
     c.order = layout->order;
     c.osd_verify = layout->osd_verify;
+    c.absent_is_zero = layout->absent_is_zero;
     c.items = items;
     c.n = n;
     c.done_offset = base_done;
@@ -858,8 +890,13 @@ choose_verify(const struct sync_opts *o, rados_ioctx_t dio, rbd_image_t dst,
     uint64_t su = 0, sc = 0, objsize;
     int rc;
 
+    rbd_linked_image_spec_t pimg;
+    rbd_snap_spec_t psnap;
+    int plain;
+
     layout->dio = dio;
     layout->osd_verify = 0;
+    layout->absent_is_zero = 0;
     if ((rc = rbd_stat(dst, &info, sizeof(info))) < 0 ||
         (rc = rbd_get_stripe_unit(dst, &su)) < 0 ||
         (rc = rbd_get_stripe_count(dst, &sc)) < 0) {
@@ -870,10 +907,18 @@ choose_verify(const struct sync_opts *o, rados_ioctx_t dio, rbd_image_t dst,
     snprintf(layout->prefix, sizeof(layout->prefix), "%s",
              info.block_name_prefix);
     objsize = 1ULL << info.order;
+    plain = sc == 1 && su == objsize && objsize % o->chunk == 0 &&
+            layout->prefix[0] != '\0';
+    /* A clone's missing object reads through to its parent, not zeroes. */
+    rc = rbd_get_parent(dst, &pimg, &psnap);
+    if (rc == 0) {
+        rbd_linked_image_spec_cleanup(&pimg);
+        rbd_snap_spec_cleanup(&psnap);
+    }
+    layout->absent_is_zero = plain && rc == -ENOENT;
     if (o->extent_verify != SYNC_VERIFY_OSD)
         return 0;
-    if (sc == 1 && su == objsize && objsize % o->chunk == 0 &&
-        layout->prefix[0] != '\0') {
+    if (plain) {
         layout->osd_verify = 1;
         return 0;
     }
