@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cutpoint.api.models import Group, GroupSnapshot, SnapState
 from cutpoint.api.schemas.groups import GroupCreate, MemberAdd
 from cutpoint.api.schemas.policy import PolicyUpdate
@@ -111,3 +112,74 @@ def test_all_frozen_group_is_fs_freeze(session_factory: sessionmaker[Session],
         txn="qzfs-freeze", group="db-fs-freeze", state="committed", quiesce="fs-freeze",
         vms=[_timing("primary-h1-vm1", "live"), _timing("primary-h1-vm2", "live")])
     assert capture.record(session_factory, sid, plan, res, 1.0)["consistency"] == "fs-freeze"
+
+
+@pytest.mark.lab
+def test_api_snapshot_through_cutpointd_records_fallback(tmp_path: Path) -> None:
+    """The control plane's snapshot path end to end with the real agent: a
+    group whose policy says fs-freeze, inventory from cutpointd, the capture
+    task's `run`; vm1's guest agent does not answer and vm2 has none, so
+    both members are crash with the reason, visible in GET /v1/snapshots/{id}."""
+    import asyncio
+    import tempfile
+
+    from cutpoint.agentclient import AgentClient
+    from cutpoint.agentclient.tls import client_context
+    from cutpoint.api.app import create_app
+    from cutpoint.api.config import Settings
+    from cutpoint.api.db import get_engine
+    from cutpoint.api.migrate import upgrade
+    from cutpoint.api.models import Host, Site
+    from cutpoint.api.services import inventory, snapshots
+    from cutpoint.bench.quiesce import start_local_rig
+    from fastapi.testclient import TestClient
+    SECRET = "quiesce-test-secret-0123456789"
+
+    rig = start_local_rig(Path(tempfile.mkdtemp(prefix="cpqa.", dir="/tmp")))
+    try:
+        c = rig.certs
+        db = f"sqlite:///{tmp_path}/cp.db"
+        upgrade(db)
+        settings = Settings(database_url=db, token_secret=SECRET,  # type: ignore[arg-type]
+                            agent_ca=c / "ca.pem", agent_cert=c / "coordinator.pem",
+                            agent_key=c / "coordinator.key")
+        sf = sessionmaker(bind=get_engine(db), expire_on_commit=False)
+
+        async def inv() -> dict[str, Any]:
+            async with AgentClient("127.0.0.1", rig.port, ssl_context=client_context(
+                    str(c / "ca.pem"), str(c / "coordinator.pem"),
+                    str(c / "coordinator.key"))) as a:
+                return await a.inventory()
+        with sf() as s:
+            site = Site(name="primary")
+            s.add(site)
+            s.flush()
+            host = Host(name="local", site_id=site.id, address="127.0.0.1", port=rig.port)
+            s.add(host)
+            s.flush()
+            inventory.apply(s, host, asyncio.run(inv()))
+            g = groups.create(s, GroupCreate(name="db", policy=PolicyUpdate(
+                quiesce="fs-freeze", lease_ms=3000)))
+            for vm in ("vm1", "vm2"):
+                groups.add_member(s, g, MemberAdd(vm=vm))
+            job = snapshots.request(s, g, trigger="manual", actor=None)
+            sid = job.snapshot_id
+        assert sid is not None
+        out = capture.run(sf, settings, sid)
+    finally:
+        log = rig.stop()
+    assert out["state"] == "committed", (out, log[-2000:])
+    assert out["quiesce"] == "fs-freeze" and out["consistency"] == "crash"
+    from cutpoint.api.models import Role
+    from cutpoint.api.services import tokens
+    with sf() as s:
+        _, tok = tokens.create(s, "viewer", Role.viewer, SECRET)
+    with TestClient(create_app(settings, sf)) as client:
+        body = client.get(f"/v1/snapshots/{sid}",
+                          headers={"Authorization": f"Bearer {tok}"}).json()
+    assert body["quiesce"] == "fs-freeze" and body["consistency"] == "crash"
+    m = {x["vm"]: x for x in body["members"]}
+    assert m["vm1"]["consistency"] == "crash"
+    assert "guest-sync-delimited" in m["vm1"]["freeze_error"]
+    assert m["vm1"]["freeze_ms"] >= 999 and m["vm1"]["thaw_ms"] is not None
+    assert m["vm2"]["freeze_error"] == "no qga socket configured for vm vm2"

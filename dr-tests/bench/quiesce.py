@@ -383,3 +383,101 @@ def cli(
     if json_out:
         Path(json_out).write_text(json.dumps(doc, indent=2) + "\n")
         typer.echo(f"\nwrote {json_out}")
+
+
+# -- a local rig without a guest OS (fast tests) -------------------------------
+@dataclass
+class LocalRig:
+    """Two QEMU processes without a guest OS (QMP and the block layer are
+    all the agent touches) and one cutpointd on 127.0.0.1: vm1 has a
+    guest-agent channel that nobody answers, vm2 has no `qga` configured."""
+
+    dir: Path
+    qemus: list[subprocess.Popen[bytes]]
+    agent: subprocess.Popen[bytes]
+    port: int
+    certs: Path
+
+    def stop(self) -> str:
+        """Stop everything, remove the directory; returns the agent's log."""
+        from cutpoint.lab.agents import stop_agent_pid
+
+        stop_agent_pid(self.agent.pid)
+        self.agent.wait(timeout=10)
+        for q in self.qemus:
+            q.kill()
+            q.wait()
+        text = (self.dir / "agent.log").read_text(errors="replace")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return text
+
+
+def start_local_rig(d: Path, freeze_timeout_ms: int = 1000) -> LocalRig:
+    """`d` should be short (UNIX socket paths < 108 bytes)."""
+    import socket
+
+    from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path
+
+    certs = d / "certs"
+    for args in ([str(certs), "issue", "agent", "127.0.0.1"],
+                 [str(certs), "issue", "coordinator", "127.0.0.1"]):
+        subprocess.run([str(CA_SCRIPT), *args], check=True, capture_output=True)
+    qemus: list[subprocess.Popen[bytes]] = []
+    sections = []
+    agent = None
+    try:
+        for v in ("vm1", "vm2"):
+            argv = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults", "-display",
+                    "none", "-m", "64", "-serial", "null",
+                    "-qmp", f"unix:{d / v}.sock,server=on,wait=off"]
+            if v == "vm1":
+                argv += ["-device", "virtio-serial",
+                         "-chardev", f"socket,path={d / v}.qga,server=on,wait=off,id=qga0",
+                         "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0"]
+            f = d / f"{v}.qcow2"
+            subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(f), "16M"],
+                           check=True)
+            argv += ["-blockdev",
+                     f"driver=qcow2,node-name=disk0,file.driver=file,file.filename={f}",
+                     "-device", "virtio-blk-pci,drive=disk0"]
+            qemus.append(subprocess.Popen(argv))
+            qga = f"qga = {d / v}.qga\n" if v == "vm1" else ""
+            sections.append(f"[vm {v}]\nqmp = {d / v}.sock\n{qga}method = qmp\n"
+                            f"disk.disk0 = qcow2:{f}\n")
+        for v in ("vm1", "vm2"):
+            t0 = time.monotonic()
+            while not (d / f"{v}.sock").exists():
+                if time.monotonic() - t0 > 20:
+                    raise QuiesceBenchError("QEMU did not create its QMP socket")
+                time.sleep(0.05)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        cfg = d / "agent.ini"
+        cfg.write_text(f"[agent]\nhost = local\nlisten = 127.0.0.1:{port}\n"
+                       f"journal = {d / 'journal'}\nqmp_timeout_ms = 2000\n"
+                       f"freeze_timeout_ms = {freeze_timeout_ms}\n\n"
+                       f"[tls]\nca = {certs / 'ca.pem'}\ncert = {certs / 'agent.pem'}\n"
+                       f"key = {certs / 'agent.key'}\n\n" + "\n".join(sections))
+        with open(d / "agent.log", "wb") as log:
+            agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
+                                     stderr=log)
+        rig = LocalRig(d, qemus, agent, port, certs)
+        t0 = time.monotonic()
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return rig
+            except OSError:
+                if agent.poll() is not None or time.monotonic() - t0 > 20:
+                    raise QuiesceBenchError("cutpointd did not listen: "
+                                            + (d / "agent.log").read_text()) from None
+                time.sleep(0.05)
+    except BaseException:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.wait(timeout=10)
+        for q in qemus:
+            q.kill()
+            q.wait()
+        raise

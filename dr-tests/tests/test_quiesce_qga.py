@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cutpoint.checkers import quiesce
@@ -120,66 +119,6 @@ def test_bad_mode_is_rejected(tmp_path: Path) -> None:
 
 
 # -- through the real agent and coordinator (lab marker: QEMU + cutpointd) -----
-def _local_rig(d: Path) -> tuple[list[Any], Any, int, Path]:
-    """Two QEMU processes without a guest OS (QMP and block layer only) and
-    one cutpointd on 127.0.0.1: vm1 has a guest-agent channel that nobody
-    answers, vm2 has no `qga` configured."""
-    import socket
-    import subprocess
-
-    from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path
-
-    certs = d / "certs"
-    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True,
-                   capture_output=True)
-    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True,
-                   capture_output=True)
-    qemus, sections = [], []
-    for v in ("vm1", "vm2"):
-        argv = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults", "-display",
-                "none", "-m", "64", "-serial", "null",
-                "-qmp", f"unix:{d / v}.sock,server=on,wait=off"]
-        if v == "vm1":
-            argv += ["-device", "virtio-serial",
-                     "-chardev", f"socket,path={d / v}.qga,server=on,wait=off,id=qga0",
-                     "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0"]
-        f = d / f"{v}.qcow2"
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(f), "16M"], check=True)
-        argv += ["-blockdev", f"driver=qcow2,node-name=disk0,file.driver=file,file.filename={f}",
-                 "-device", "virtio-blk-pci,drive=disk0"]
-        qemus.append(subprocess.Popen(argv))
-        qga = f"qga = {d / v}.qga\n" if v == "vm1" else ""
-        sections.append(f"[vm {v}]\nqmp = {d / v}.sock\n{qga}method = qmp\n"
-                        f"disk.disk0 = qcow2:{f}\n")
-    for v in ("vm1", "vm2"):
-        t0 = time.monotonic()
-        while not (d / f"{v}.sock").exists():
-            assert time.monotonic() - t0 < 20, "QEMU did not create its QMP socket"
-            time.sleep(0.05)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    cfg = d / "agent.ini"
-    cfg.write_text(f"[agent]\nhost = local\nlisten = 127.0.0.1:{port}\n"
-                   f"journal = {d / 'journal'}\nqmp_timeout_ms = 2000\n"
-                   "freeze_timeout_ms = 1000\n\n"
-                   f"[tls]\nca = {certs / 'ca.pem'}\ncert = {certs / 'agent.pem'}\n"
-                   f"key = {certs / 'agent.key'}\n\n" + "\n".join(sections))
-    log = open(d / "agent.log", "wb")  # noqa: SIM115 (the agent keeps it)
-    agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
-                             stderr=log)
-    t0 = time.monotonic()
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert agent.poll() is None, (d / "agent.log").read_text()
-            assert time.monotonic() - t0 < 20
-            time.sleep(0.05)
-    return qemus, agent, port, certs
-
-
 @pytest.mark.lab
 def test_coordinator_fs_freeze_through_cutpointd_falls_back(tmp_path: Path) -> None:
     """`quiesce: fs-freeze` from a group spec reaches the real agent; a
@@ -190,6 +129,7 @@ def test_coordinator_fs_freeze_through_cutpointd_falls_back(tmp_path: Path) -> N
     import asyncio
     import tempfile
 
+    from cutpoint.bench.quiesce import start_local_rig
     from cutpoint.coordinator import (
         AgentSpec,
         GroupSpec,
@@ -198,10 +138,10 @@ def test_coordinator_fs_freeze_through_cutpointd_falls_back(tmp_path: Path) -> N
         VMSpec,
         take_group_snapshot,
     )
-    from cutpoint.lab.agents import stop_agent_pid
 
     d = Path(tempfile.mkdtemp(prefix="cpqz.", dir="/tmp"))  # short UNIX paths
-    qemus, agent, port, certs = _local_rig(d)
+    rig = start_local_rig(d)
+    port, certs = rig.port, rig.certs
     try:
         def spec(q: str) -> GroupSpec:
             return GroupSpec(
@@ -216,14 +156,7 @@ def test_coordinator_fs_freeze_through_cutpointd_falls_back(tmp_path: Path) -> N
         rec = txlog.get("f1")
         txlog.dispose()
     finally:
-        stop_agent_pid(agent.pid)
-        agent.wait(timeout=10)
-        for q in qemus:
-            q.kill()
-            q.wait()
-        log = (d / "agent.log").read_text(errors="replace")
-        import shutil
-        shutil.rmtree(d, ignore_errors=True)
+        log = rig.stop()
     assert res.state == "committed", (res.reason, log[-2000:])
     v = {t.vm: t for t in res.vms}
     assert v["vm1"].consistency == "crash"
