@@ -88,6 +88,7 @@ class MemberResult:
     bytes_zeroed: int = 0
     bytes_repaired: int = 0  # drift at the target since base, copied back (part of shipped)
     bytes_zero_data: int = 0  # diff data that read as zeroes: zeroed at the target, not shipped
+    bytes_zero_skipped: int = 0  # zeroes not even written: the target object was absent
     seconds: float = 0.0
     throughput_mbps: float = 0.0
     verified_full: bool = False
@@ -192,6 +193,7 @@ def _copy_one(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, res: Memb
         res.bytes_zeroed = int(done.get("bytes_zeroed", 0))
         res.bytes_repaired = int(done.get("bytes_repaired", 0))
         res.bytes_zero_data = int(done.get("bytes_zero_data", 0))
+        res.bytes_zero_skipped = int(done.get("bytes_zero_skipped", 0))
         res.verified_full = bool(done.get("verified_full"))
         res.sha256 = done.get("dr_sha256")
         if kw.get("verify_full") and not res.already and not res.verified_full:

@@ -288,7 +288,8 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
             assert m.bytes_shipped > 0, m
             print(f"failback {m.image}: shipped {m.bytes_shipped} B of {size} B "
                   f"(diff at DR {m.bytes_changed} B, of which zero blocks "
-                  f"{m.bytes_zero_data} B; primary drift {rbd_diff[m.image][1]} B, "
+                  f"{m.bytes_zero_data} B, not even written {m.bytes_zero_skipped} B; "
+                  f"primary drift {rbd_diff[m.image][1]} B, "
                   f"repaired {m.bytes_repaired} B)")
             assert m.bytes_changed == rbd_diff[m.image][0]
             # 1 MiB written at DR, what the primary wrote after `final`.

@@ -51,7 +51,7 @@ struct copy {
     size_t mark;               /* items[0..mark) are all done */
     uint64_t done_offset;      /* end of items[mark - 1] */
     uint64_t mark_bytes;       /* data bytes of items[0..mark) */
-    uint64_t shipped, zeroed, zero_data, extents;
+    uint64_t shipped, zeroed, zero_data, zero_skipped, extents;
     int active;                /* workers still running */
     struct sync_rate rate;
     int fail_code;             /* 0 or a SYNC_E* code */
@@ -471,11 +471,13 @@ osd_verify_group(struct copy *c, const struct sync_extent *e, size_t n,
  * A DATA extent is cut into runs after it is read: blocks of ZERO_BLOCK
  * bytes that read as zeroes become write-zeroes at DR instead of data
  * (sync_extents_add_runs says why the diff reports such holes).  sent[i]
- * gets the data bytes of extent i that crossed the wire.
+ * gets the data bytes of extent i that crossed the wire, *skipped the zero
+ * bytes that needed no write (absent DR object).
  */
 static int
 copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
-           char *back, uint64_t *sent, char *msg, size_t msglen)
+           char *back, uint64_t *sent, uint64_t *skipped, char *msg,
+           size_t msglen)
 {
     uint64_t base = e[0].off - e[0].off % c->o->chunk, data = 0, wait_ns;
     rbd_completion_t *comp = calloc(n, sizeof(*comp));
@@ -489,6 +491,7 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
     int ret = SYNC_ERR, rc, any_back = 0, skip_zero = 0;
     size_t i, k, m;
 
+    *skipped = 0;
     if (comp == NULL || first == NULL) {
         seterr(msg, msglen, "out of memory");
         goto cleanup;
@@ -589,8 +592,10 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
     }
     /* Write the data runs (or zeroes) at DR. */
     for (k = 0; k < m; k++) {
-        if (skip_zero && r[k].kind == SYNC_ZERO)
+        if (skip_zero && r[k].kind == SYNC_ZERO) {
+            *skipped += r[k].len;
             continue;
+        }
         if ((rc = rbd_aio_create_completion(NULL, NULL, &rc_comp[k])) < 0) {
             rc_comp[k] = NULL;
         } else if (r[k].kind == SYNC_DATA) {
@@ -682,6 +687,7 @@ copy_worker(void *arg)
     struct copy *c = arg;
     char *buf = malloc(c->o->chunk), *back = malloc(c->o->chunk);
     char msg[512];
+    uint64_t skipped = 0;
     size_t i, j, k;
     uint64_t chunk = c->o->chunk;
     int rc;
@@ -706,8 +712,8 @@ copy_worker(void *arg)
         c->next = j;
         pthread_mutex_unlock(&c->mu);
 
-        rc = copy_group(c, &c->items[i], j - i, buf, back, &c->sent[i], msg,
-                        sizeof(msg));
+        rc = copy_group(c, &c->items[i], j - i, buf, back, &c->sent[i],
+                        &skipped, msg, sizeof(msg));
 
         pthread_mutex_lock(&c->mu);
         if (rc != SYNC_OK) {
@@ -716,6 +722,7 @@ copy_worker(void *arg)
                 snprintf(c->fail_msg, sizeof(c->fail_msg), "%s", msg);
             }
         } else {
+            c->zero_skipped += skipped;
             for (k = i; k < j; k++) {
                 c->done[k] = 1;
                 c->extents++;
@@ -859,6 +866,7 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
     r->bytes_shipped = c.shipped;
     r->bytes_zeroed = c.zeroed;
     r->bytes_zero_data = c.zero_data;
+    r->bytes_zero_skipped = c.zero_skipped;
     r->extents = c.extents;
     r->bytes_shipped_total = prev_bytes + c.shipped;
     if (c.fail_code != 0) {
@@ -950,7 +958,7 @@ static json_t *
 done_event(const struct sync_opts *o, const struct sync_result *r)
 {
     json_t *j = json_pack("{s:s,s:s,s:s?,s:s,s:b,s:b,s:I,s:I,s:I,s:I,s:I,"
-                          "s:I,s:I,s:I,s:I,s:I,s:f}",
+                          "s:I,s:I,s:I,s:I,s:I,s:I,s:f}",
                           "event", "done", "image", o->image, "base",
                           r->full ? NULL : o->base, "target", o->target,
                           "full", r->full, "already", r->already,
@@ -960,6 +968,8 @@ done_event(const struct sync_opts *o, const struct sync_result *r)
                           "bytes_shipped", (json_int_t)r->bytes_shipped,
                           "bytes_zeroed", (json_int_t)r->bytes_zeroed,
                           "bytes_zero_data", (json_int_t)r->bytes_zero_data,
+                          "bytes_zero_skipped",
+                          (json_int_t)r->bytes_zero_skipped,
                           "bytes_repaired", (json_int_t)r->bytes_repaired,
                           "bytes_shipped_total",
                           (json_int_t)r->bytes_shipped_total,

@@ -100,6 +100,8 @@ struct sync_result {
     uint64_t bytes_zero_data;  /* data extents that read as zeroes: zeroed
                                   at DR, not shipped (holes of objects
                                   created after the base) */
+    uint64_t bytes_zero_skipped; /* of the two above, zeroes not written
+                                  (nor read back): the DR object is absent */
     uint64_t bytes_repaired;   /* DR drift re-copied (part of the above) */
     uint64_t bytes_shipped_total; /* incl. earlier interrupted runs */
     uint64_t extents;          /* work-list extents done by this run */
