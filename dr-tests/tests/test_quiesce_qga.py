@@ -173,3 +173,27 @@ def test_coordinator_fs_freeze_through_cutpointd_falls_back(tmp_path: Path) -> N
     assert "event=freeze_failed" in log
     assert crash.state == "committed"
     assert all(t.consistency == "crash" and t.freeze_error is None for t in crash.vms)
+
+
+def test_bench_rows_summary_and_table_from_recorded_replies() -> None:
+    """cutpoint bench quiesce's row/summary/table on results built from the
+    recorded cutpointd replies (coordinator/tests/data/quiesce_replies.json)."""
+    from cutpoint.bench import quiesce as bench
+    from cutpoint.coordinator.results import GroupSnapshotResult, VMTiming
+
+    rec = json.loads((Path(__file__).resolve().parents[2] / "coordinator" / "tests" / "data"
+                      / "quiesce_replies.json").read_text())
+    rows = []
+    for phase, which, q in (("live", "live", "fs-freeze"), ("dead-agent", "dead", "fs-freeze")):
+        t = VMTiming(vm="qz-vm", agent="qz-host")
+        t.update(rec[which]["commit"]["vms"][0])
+        res = GroupSnapshotResult("t", "qz", "committed", quiesce=q, vms=[t],
+                                  timings={"prepare_ms": 1.0, "total_ms": 2.0})
+        rows.append(bench.row(res, phase))
+    s = {(x["phase"], x["quiesce"]): x for x in bench.summarize(rows)}
+    assert s[("live", "fs-freeze")]["consistency"] == {"fs-freeze": 1}
+    assert s[("dead-agent", "fs-freeze")]["consistency"] == {"crash": 1}
+    assert rows[1]["freeze_error"].startswith("guest-sync-delimited")
+    table = bench.table({"summary": bench.summarize(rows)})
+    assert table.splitlines()[2].startswith("live | fs-freeze | 1 | fs-freeze x1")
+    assert "dead-agent | fs-freeze | 1 | crash x1" in table
