@@ -308,3 +308,10 @@ def test_failback_ships_only_what_changed_on_either_side(lab: dict[str, Any], im
     # The primary never had DR's new objects: their holes needed no write.
     assert done["bytes_zero_skipped"] > 4 * MiB, done
     assert snap_sha256(p, image, "f") == snap_sha256(d, image, "f")
+    # For comparison: the stream `rbd export-diff` would send for the same pair.
+    stream = subprocess.run(rbd_argv(d, "export-diff", "--no-progress", "--from-snap", "s1",
+                                     spec(d, image, "f"), "-"),
+                            capture_output=True, check=True, timeout=300).stdout
+    print(f"failback without VMs: rbd diff {dr_data} B, shipped {done['bytes_shipped']} B, "
+          f"zero blocks {done['bytes_zero_data']} B (not written "
+          f"{done['bytes_zero_skipped']} B), rbd export-diff stream {len(stream)} B")
