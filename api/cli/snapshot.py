@@ -75,14 +75,16 @@ def print_result(console: Console, r: GroupSnapshotResult) -> None:
     if r.from_log:
         title += " (from the log)"
     table = Table(title=title, title_justify="left")
-    for col in ("vm", "agent", "method", "stop ms", "barrier ms", "backend ms",
+    left = ("vm", "agent", "method", "consistency")
+    for col in (*left, "freeze ms", "stop ms", "barrier ms", "backend ms",
                 "cont ms", "pause ms", "overhead ms"):
-        table.add_column(col, justify="left" if col in ("vm", "agent", "method") else "right")
+        table.add_column(col, justify="left" if col in left else "right")
     for v in r.vms:
-        table.add_row(v.vm, v.agent, v.method or "-", _f(v.stop_ms), _f(v.barrier_ms),
-                      _f(v.snapshot_ms), _f(v.cont_ms), _f(v.paused_ms), _f(v.overhead_ms))
+        table.add_row(v.vm, v.agent, v.method or "-", v.consistency or "-", _f(v.freeze_ms),
+                      _f(v.stop_ms), _f(v.barrier_ms), _f(v.snapshot_ms), _f(v.cont_ms),
+                      _f(v.paused_ms), _f(v.overhead_ms))
     t = r.timings
-    table.add_row("[b]group[/b]", "", "", "", _f(t.get("barrier_max_ms")),
+    table.add_row("[b]group[/b]", "", "", "", "", "", _f(t.get("barrier_max_ms")),
                   _f(t.get("snapshot_max_ms")), "", _f(t.get("pause_max_ms")),
                   _f(t.get("overhead_max_ms")), end_section=True)
     console.print(table)
@@ -92,6 +94,9 @@ def print_result(console: Console, r: GroupSnapshotResult) -> None:
                   f"member snapshots: {len(r.snapshots)}")
     if r.reason:
         console.print(f"reason: {r.reason}")
+    for v in r.vms:
+        if v.freeze_error:       # asked for fs-freeze, fell back to crash
+            console.print(f"{v.vm}: fs-freeze fell back to crash: {v.freeze_error}")
 
 
 def snapshot(

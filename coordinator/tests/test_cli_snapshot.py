@@ -94,3 +94,26 @@ async def test_resolve_only(peers: Any, make_spec: Any, tmp_path: Path) -> None:
     assert a.cmds() == ["abort"]
     assert log.get("dead").state == "aborted"  # type: ignore[union-attr]
     log.dispose()
+
+
+def test_table_shows_consistency_and_fallback_reason() -> None:
+    """The text table names each VM's level, and a freeze that fell back
+    to crash says why (the JSON form carries the same fields)."""
+    import io
+
+    from cutpoint.api.cli.snapshot import print_result
+    from cutpoint.coordinator.results import GroupSnapshotResult, VMTiming
+    from rich.console import Console
+
+    frozen = VMTiming(vm="vm1", agent="h1", paused_ms=30.0, snapshot_ms=12.0)
+    frozen.update({"consistency": "fs-freeze", "freeze_ms": 421.0, "freeze_error": None})
+    fell = VMTiming(vm="vm2", agent="h2", paused_ms=40.0, snapshot_ms=15.0)
+    fell.update({"consistency": "crash", "freeze_error": "guest agent did not answer"})
+    r = GroupSnapshotResult(txn="t1", group="g", state="committed", vms=[frozen, fell],
+                            quiesce="fs-freeze")
+    buf = io.StringIO()
+    print_result(Console(file=buf, width=200), r)
+    out = buf.getvalue()
+    assert "fs-freeze" in out and "421.0" in out, out
+    assert "vm2: fs-freeze fell back to crash: guest agent did not answer" in out, out
+    assert "vm1: fs-freeze fell back" not in out, out

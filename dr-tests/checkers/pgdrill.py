@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--via qmp only: guest fs-freeze around the pause")
     a = ap.parse_args(argv)
     if a.quiesce != "crash" and a.via != "qmp":
-        ap.error("--quiesce fs-freeze needs --via qmp (cutpointd has no "
-                 "fs-freeze yet)")
+        ap.error("--quiesce fs-freeze needs --via qmp (the drill's cutpointd "
+                 "config has no guest-agent socket yet; see cutpoint bench quiesce)")
     rep = run(a.workdir, a.coordinated, a.uncoordinated, a.interval,
               a.delay, a.rate, via=a.via, quiesce_mode=a.quiesce)
     print(json.dumps([{k: d[k] for k in ("passed", "reasons",
