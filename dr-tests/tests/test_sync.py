@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -22,7 +23,6 @@ from typing import Any
 import pytest
 from cutpoint.bench.replication import (
     MiB,
-    bench_write,
     create_image,
     diff_bytes,
     image_exists,
@@ -152,7 +152,9 @@ def test_kill9_mid_transfer_resumes_identical(lab: dict[str, Any], image: str,
     p, d = sites(lab)
     size = 96 * MiB
     create_image(p, image, size)
-    bench_write(p, image, size, io_size=4 * MiB, pattern_kind="seq")
+    # Non-zero everywhere: zero blocks are not rate-limited (nothing is
+    # sent), so an all-zero image would be copied before the kill.
+    write_extents(p, image, size, [(0, pattern(9, size))])
     snap_create(p, image, "k1")
     argv = sync_argv(lab, image, "k1", None, ["--rate-mbps", "8", "--progress-ms", "100"],
                      str(tmp_path))
@@ -292,7 +294,8 @@ def test_failback_ships_only_what_changed_on_either_side(lab: dict[str, Any], im
     # After the common snapshot: the primary guest's last writes, then DR's.
     drift = 8192
     write_extents(p, image, size, [(260 * 1024, pattern(11, drift))])
-    bench_write(d, image, MiB, io_size=4096)
+    blocks = random.Random(5).sample(range(size // 4096), 256)
+    write_extents(d, image, size, [(b * 4096, pattern(100 + b, 4096)) for b in blocks])
     snap_create(d, image, "f")
     dr_data, dr_zero = diff_bytes(d, image, "f", "s1")
     # Ceph's view: far more than the 1 MiB written (objects born after s1).
