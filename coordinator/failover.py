@@ -23,7 +23,11 @@ final group snapshot:
 Failback replicates DR -> primary from the newest snapshot both sites hold
 (`newest_common_snapshot`): cutpoint-sync ships the extents changed at DR
 since then plus whatever the primary wrote after it (drift, repaired), never
-a full copy when a common snapshot exists.
+a full copy when a common snapshot exists.  `rbd diff` counts an object born
+after that snapshot from its start to its end; on a sparse guest disk that
+is most of the disk, so the engine zeroes (does not ship) the 4 KiB blocks
+of the diff that read as zeroes (docs/replication.md, "Holes in new
+objects").
 """
 
 from __future__ import annotations
