@@ -118,6 +118,14 @@ def start(vms: list[dict[str, Any]], image: dict[str, Any], accel: str,
         list(ex.map(one, vms))
 
 
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return "unreadable"
+    return " | ".join(text.splitlines()[-lines:]) if text else "empty"
+
+
 def wait_ready(vms: list[dict[str, Any]], timeout: float = 180, log: Any = print) -> None:
     """Wait until every guest's init printed its ready line."""
     t0 = time.monotonic()
@@ -135,7 +143,8 @@ def wait_ready(vms: list[dict[str, Any]], timeout: float = 180, log: Any = print
                 raise LabError(f"{name}: QEMU died during boot; console {vm['console']}: "
                                + " | ".join(text.strip().splitlines()[-3:]))
         if pending and time.monotonic() - t0 > timeout:
-            raise LabError(f"guests not booted after {timeout:.0f}s: {', '.join(sorted(pending))}")
+            raise LabError(f"guests not booted after {timeout:.0f}s: " + "; ".join(
+                f"{n} (console: {_tail(v['console'])})" for n, v in sorted(pending.items())))
         if pending:
             time.sleep(0.2)
 
