@@ -50,31 +50,32 @@ def _settings(settings: Any, tmp_path: Path) -> Any:
                                        "agent_key": tmp_path / "c.key"})
 
 
+def _plan(session_factory: sessionmaker[Session], gid: int, settings: Any,
+          tmp_path: Path) -> Any:
+    """What the capture task would send for group gid."""
+    with session_factory() as s:
+        g = s.get(Group, gid)
+        assert g is not None
+        return capture.build_spec(s, g, _settings(settings, tmp_path))
+
+
 def test_policy_quiesce_reaches_the_spec(session_factory: sessionmaker[Session],
                                          inventory: dict[str, Any], settings: Any,
                                          tmp_path: Path) -> None:
     gid, _ = _group(session_factory, "fs-freeze")
-    with session_factory() as s:
-        g = s.get(Group, gid)
-        assert g is not None
-        plan = capture.build_spec(s, g, _settings(settings, tmp_path))
+    plan = _plan(session_factory, gid, settings, tmp_path)
     assert plan.spec.quiesce == "fs-freeze"
     assert plan.spec.prepare_wait_ms > plan.spec.effective_prepare_timeout_ms
     gid2, _ = _group(session_factory, "crash", host=2)
-    with session_factory() as s:
-        g2 = s.get(Group, gid2)
-        assert g2 is not None
-        assert capture.build_spec(s, g2, _settings(settings, tmp_path)).spec.quiesce == "crash"
+    assert _plan(session_factory, gid2, settings, tmp_path).spec.quiesce == "crash"
 
 
 def test_member_levels_are_recorded_and_shown(session_factory: sessionmaker[Session],
                                               inventory: dict[str, Any], settings: Any,
                                               api: Any, tmp_path: Path) -> None:
     gid, sid = _group(session_factory, "fs-freeze")
+    plan = _plan(session_factory, gid, settings, tmp_path)
     with session_factory() as s:
-        g = s.get(Group, gid)
-        assert g is not None
-        plan = capture.build_spec(s, g, _settings(settings, tmp_path))
         snap = s.get(GroupSnapshot, sid)
         assert snap is not None
         snap.quiesce = plan.spec.quiesce
@@ -104,10 +105,7 @@ def test_all_frozen_group_is_fs_freeze(session_factory: sessionmaker[Session],
                                        inventory: dict[str, Any], settings: Any,
                                        tmp_path: Path) -> None:
     gid, sid = _group(session_factory, "fs-freeze")
-    with session_factory() as s:
-        g = s.get(Group, gid)
-        assert g is not None
-        plan = capture.build_spec(s, g, _settings(settings, tmp_path))
+    plan = _plan(session_factory, gid, settings, tmp_path)
     res = GroupSnapshotResult(
         txn="qzfs-freeze", group="db-fs-freeze", state="committed", quiesce="fs-freeze",
         vms=[_timing("primary-h1-vm1", "live"), _timing("primary-h1-vm2", "live")])

@@ -315,6 +315,26 @@ hash_both(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
     return SYNC_OK;
 }
 
+/* Start one asynchronous read; on failure *comp is NULL and nothing is in
+ * flight, so the caller only has to wait for the reads started before. */
+static int
+aio_read_start(rbd_image_t img, uint64_t off, size_t len, char *dst,
+               rbd_completion_t *comp)
+{
+    int rc;
+
+    *comp = NULL;
+    if ((rc = rbd_aio_create_completion(NULL, NULL, comp)) < 0) {
+        *comp = NULL;
+        return rc;
+    }
+    if ((rc = rbd_aio_read(img, off, len, dst, *comp)) < 0) {
+        rbd_aio_release(*comp);
+        *comp = NULL;
+    }
+    return rc;
+}
+
 /* ---- diff ------------------------------------------------------------ */
 
 struct diff_ctx {
@@ -500,12 +520,8 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
     for (i = 0; i < n; i++) {
         if (e[i].kind != SYNC_DATA)
             continue;
-        if ((rc = rbd_aio_create_completion(NULL, NULL, &comp[i])) < 0 ||
-            (rc = rbd_aio_read(c->src, e[i].off, e[i].len,
-                               buf + (e[i].off - base), comp[i])) < 0) {
-            if (comp[i] != NULL)
-                rbd_aio_release(comp[i]);
-            comp[i] = NULL;
+        if ((rc = aio_read_start(c->src, e[i].off, e[i].len,
+                                 buf + (e[i].off - base), &comp[i])) < 0) {
             seterr(msg, msglen, "primary read off=%" PRIu64 ": %s", e[i].off,
                    strerror(-rc));
             aio_wait_all(comp, n, e, "primary read", 1, msg, 0);
@@ -623,12 +639,8 @@ copy_group(struct copy *c, const struct sync_extent *e, size_t n, char *buf,
             (skip_zero && r[k].kind == SYNC_ZERO))
             continue;
         any_back = 1;
-        if ((rc = rbd_aio_create_completion(NULL, NULL, &rc_comp[k])) < 0 ||
-            (rc = rbd_aio_read(c->dst, r[k].off, r[k].len,
-                               back + (r[k].off - base), rc_comp[k])) < 0) {
-            if (rc_comp[k] != NULL)
-                rbd_aio_release(rc_comp[k]);
-            rc_comp[k] = NULL;
+        if ((rc = aio_read_start(c->dst, r[k].off, r[k].len,
+                                 back + (r[k].off - base), &rc_comp[k])) < 0) {
             seterr(msg, msglen, "dr read-back off=%" PRIu64 ": %s", r[k].off,
                    strerror(-rc));
             aio_wait_all(rc_comp, m, r, "dr read-back", 1, msg, 0);
