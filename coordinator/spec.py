@@ -59,6 +59,9 @@ class AgentSpec:
     port: int = 7443
     vms: tuple[VMSpec, ...] = ()
     server_name: str | None = None  # TLS name to verify; default: address
+    # SHA-256 of the agent's own certificate (hex); when set, an agent that
+    # presents any other certificate, even one the CA signed, is refused.
+    cert_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ class GroupSpec:
             "quiesce": self.quiesce, "freeze_timeout_ms": self.freeze_timeout_ms,
             "tls": self.tls.to_dict() if self.tls else None,
             "agents": [{"name": a.name, "address": a.address, "port": a.port,
-                        "server_name": a.server_name,
+                        "server_name": a.server_name, "cert_sha256": a.cert_sha256,
                         "vms": [{"name": v.name, "disks": list(v.disks)}
                                 for v in a.vms]}
                        for a in self.agents],
@@ -177,7 +180,8 @@ class GroupSpec:
             where = f"agents[{i}]"
             if not isinstance(a, dict):
                 raise SpecError(f"{where}: expected a mapping")
-            extra_keys = sorted(set(a) - {"name", "address", "port", "vms", "server_name"})
+            extra_keys = sorted(set(a) - {"name", "address", "port", "vms", "server_name",
+                                          "cert_sha256"})
             if extra_keys:
                 raise SpecError(f"{where}: unknown key(s) {', '.join(extra_keys)}")
             vms = []
@@ -198,7 +202,8 @@ class GroupSpec:
                 address=_str(a.get("address"), f"{where}.address"),
                 port=_int(a.get("port", 7443), f"{where}.port", 1, 65535),
                 vms=tuple(vms),
-                server_name=a.get("server_name")))
+                server_name=a.get("server_name"),
+                cert_sha256=_fingerprint(a.get("cert_sha256"), f"{where}.cert_sha256")))
         return cls(
             name=_str(name, "name"),
             agents=tuple(agents),
@@ -270,3 +275,14 @@ def _path(p: str, base: Path | None) -> str:
     if not path.is_absolute() and base is not None:
         path = base / path
     return str(path)
+
+
+def _fingerprint(v: Any, where: str) -> str | None:
+    from cutpoint.agentclient.client import normalize_fingerprint
+
+    if v is None:
+        return None
+    try:
+        return normalize_fingerprint(_str(v, where))
+    except ValueError as exc:
+        raise SpecError(f"{where}: {exc}") from None

@@ -129,7 +129,8 @@ class _Run:
 
     # -- helpers -------------------------------------------------------------
     def client(self, a: AgentSpec) -> AgentClient:
-        return self.pool.get(a.address, a.port, name=a.name, server_name=a.server_name)
+        return self.pool.get(a.address, a.port, name=a.name, server_name=a.server_name,
+                             cert_sha256=a.cert_sha256)
 
     def disk_names(self, a: AgentSpec) -> dict[str, str]:
         return {d: self.name for v in a.vms for d in v.disk_ids()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import ssl
@@ -33,11 +34,28 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 7443
 
 
+def normalize_fingerprint(fp: str | None) -> str | None:
+    """`AB:CD:...` or `abcd...` -> 64 lowercase hex digits; None stays None."""
+    if fp is None:
+        return None
+    hexfp = fp.replace(":", "").lower()
+    if len(hexfp) != 64 or any(c not in "0123456789abcdef" for c in hexfp):
+        raise ValueError(f"not a SHA-256 fingerprint: {fp!r}")
+    return hexfp
+
+
+def peer_fingerprint(writer: asyncio.StreamWriter) -> str | None:
+    """SHA-256 (hex) of the DER certificate the TLS peer presented."""
+    sslobj = writer.get_extra_info("ssl_object")
+    der = sslobj.getpeercert(binary_form=True) if sslobj is not None else None
+    return hashlib.sha256(der).hexdigest() if der else None
+
+
 class AgentClient:
     def __init__(self, address: str, port: int = DEFAULT_PORT, *,
                  ssl_context: ssl.SSLContext, server_name: str | None = None,
                  connect_timeout: float = 5.0, call_timeout: float = 30.0,
-                 name: str | None = None) -> None:
+                 name: str | None = None, cert_sha256: str | None = None) -> None:
         self.address = address
         self.port = port
         self.name = name or f"{address}:{port}"
@@ -45,6 +63,10 @@ class AgentClient:
         self._server_name = server_name or address
         self.connect_timeout = connect_timeout
         self.call_timeout = call_timeout
+        # The agent certificate pinned for this host (SHA-256 of its DER, hex):
+        # a certificate that chains to the CA but is not this host's own is
+        # refused before anything is sent (a stolen or reissued agent key).
+        self.cert_sha256 = normalize_fingerprint(cert_sha256)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -76,6 +98,14 @@ class AgentClient:
                     errors.CONNECT,
                     f"cannot connect to {self.address}:{self.port}: {what}",
                     agent=self.name) from exc
+            if self.cert_sha256 is not None:
+                got = peer_fingerprint(writer)
+                if got != self.cert_sha256:
+                    writer.close()
+                    raise AgentConnectError(
+                        errors.CERT_MISMATCH,
+                        f"agent certificate sha256 {got} is not the pinned "
+                        f"{self.cert_sha256}", agent=self.name)
             self._reader, self._writer = reader, writer
             self.connects += 1
             self._reader_task = asyncio.create_task(
@@ -289,14 +319,16 @@ class AgentPool:
         self._clients: dict[tuple[str, int], AgentClient] = {}
 
     def get(self, address: str, port: int = DEFAULT_PORT, *,
-            name: str | None = None, server_name: str | None = None) -> AgentClient:
+            name: str | None = None, server_name: str | None = None,
+            cert_sha256: str | None = None) -> AgentClient:
         key = (address, port)
         client = self._clients.get(key)
         if client is None:
             client = AgentClient(address, port, ssl_context=self.ssl_context,
                                  server_name=server_name,
                                  connect_timeout=self.connect_timeout,
-                                 call_timeout=self.call_timeout, name=name)
+                                 call_timeout=self.call_timeout, name=name,
+                                 cert_sha256=cert_sha256)
             self._clients[key] = client
         return client
 

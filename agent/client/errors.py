@@ -18,6 +18,7 @@ PROTOCOL_CODES = frozenset({
 
 # Codes made up on the client side; they never come from an agent.
 CONNECT = "CONNECT"        # TCP connect or TLS handshake failed
+CERT_MISMATCH = "CERT_MISMATCH"  # agent certificate is not the pinned one
 TIMEOUT = "TIMEOUT"        # no reply within the call deadline
 CLOSED = "CLOSED"          # connection closed with the request in flight
 PROTOCOL = "PROTOCOL"      # the agent sent something §2/§3 does not allow

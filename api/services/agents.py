@@ -8,7 +8,6 @@ fingerprint, checks it before sending anything.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from typing import Any
 
 from cutpoint.api.config import Settings
@@ -34,26 +33,20 @@ def _context(settings: Settings) -> Any:
 async def _calls(host: Host, settings: Settings,
                  calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     from cutpoint.agentclient import AgentClient, AgentError
+    from cutpoint.agentclient.errors import CERT_MISMATCH
 
     client = AgentClient(host.address, host.port, ssl_context=_context(settings),
                          name=host.name, connect_timeout=settings.agent_timeout_s,
-                         call_timeout=settings.agent_timeout_s)
+                         call_timeout=settings.agent_timeout_s,
+                         cert_sha256=host.cert_fingerprint)
     out = []
     try:
         await client.connect()
-        if host.cert_fingerprint:
-            writer = client._writer
-            der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True) \
-                if writer else None
-            got = hashlib.sha256(der).hexdigest() if der else None
-            if got != host.cert_fingerprint:
-                raise AgentCallError(host.name, "fingerprint_mismatch",
-                                     f"agent certificate sha256 {got} is not the pinned "
-                                     f"{host.cert_fingerprint}")
         for cmd, args in calls:
             out.append(await client.call(cmd, args))
     except AgentError as exc:
-        raise AgentCallError(host.name, exc.code, exc.message, exc.sent, exc.received) from exc
+        code = "fingerprint_mismatch" if exc.code == CERT_MISMATCH else exc.code
+        raise AgentCallError(host.name, code, exc.message, exc.sent, exc.received) from exc
     finally:
         await client.close()
     return out

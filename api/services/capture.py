@@ -89,6 +89,7 @@ def build_spec(session: Session, g: Group, settings: Settings) -> Plan:
             # (5000); it only sizes the coordinator's wait for PREPARED.
             quiesce=p.quiesce.value,
             agents=tuple(AgentSpec(name=h.name, address=h.address, port=h.port,
+                                   cert_sha256=h.cert_fingerprint,
                                    vms=tuple(VMSpec(n, tuple(d)) for n, d in vms.items()))
                          for h, vms in by_host.values()))
     except SpecError as exc:

@@ -69,6 +69,8 @@ def test_relative_cert_paths_are_relative_to_the_file(tmp_path: Path) -> None:
     ("group: g\nagents:\n- {address: a, vms: [{name: v, disks: [d]}]}\n",
      "tls: ca, cert and key are required"),
     ("group: [\n", "not valid YAML"),
+    ("group: g\nagents:\n- {address: a, cert_sha256: 'ab:cd', vms: [{name: v, disks: [d]}]}\n",
+     "agents[0].cert_sha256: not a SHA-256 fingerprint"),
 ])
 def test_bad_group_files_name_the_field(tmp_path: Path, text: str, needle: str) -> None:
     p = tmp_path / "g.yaml"
@@ -97,8 +99,11 @@ def test_lab_vm_filter_and_unknown_vm(tmp_path: Path) -> None:
 
 
 def test_spec_round_trips_through_dict() -> None:
+    pin = "AB:" * 31 + "CD"
     spec = GroupSpec.from_dict({"group": "g", "agents": [
-        {"name": "h", "address": "a", "vms": [{"name": "v", "disks": ["d0"]}]}]})
+        {"name": "h", "address": "a", "cert_sha256": pin,
+         "vms": [{"name": "v", "disks": ["d0"]}]}]})
+    assert spec.agents[0].cert_sha256 == "ab" * 31 + "cd"
     assert GroupSpec.from_dict(spec.to_dict()) == spec
     with pytest.raises(SpecError):
         GroupSpec.from_dict({"group": "g", "agents": [{"address": "a", "port": 0,

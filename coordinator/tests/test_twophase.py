@@ -108,6 +108,28 @@ async def test_prepare_refused_aborts(peers: Any, make_spec: Any, txlog: TxLog) 
     assert txlog.get("t2").states == [PREPARING, "aborting", ABORTED]  # type: ignore[union-attr]
 
 
+async def test_agent_with_an_unpinned_certificate_gets_nothing(
+        peers: Any, make_spec: Any, txlog: TxLog, pki: Any) -> None:
+    """h2's pinned fingerprint is not the certificate its agent presents
+    (signed by the same CA): the group aborts and h2 receives no request."""
+    import dataclasses
+    import hashlib
+    import ssl
+
+    a = await peers("h1", {"vm1": ["disk0"]})
+    b = await peers("h2", {"vm2": ["disk0"]})
+    spec = make_spec([a, b])
+    other = hashlib.sha256(ssl.PEM_cert_to_DER_cert(
+        Path(pki["coordinator"]["cert"]).read_text())).hexdigest()
+    spec = dataclasses.replace(spec, agents=(
+        spec.agents[0], dataclasses.replace(spec.agents[1], cert_sha256=other)))
+    res = await take_group_snapshot(spec, txlog, txn="tpin")
+    assert res.state == ABORTED
+    assert "CERT_MISMATCH" in (res.reason or ""), res.reason
+    assert b.cmds() == [] and running(a, b)
+    assert remaining("tpin", a, b) == []
+
+
 async def test_prepare_timeout_aborts(peers: Any, make_spec: Any, txlog: TxLog) -> None:
     a = await peers("h1", {"vm1": ["disk0"]})
     b = await peers("h2", {"vm2": ["disk0"]})

@@ -126,3 +126,40 @@ async def test_other_client_killed_does_not_drop_our_connection(
         await asyncio.sleep(0.05)
         await c.hello()
         assert c.connects == 1
+
+
+def _sha256_of_pem(path: str) -> str:
+    import hashlib
+    import ssl
+
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(Path(path).read_text())).hexdigest()
+
+
+async def test_pinned_agent_certificate(agent: realagent.RealAgent, pki: Any) -> None:
+    """The pin is the agent's own certificate: calls go through.  Any other
+    pin (here the fingerprint of another certificate the same CA could have
+    signed) is refused at connect, before a request is sent."""
+    own = _sha256_of_pem(pki["agent"]["cert"])
+    ctx = client_context(pki["ca"]["cert"], pki["coordinator"]["cert"],
+                         pki["coordinator"]["key"])
+    colons = ":".join(own[i:i + 2] for i in range(0, 64, 2)).upper()
+    async with AgentClient("127.0.0.1", agent.port, ssl_context=ctx,
+                           cert_sha256=colons) as c:
+        assert (await c.hello())["host"] == "realagent"
+        before = (await c.stats())["requests"]
+    other = _sha256_of_pem(pki["coordinator"]["cert"])
+    bad = AgentClient("127.0.0.1", agent.port, ssl_context=ctx, cert_sha256=other)
+    with pytest.raises(AgentConnectError) as ei:
+        await bad.hello()
+    await bad.close()
+    assert ei.value.code == "CERT_MISMATCH" and own in ei.value.message
+    async with client(pki, agent.port) as c:
+        # The stats call counts itself; the refused client sent nothing.
+        assert (await c.stats())["requests"] == before + 1
+
+
+def test_malformed_pin_is_refused_up_front(pki: Any) -> None:
+    ctx = client_context(pki["ca"]["cert"], pki["coordinator"]["cert"],
+                         pki["coordinator"]["key"])
+    with pytest.raises(ValueError, match="not a SHA-256 fingerprint"):
+        AgentClient("127.0.0.1", 1, ssl_context=ctx, cert_sha256="abc")
