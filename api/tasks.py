@@ -147,10 +147,14 @@ def _finish(ctx: Ctx, state: JobState, result: dict[str, Any] | None, code: str 
 
 
 class GroupLock:
-    """Redis lock per group, with a TTL refreshed by a heartbeat thread."""
+    """Redis lock per group, with a TTL refreshed by a heartbeat thread.
 
-    def __init__(self, r: redis.Redis, group_id: int, ttl_s: float) -> None:
-        self.key = f"cutpoint:lock:group:{group_id}"
+    `kind` names the lock: "group" (snapshots, retention, failover) or
+    "replicate" (one replication of the group at a time)."""
+
+    def __init__(self, r: redis.Redis, group_id: int, ttl_s: float,
+                 kind: str = "group") -> None:
+        self.key = f"cutpoint:lock:{kind}:{group_id}"
         self.lock = r.lock(self.key, timeout=ttl_s, thread_local=False)
         self.ttl = ttl_s
         self._stop = threading.Event()
@@ -270,7 +274,18 @@ def retention(ctx: Ctx) -> dict[str, Any] | None:
     if not lock.acquire():
         raise ctx.task.retry(countdown=5)
     try:
-        return ret.apply(ctx.sf, ctx.settings, group_id)
+        out = ret.apply(ctx.sf, ctx.settings, group_id)
+        # DR retention (its own policy) after the primary's, in the same job.
+        from cutpoint.api.services import replication
+
+        try:
+            dr = replication.dr_apply(ctx.sf, group_id)
+        except replication.ReplicationFailed as exc:
+            dr = {"deleted": [], "failed": [f"{exc.code}: {exc}"]}
+        out["dr_deleted"] = dr["deleted"]
+        if dr.get("failed"):
+            out["dr_failed"] = dr["failed"]
+        return out
     finally:
         lock.release()
 
@@ -292,14 +307,15 @@ def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
 @cutpoint_task("retention_tick", job=False)
 def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
     """Queue a retention job for each group that has something to delete."""
-    from cutpoint.api.services import jobs
+    from cutpoint.api.services import jobs, replication
     from cutpoint.api.services import retention as ret
 
     n = 0
     now = utcnow()
     with ctx.sf() as s:
         for g in list(s.scalars(select(Group))):
-            if not (ret.plan(s, g, now) or ret.pending_deletes(s, g)):
+            if not (ret.plan(s, g, now) or ret.pending_deletes(s, g)
+                    or replication.dr_plan(s, g, now)):
                 continue
             job = jobs.create(s, "retention", actor="scheduler", group_id=g.id,
                               params={"group_id": g.id})
@@ -333,13 +349,19 @@ def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
 # --- DR (issue 6): replication, drills, failover ---------------------------
 
 
-@cutpoint_task("replicate")
+@cutpoint_task("replicate", max_retries=None)
 def replicate(ctx: Ctx) -> dict[str, Any] | None:
     """Copy every member disk of the job's group snapshot to the group's DR site.
 
     Not under the group lock: replication runs while later snapshots (and
-    drills) of the group go on; the engine's own run lock serialises copies
-    of one image, and `replication_base` keeps the base alive (invariant 6).
+    drills) of the group go on.  One replication per group at a time, under
+    the group's *replicate* lock (Redis, lease refreshed while the copy
+    runs, so a killed worker frees the group within the TTL): two copies
+    at once would race on the same DR images, and the first to finish would
+    move `replication_base` away from the base the other still copies from.
+    A second job waits rather than being refused: the replication queued
+    after each snapshot must not be dropped (invariant 7).  While it waits
+    the job is `queued`, its message names the job it waits for.
     """
     from cutpoint.api.services import replication
 
@@ -348,14 +370,48 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
         assert job is not None
         if job.snapshot_id is None:
             raise JobFailed("no_snapshot", "the job names no snapshot")
-        snap_id = job.snapshot_id
+        snap_id, group_id = job.snapshot_id, job.group_id
         params = dict(job.params or {})
+        if group_id is None:
+            snap = s.get(GroupSnapshot, snap_id)
+            if snap is None:
+                raise JobFailed("snapshot_not_found", f"no group snapshot {snap_id}")
+            group_id = snap.group_id
+    lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s, kind="replicate")
+    if not lock.acquire():
+        _wait_for_replication(ctx, group_id)
+        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
     try:
         return replication.run(ctx.sf, ctx.settings, snap_id,
                                jobs=int(params.get("jobs", 2)),
-                               verify_full=bool(params.get("verify_full", False)))
+                               verify_full=bool(params.get("verify_full", False)),
+                               rate_mbps=(float(params["rate_mbps"])
+                                          if params.get("rate_mbps") else None))
     except replication.ReplicationFailed as exc:
         raise JobFailed(exc.code, str(exc)) from exc
+    finally:
+        lock.release()
+
+
+def _wait_for_replication(ctx: Ctx, group_id: int) -> None:
+    """Show a job that waits for the group's replication lock as queued, and why."""
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        if job is None:
+            return
+        holder = s.scalar(select(Job).where(
+            Job.kind == "replicate", Job.group_id == group_id,
+            Job.state == JobState.running, Job.id != job.id)
+            .order_by(Job.started_at.desc()).limit(1))
+        if holder is not None:
+            snap = s.get(GroupSnapshot, holder.snapshot_id) if holder.snapshot_id else None
+            why = (f"waiting: replication job {holder.id}"
+                   f"{f' (snapshot {snap.txn})' if snap else ''} of this group is running")
+        else:
+            why = ("waiting: the group's replication lock is held (a killed worker's "
+                   "lease ends within the lock TTL)")
+        job.state, job.message = JobState.queued, why[:255]
+        s.commit()
 
 
 @cutpoint_task("drill")
@@ -370,14 +426,28 @@ def drill(ctx: Ctx) -> dict[str, Any] | None:
         raise failed from exc
 
 
-@cutpoint_task("failover")
+@cutpoint_task("failover", max_retries=None)
 def failover(ctx: Ctx) -> dict[str, Any] | None:
+    """Under the group lock: no scheduled snapshot meanwhile, and a redelivered
+    copy (a failover outlasts the broker's visibility timeout) waits, then
+    finds the job finished, instead of fencing and booting a second time."""
     from cutpoint.api.services import failover as fo
 
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        assert job is not None
+        if job.group_id is None:
+            raise JobFailed("bad_job", f"job {ctx.job_id} names no group")
+        group_id = job.group_id
+    lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s)
+    if not lock.acquire():
+        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
     try:
         return fo.run_job(ctx.sf, ctx.settings, ctx.job_id or "")
     except fo.FailoverFailed as exc:
         raise JobFailed(exc.code, str(exc)) from exc
+    finally:
+        lock.release()
 
 
 def _queue_replication(ctx: Ctx, snap_id: int) -> None:

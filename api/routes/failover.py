@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from cutpoint.api.deps import Admin, SessionDep
@@ -20,10 +21,12 @@ def start_failover(group: GroupRef, data: FailoverRequest, session: SessionDep, 
     """Fence the primary and bring the group up at DR from a recovery point.
 
     planned: a final group snapshot is taken and replicated first (it is the
-    recovery point).  The job result holds the RTO and the fencing epoch."""
+    recovery point).  The job result holds the RTO (from this request to
+    every DR guest ready), its breakdown, the timeline and the fencing epoch."""
+    requested_at = time.time()  # RTO origin: the request, not the worker's start
     g = groups.resolve(session, group)
     job = failover.request(session, g, data.recovery_point, data.mode, data.workload,
-                           token.name)
+                           token.name, requested_at=requested_at)
     request.app.state.enqueue("failover", job.id, session=session)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)

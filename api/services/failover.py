@@ -10,8 +10,22 @@ both:      fence the primary (agents' `vm.stop` for every member VM; an
            epoch n+1 (`fencing_epochs`: DR is the only writer from then on),
            disable the group's schedule at the fenced site, roll the DR
            images back to the recovery point and boot the VMs on the DR host
-           (`cutpoint.coordinator.failover`).  The job result holds the RTO
-           (request to every guest ready), the timeline and the epoch.
+           (`cutpoint.coordinator.failover`).
+
+RTO is measured from the HTTP request, not from the worker: the route
+stamps the request's wall-clock time into the job's params (`requested_at`,
+epoch seconds; `Job.created_at` when absent) and the worker turns it into
+the monotonic origin it passes to `failover(t_request=...)`, so every `t_s`
+of the timeline and `rto_s` count from the request (one clock on one
+machine; across machines it needs synchronised clocks).  The result's
+`breakdown` splits the RTO: `queue_wait_s` (request -> worker start),
+`final_snapshot_s` and `replication_s` (planned only), `fence_s`,
+`rollback_s`, `boot_s` (rollback done -> every guest ready).
+
+The job runs under the group's Redis lock (the one group snapshots take):
+no scheduled snapshot runs during it, and a redelivered copy of the task
+(broker visibility timeout shorter than a failover) waits instead of
+fencing and booting a second time.
 
 The DR guests are started with the lab's QEMU launcher, not `vm.start`:
 the agent implements `vm.start` for its libvirt driver only and the lab's
@@ -44,7 +58,8 @@ class FailoverFailed(Exception):
 
 
 def request(s: Session, g: Group, ref: str | None, mode: str, workload: str,
-            actor: str | None) -> Job:
+            actor: str | None, requested_at: float | None = None) -> Job:
+    """Create the failover job; `requested_at` is the request's wall clock (epoch s)."""
     from cutpoint.api.errors import ApiError
     from cutpoint.api.services import drills, jobs
 
@@ -56,19 +71,31 @@ def request(s: Session, g: Group, ref: str | None, mode: str, workload: str,
     return jobs.create(s, "failover", actor=actor, group_id=g.id,
                        snapshot_id=snap.id if snap else None,
                        params={"group_id": g.id, "mode": mode, "workload": workload,
-                               "recovery_point": snap.txn if snap else None})
+                               "recovery_point": snap.txn if snap else None,
+                               "requested_at": requested_at if requested_at is not None
+                               else time.time()})
 
 
-def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None) -> int:
+def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
+                    mark: Any) -> int:
+    """Take and replicate the final group snapshot; `mark(step, detail)` times each part."""
+    from cutpoint.api.errors import Conflict
     from cutpoint.api.services import capture, replication, snapshots
 
     with sf() as s:
         g = s.get(Group, g_id)
         assert g is not None
-        sub = snapshots.request(s, g, trigger="failover", actor=actor)
+        try:
+            sub = snapshots.request(s, g, trigger="failover", actor=actor)
+        except Conflict as exc:
+            raise FailoverFailed(exc.code, f"the final group snapshot: {exc}") from exc
         sub_id, snap_id = sub.id, sub.snapshot_id
     assert snap_id is not None
-    summary = capture.run(sf, settings, snap_id)
+    try:
+        summary = capture.run(sf, settings, snap_id)
+    except capture.CaptureError as exc:
+        capture.fail(sf, snap_id, exc.code, str(exc))
+        summary = {"state": "failed", "error_code": exc.code, "reason": str(exc)}
     with sf() as s:
         sub = s.get(Job, sub_id)
         if sub is not None:
@@ -79,7 +106,15 @@ def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None) -> int
     if summary["state"] != "committed":
         raise FailoverFailed("final_snapshot_failed",
                              f"the final group snapshot did not commit: {summary}")
-    replication.run(sf, settings, snap_id)
+    mark("final_snapshot", {"snapshot_id": snap_id, "txn": summary.get("txn")})
+    try:
+        rep = replication.run(sf, settings, snap_id)
+    except replication.ReplicationFailed as exc:
+        raise FailoverFailed("final_replication_failed",
+                             f"the final group snapshot was not replicated: {exc}") from exc
+    mark("replicated", {"snapshot_id": snap_id,
+                        "bytes_shipped": rep.get("bytes_shipped") if isinstance(rep, dict)
+                        else None})
     return int(snap_id)
 
 
@@ -118,11 +153,38 @@ def fence(sf: Any, settings: Any, g_id: int, snap_id: int, job_id: str,
             "fenced_site": source}
 
 
+def _progress(sf: Any, job_id: str, progress: float, message: str,
+              snap_id: int | None = None) -> None:
+    with sf() as s:
+        j = s.get(Job, job_id)
+        if j is not None:
+            j.progress, j.message = max(j.progress, progress), message[:255]
+            if snap_id is not None:
+                j.snapshot_id = snap_id
+            s.commit()
+
+
+def breakdown(timeline: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Durations between the timeline's steps (all `t_s` count from the request)."""
+    at: dict[str, float] = {}
+    for e in timeline:
+        at.setdefault(str(e["step"]), float(e["t_s"]))  # first occurrence
+
+    def span(a: str, b: str) -> float | None:
+        return round(at[b] - at[a], 3) if a in at and b in at else None
+
+    return {"queue_wait_s": at.get("worker_start"),
+            "final_snapshot_s": span("worker_start", "final_snapshot"),
+            "replication_s": span("final_snapshot", "replicated"),
+            "fence_s": span("failover_start", "fence"),
+            "rollback_s": span("fence", "rollback"),
+            "boot_s": span("rollback", "running")}
+
+
 def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
     from cutpoint.api.services import drills
     from cutpoint.coordinator.failover import BootSpec, FailoverError, failover
 
-    t0 = time.monotonic()
     with sf() as s:
         job = s.get(Job, job_id)
         if job is None or job.group_id is None:
@@ -130,28 +192,50 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
         g_id, mode = job.group_id, job.params.get("mode", "unplanned")
         workload = job.params.get("workload") or "none"
         snap_id, actor = job.snapshot_id, job.created_by
+        requested_at = job.params.get("requested_at")
+        if requested_at is None:
+            requested_at = job.created_at.timestamp()
+    # The request's wall-clock time as a point on this process's monotonic
+    # clock: the coordinator times everything monotonically from it.
+    t_request = time.monotonic() - max(0.0, time.time() - float(requested_at))
+    ours: list[dict[str, Any]] = [{"t_s": 0.0, "step": "request"}]
+
+    def mark(step: str, detail: dict[str, Any] | None = None) -> None:
+        ours.append({"t_s": round(time.monotonic() - t_request, 3), "step": step,
+                     **(detail or {})})
+
+    mark("worker_start", {"mode": mode})
     if mode == "planned" and snap_id is None:
-        snap_id = _final_snapshot(sf, settings, g_id, actor)
+        _progress(sf, job_id, 0.05, "final group snapshot")
+        snap_id = _final_snapshot(sf, settings, g_id, actor, mark)
     assert snap_id is not None
     with sf() as s:
         snap = s.get(GroupSnapshot, snap_id)
         if snap is None or snap.dr_verified_at is None:
             raise FailoverFailed("not_a_recovery_point", "the recovery point is not verified at DR")
-        spec = drills.build_spec(s, snap, [], "fo")
+        try:
+            spec = drills.build_spec(s, snap, [], "fo")
+        except drills.DrillFailed as exc:
+            raise FailoverFailed(exc.code, str(exc)) from exc
         g = s.get(Group, g_id)
         assert g is not None and g.policy.replication_target is not None
         target = g.policy.replication_target.name
         txn, rp = snap.txn, snap.members[0].name
-        j = s.get(Job, job_id)
-        if j is not None:
-            j.snapshot_id, j.message, j.progress = snap_id, f"fencing; recovery point {txn}", 0.3
-            s.commit()
+    _progress(sf, job_id, 0.3, f"fencing; recovery point {txn}", snap_id)
     boot = BootSpec(site=spec.site, vms=spec.vms, guest_image=spec.guest_image,
                     host_netns=spec.host_netns, accel=spec.accel, workload=workload,
                     state_dir=f"/var/lib/cutpoint/failover/{job_id[:8]}")
+    mark("failover_start", {"recovery_point": txn})
     try:
         res = failover(boot, rp, lambda: fence(sf, settings, g_id, snap_id, job_id, target),
-                       t_request=t0)
+                       t_request=t_request)
     except FailoverError as exc:
         raise FailoverFailed("failover_failed", str(exc)) from exc
-    return {"mode": mode, "recovery_point": txn, "snapshot_id": snap_id, **res.as_dict()}
+    out = res.as_dict()
+    timeline = sorted(ours + list(out.pop("timeline", [])), key=lambda e: e["t_s"])
+    # `stop_guests` needs each guest's tap too (cleanup from the job result).
+    taps = {g["name"]: g.get("tap") for g in res.guests}
+    guests = [{**g, "tap": taps.get(g.get("vm"))} for g in out.pop("guests", [])]
+    return {"mode": mode, "recovery_point": txn, "snapshot_id": snap_id,
+            "requested_at": float(requested_at), **out, "guests": guests,
+            "timeline": timeline, "breakdown": breakdown(timeline)}

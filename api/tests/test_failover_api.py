@@ -1,0 +1,81 @@
+"""Failover request path over a real database (SQLite and PostgreSQL): the
+route stamps the request's wall-clock time (the RTO origin) into the job,
+and the RTO breakdown is read from the job's timeline.  The lab run of the
+whole path is test_failover_lab.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from cutpoint.api.models import Group, GroupSnapshot, Job, MemberSnapshot, SnapState, utcnow
+from cutpoint.api.services.failover import breakdown
+from sqlalchemy import select
+
+
+def _recovery_point(api: Any, session_factory: Any) -> str:
+    assert api.post("/v1/sites", json={"name": "dr"}).status_code == 201
+    r = api.post("/v1/groups", json={"name": "app", "policy": {"replication_target": "dr"}})
+    assert r.status_code == 201, r.text
+    assert api.post("/v1/groups/app/members", json={"vm": "primary-h1-vm1"}).status_code == 201
+    with session_factory() as s:
+        g = s.scalar(select(Group).where(Group.name == "app"))
+        cut = utcnow() - dt.timedelta(seconds=30)
+        snap = GroupSnapshot(group_id=g.id, txn="t1", state=SnapState.committed, cut_at=cut,
+                             dr_verified_at=cut + dt.timedelta(seconds=5))
+        s.add(snap)
+        s.flush()
+        s.add(MemberSnapshot(group_snapshot_id=snap.id, host="primary-h1", vm="primary-h1-vm1",
+                             disk="primary-h1-vm1/disk0", name="cp.app.t1", state="present"))
+        s.commit()
+    return "t1"
+
+
+def test_failover_job_carries_the_request_time(api: Any, app: Any, inventory: dict[str, Any],
+                                               session_factory: Any) -> None:
+    txn = _recovery_point(api, session_factory)
+    queued: list[tuple[str, str]] = []
+    app.state.enqueue = lambda kind, job_id, session: queued.append((kind, job_id))
+    t0 = time.time()
+    r = api.post("/v1/groups/app/failover", json={"mode": "unplanned", "recovery_point": txn})
+    t1 = time.time()
+    assert r.status_code == 202, r.text
+    assert r.headers["Location"] == f"/v1/jobs/{r.json()['id']}"
+    assert queued == [("failover", r.json()["id"])]
+    with session_factory() as s:
+        job = s.get(Job, r.json()["id"])
+        assert job.params["mode"] == "unplanned" and job.params["recovery_point"] == txn
+        assert t0 <= job.params["requested_at"] <= t1, (t0, job.params["requested_at"], t1)
+    # Planned mode without a recovery point: the worker takes the final one.
+    r = api.post("/v1/groups/app/failover", json={"mode": "planned"})
+    assert r.status_code == 202, r.text
+    with session_factory() as s:
+        job = s.get(Job, r.json()["id"])
+        assert job.snapshot_id is None and job.params["recovery_point"] is None
+        assert job.params["requested_at"] >= t1
+
+
+def test_breakdown_from_a_recorded_timeline() -> None:
+    # The timeline of a lab run (the coordinator's events merged with the
+    # service's own), t_s from the request.
+    timeline = [
+        {"t_s": 0.0, "step": "request"},
+        {"t_s": 0.41, "step": "worker_start", "mode": "planned"},
+        {"t_s": 2.9, "step": "final_snapshot", "snapshot_id": 3},
+        {"t_s": 9.75, "step": "replicated", "snapshot_id": 3},
+        {"t_s": 9.9, "step": "failover_start", "recovery_point": "x"},
+        {"t_s": 11.2, "step": "fence", "epoch": 1},
+        {"t_s": 12.0, "step": "rollback", "rolled_back": []},
+        {"t_s": 30.5, "step": "ready", "vm": "a"},
+        {"t_s": 31.0, "step": "ready", "vm": "b"},
+        {"t_s": 31.0, "step": "running", "vms": ["a", "b"]},
+    ]
+    assert breakdown(timeline) == {"queue_wait_s": 0.41, "final_snapshot_s": 2.49,
+                                   "replication_s": 6.85, "fence_s": 1.3,
+                                   "rollback_s": 0.8, "boot_s": 19.0}
+    # Unplanned: no final snapshot; missing steps are None, not made up.
+    unplanned = [e for e in timeline if e["step"] not in ("final_snapshot", "replicated")]
+    bd = breakdown(unplanned)
+    assert bd["final_snapshot_s"] is None and bd["replication_s"] is None
+    assert bd["boot_s"] == 19.0
