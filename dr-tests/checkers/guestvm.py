@@ -6,10 +6,17 @@ image's kernel and initrd (extracted at build time), with:
 
 - ``disk0`` the root: a throw-away qcow2 overlay over the cached image;
 - ``disk1..N`` the group disks given by the caller, each a virtio-blk device
-  whose ``serial`` lets the guest find it (``/dev/disk/by-id/virtio-<serial>``);
+  whose ``serial`` lets the guest find it (``/dev/disk/by-id/virtio-<serial>``):
+  a local qcow2 file, or an RBD image of a lab site (``GuestDisk.rbd``), opened
+  with the very ``-blockdev`` the lab's own guests use
+  (``cutpoint.lab.vms.qemu_argv``: ``driver=rbd`` with the site's conf/user);
 - the serial console written to ``console.log``;
 - a QMP socket ``qmp.sock`` and a virtio-serial port
   ``org.qemu.guest_agent.0`` exposed on ``qga.sock``.
+
+With ``netns`` set QEMU runs inside that network namespace (a lab host, so
+the guest's Ceph traffic leaves from that host); its sockets are files and
+stay reachable from the root namespace.
 
 Block node names follow the lab contract: the format node the device is
 attached to is ``diskN``, so QMP ``blockdev-snapshot-internal-sync`` can name
@@ -95,10 +102,45 @@ class QMP:
 
 
 @dataclass
+class RbdImage:
+    """An RBD image on one lab site (``site``: a ``sites[...]`` entry of the
+    lab status: ceph_conf, keyring, client_id, pool)."""
+    site: dict[str, Any]
+    image: str
+    pool: str = ""       # "" = the site's pool
+
+    @property
+    def spec(self) -> str:
+        return f"{self.pool or self.site.get('pool', 'rbd')}/{self.image}"
+
+
+@dataclass
 class GuestDisk:
     serial: str          # cpwal, cpdata, cpjournal
-    file: Path           # qcow2 file
+    file: Path | None = None   # qcow2 file (None for an RBD disk)
     size_mb: int = 0     # create a blank qcow2 of this size if file is absent
+    rbd: RbdImage | None = None  # the disk is this RBD image (made by the caller)
+
+    def __post_init__(self) -> None:
+        if (self.file is None) == (self.rbd is None):
+            raise ValueError(f"disk {self.serial}: give exactly one of file "
+                             f"and rbd (file={self.file}, rbd={self.rbd})")
+
+
+def rbd_blockdev(node: str, disk: RbdImage) -> str:
+    """The ``-blockdev`` value the lab's guests use for an RBD disk, taken
+    from ``cutpoint.lab.vms.qemu_argv`` itself so that both kinds of guest
+    open Ceph the same way (driver, conf, user)."""
+    from cutpoint.lab.vms import qemu_argv
+    pool, image = disk.spec.split("/", 1)
+    vm = {"name": "rbd-disk", "workload": "none", "index": 0,
+          "address": "0.0.0.0", "console": "", "qmp": "", "tap": "",
+          "mac": "", "pidfile": "",
+          "disks": [{"node": node, "backend": "rbd", "pool": pool,
+                     "image": image, "site": "site"}]}
+    argv = qemu_argv(vm, {"kernel": "", "initrd": ""}, "tcg", [],
+                     {"site": disk.site}, 0, "")
+    return argv[argv.index("-blockdev") + 1]
 
 
 @dataclass
@@ -114,6 +156,11 @@ class DebianVM:
     node_of: dict[str, str] = field(default_factory=dict)  # serial -> diskN
     # Extra QEMU arguments (e.g. a NIC on a tap for the Cassandra drill).
     extra_argv: list[str] = field(default_factory=list)
+    # Run QEMU in this network namespace (a lab host), with these extra
+    # environment variables (e.g. the lab mark, so `cutpoint lab down`
+    # finds a guest whose owner died).
+    netns: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
     # UNIX socket paths are limited to 107 bytes and pytest's tmp_path is
     # long: the sockets live in a short private directory of their own.
     sockdir: Path = field(default_factory=lambda: Path(
@@ -152,14 +199,18 @@ class DebianVM:
             "-chardev", f"socket,id=qga0,path={self.qga_path},server=on,wait=off",
             "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
         ]
-        files = [("cproot", root)] + [(d.serial, d.file) for d in self.disks]
-        for i, (serial, f) in enumerate(files):
-            self.node_of[serial] = f"disk{i}"
-            a += ["-blockdev",
-                  f"driver=file,filename={f},node-name=file{i},cache.direct=off",
-                  "-blockdev", f"driver=qcow2,file=file{i},node-name=disk{i}",
-                  "-device", f"virtio-blk-pci,drive=disk{i},serial={serial}"]
-        return a + self.extra_argv
+        disks = [GuestDisk("cproot", root)] + self.disks
+        for i, d in enumerate(disks):
+            self.node_of[d.serial] = f"disk{i}"
+            if d.rbd is not None:
+                a += ["-blockdev", rbd_blockdev(f"disk{i}", d.rbd)]
+            else:
+                a += ["-blockdev", (f"driver=file,filename={d.file},"
+                                    f"node-name=file{i},cache.direct=off"),
+                      "-blockdev", f"driver=qcow2,file=file{i},node-name=disk{i}"]
+            a += ["-device", f"virtio-blk-pci,drive=disk{i},serial={d.serial}"]
+        a += self.extra_argv
+        return ["ip", "netns", "exec", self.netns, *a] if self.netns else a
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -173,14 +224,16 @@ class DebianVM:
                         self.image.root_format, "-b", str(self.image.root),
                         str(root)], check=True)
         for d in self.disks:
-            if not d.file.exists():
+            if d.file is not None and not d.file.exists():
                 subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2",
                                 str(d.file), f"{d.size_mb}M"], check=True)
         self.started_at = time.monotonic()
         with open(self.workdir / "qemu.out", "wb") as out:
+            # `ip netns exec` execs QEMU in place: proc.pid is QEMU's.
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         env={**os.environ, **self.env})
         deadline = time.monotonic() + 30
         # The socket file appears a moment before QEMU listens on it.
         while True:

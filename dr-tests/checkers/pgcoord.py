@@ -2,10 +2,21 @@
 
 Starts one ``cutpointd`` (the agent, built in ``build/agent``) on loopback
 with a throw-away CA, configured with the drill VM's second QMP monitor and
-its three group disks (qcow2, method ``qmp``: one QMP transaction, atomic
-across the VM's disks), writes a group file, and takes each group snapshot
-with ``cutpoint snapshot --group-file G --json`` (two-phase commit, GCVM
-§4.4.4).  The snapshot names are the coordinator's ``cp.<group>.<txn>``.
+its group disks, writes a group file, and takes each group snapshot with
+``cutpoint snapshot --group-file G --json`` (two-phase commit, GCVM §4.4.4).
+The snapshot names are the coordinator's ``cp.<group>.<txn>``.
+
+The disks are either
+
+- RBD images (``"rbd:pool/image"``, with ``ceph`` = the lab site): a
+  ``[ceph]`` section and ``method = rbd``, so the agent pauses the VM, takes
+  one librbd snapshot per disk and resumes it (the PostgreSQL drill), or
+- qcow2 files (a ``Path``): ``method = qmp``, one QMP transaction of internal
+  snapshots, atomic across the VM's disks (the Cassandra drill).
+
+With ``qga`` (the VM's guest-agent socket) and ``quiesce="fs-freeze"`` the
+group file asks for a guest fs-freeze around the pause (agent-protocol
+§4.3, with the agent's fallback to crash-consistent).
 """
 
 from __future__ import annotations
@@ -79,38 +90,86 @@ class AgentAndGroup:
                 self.proc.wait(timeout=10)
 
 
-def start(workdir: Path, vm_name: str, qmp_sock: Path,
-          disks: dict[str, Path], group: str = "pg") -> AgentAndGroup:
-    """``disks`` maps QEMU node name (disk1..) -> qcow2 file."""
-    return start_many(workdir, {vm_name: (qmp_sock, disks)}, group)
+Disk = Path | str      # qcow2 file, or "rbd:pool/image"
 
 
-def start_many(workdir: Path, vms: dict[str, tuple[Path, dict[str, Path]]],
-               group: str = "pg") -> AgentAndGroup:
-    """One agent driving several VMs (``vms``: name -> (QMP socket, node ->
-    qcow2 file)); the group file names all of them, so one group snapshot
-    pauses every VM before any member snapshot (the Cassandra drill)."""
-    vm_name = next(iter(vms))
-    if not CUTPOINTD.exists():
-        raise CoordinatorRunError(f"{CUTPOINTD} is not built (ninja -C build)")
-    workdir.mkdir(parents=True, exist_ok=True)
-    certs = workdir / "certs"
-    for args in ([str(certs)], [str(certs), "issue", "pg-agent", "127.0.0.1"],
-                 [str(certs), "issue", "coordinator"]):
-        subprocess.run([str(MAKE_CA), *args], check=True, capture_output=True)
-    port = _free_port()
-    conf = workdir / "cutpointd.conf"
+def _disk_line(node: str, d: Disk) -> str:
+    if isinstance(d, str):
+        if not d.startswith("rbd:") or "/" not in d:
+            raise ValueError(f"disk {node}: {d!r} is not rbd:pool/image")
+        return f"disk.{node} = {d}"
+    return f"disk.{node} = qcow2:{d}"
+
+
+def agent_config(workdir: Path, certs: Path, port: int,
+                 vms: dict[str, tuple[Path, dict[str, Disk]]],
+                 ceph: dict[str, Any] | None = None,
+                 qga: dict[str, Path] | None = None) -> str:
+    """The cutpointd INI: one ``[vm]`` per VM; ``method = rbd`` (with the
+    ``[ceph]`` section) when all its disks are RBD, else ``qmp``."""
     lines = [
         "[agent]", "host = pg-host", f"listen = 127.0.0.1:{port}",
         f"journal = {workdir / 'agent-journal'}", "qmp_timeout_ms = 5000",
         "", "[tls]", f"ca = {certs / 'ca.pem'}",
         f"cert = {certs / 'pg-agent.pem'}", f"key = {certs / 'pg-agent.key'}",
     ]
+    if ceph is not None:
+        lines += ["", "[ceph]", f"conf = {ceph['ceph_conf']}",
+                  f"id = {ceph.get('client_id', 'admin')}"]
+        if ceph.get("keyring"):
+            lines.append(f"keyring = {ceph['keyring']}")
     for name, (qmp_sock, disks) in vms.items():
+        rbd = all(isinstance(d, str) for d in disks.values())
+        if rbd and ceph is None:
+            raise ValueError(f"VM {name}: RBD disks need the ceph site")
         lines += ["", f"[vm {name}]", "driver = qmp", f"qmp = {qmp_sock}",
-                  "method = qmp"]
-        lines += [f"disk.{node} = qcow2:{f}" for node, f in disks.items()]
-    conf.write_text("\n".join(lines) + "\n")
+                  f"method = {'rbd' if rbd else 'qmp'}"]
+        if qga and qga.get(name):
+            lines.append(f"qga = {qga[name]}")
+        lines += [_disk_line(node, d) for node, d in disks.items()]
+    return "\n".join(lines) + "\n"
+
+
+def make_certs(certs: Path) -> None:
+    """A throw-away CA, the agent's certificate (127.0.0.1) and the
+    coordinator's."""
+    for args in ([str(certs)], [str(certs), "issue", "pg-agent", "127.0.0.1"],
+                 [str(certs), "issue", "coordinator"]):
+        subprocess.run([str(MAKE_CA), *args], check=True, capture_output=True)
+
+
+def start(workdir: Path, vm_name: str, qmp_sock: Path,
+          disks: dict[str, Disk], group: str = "pg", *,
+          ceph: dict[str, Any] | None = None, qga: Path | None = None,
+          quiesce: str = "crash") -> AgentAndGroup:
+    """``disks`` maps QEMU node name (disk1..) -> qcow2 file or
+    ``rbd:pool/image``; RBD disks need ``ceph`` (a lab site)."""
+    return start_many(workdir, {vm_name: (qmp_sock, disks)}, group,
+                      ceph=ceph, qga={vm_name: qga} if qga else None,
+                      quiesce=quiesce)
+
+
+def start_many(workdir: Path, vms: dict[str, tuple[Path, dict[str, Disk]]],
+               group: str = "pg", *, ceph: dict[str, Any] | None = None,
+               qga: dict[str, Path] | None = None,
+               quiesce: str = "crash") -> AgentAndGroup:
+    """One agent driving several VMs (``vms``: name -> (QMP socket, node ->
+    disk)); the group file names all of them, so one group snapshot pauses
+    every VM before any member snapshot (the Cassandra drill)."""
+    vm_name = next(iter(vms))
+    if quiesce not in ("crash", "fs-freeze"):
+        raise ValueError(f"quiesce must be crash or fs-freeze, not {quiesce!r}")
+    if quiesce == "fs-freeze" and not qga:
+        raise ValueError("quiesce fs-freeze needs the VMs' guest-agent sockets")
+    if not CUTPOINTD.exists():
+        raise CoordinatorRunError(f"{CUTPOINTD} is not built (ninja -C build)")
+    certs = workdir / "certs"
+    port = _free_port()
+    text = agent_config(workdir, certs, port, vms, ceph, qga)  # bad input: here
+    workdir.mkdir(parents=True, exist_ok=True)
+    make_certs(certs)
+    conf = workdir / "cutpointd.conf"
+    conf.write_text(text)
     chk = subprocess.run([str(CUTPOINTD), "-n", "-c", str(conf)],
                          capture_output=True, text=True, check=False)
     if chk.returncode != 0:
@@ -131,7 +190,7 @@ def start_many(workdir: Path, vms: dict[str, tuple[Path, dict[str, Path]]],
                     + (workdir / "cutpointd.log").read_text()) from None
             time.sleep(0.1)
     gf = workdir / "group.yaml"
-    gf.write_text(yaml.safe_dump({
+    doc: dict[str, Any] = {
         "group": group, "lease_ms": 5000, "budget_ms": 5000,
         "tls": {"ca": str(certs / "ca.pem"),
                 "cert": str(certs / "coordinator.pem"),
@@ -139,6 +198,9 @@ def start_many(workdir: Path, vms: dict[str, tuple[Path, dict[str, Path]]],
         "agents": [{"name": "pg-host", "address": "127.0.0.1", "port": port,
                     "vms": [{"name": n, "disks": list(d)}
                             for n, (_q, d) in vms.items()]}],
-    }))
+    }
+    if quiesce != "crash":
+        doc["quiesce"] = quiesce
+    gf.write_text(yaml.safe_dump(doc))
     return AgentAndGroup(workdir, vm_name, gf,
                          f"sqlite:///{workdir / 'coordinator.db'}", proc, port)
