@@ -430,7 +430,9 @@ def drill(ctx: Ctx) -> dict[str, Any] | None:
 def failover(ctx: Ctx) -> dict[str, Any] | None:
     """Under the group lock: no scheduled snapshot meanwhile, and a redelivered
     copy (a failover outlasts the broker's visibility timeout) waits, then
-    finds the job finished, instead of fencing and booting a second time."""
+    finds the job finished, instead of fencing and booting a second time.
+    Waiting for a lock is a retry without limit (a failed job here would
+    be marked failed while the first delivery still runs)."""
     from cutpoint.api.services import failover as fo
 
     with ctx.sf() as s:
@@ -439,14 +441,23 @@ def failover(ctx: Ctx) -> dict[str, Any] | None:
         if job.group_id is None:
             raise JobFailed("bad_job", f"job {ctx.job_id} names no group")
         group_id = job.group_id
-    lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s)
+    ttl = ctx.settings.group_lock_ttl_s
+    lock = GroupLock(ctx.redis, group_id, ttl)
     if not lock.acquire():
-        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
+    # And the group's replicate lock: the final snapshot's replication (and,
+    # in both modes, the rollback of the DR images) must not race a
+    # replicate job writing the same DR images.
+    rlock = GroupLock(ctx.redis, group_id, ttl, kind="replicate")
+    if not rlock.acquire():
+        lock.release()
+        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
     try:
         return fo.run_job(ctx.sf, ctx.settings, ctx.job_id or "")
     except fo.FailoverFailed as exc:
         raise JobFailed(exc.code, str(exc)) from exc
     finally:
+        rlock.release()
         lock.release()
 
 
