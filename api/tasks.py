@@ -349,7 +349,7 @@ def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
 # --- DR (issue 6): replication, drills, failover ---------------------------
 
 
-@cutpoint_task("replicate", max_retries=None)
+@cutpoint_task("replicate", job=False, max_retries=None)
 def replicate(ctx: Ctx) -> dict[str, Any] | None:
     """Copy every member disk of the job's group snapshot to the group's DR site.
 
@@ -361,8 +361,34 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
     move `replication_base` away from the base the other still copies from.
     A second job waits rather than being refused: the replication queued
     after each snapshot must not be dropped (invariant 7).  While it waits
-    the job is `queued`, its message names the job it waits for.
+    the job stays `queued` and its message names the job it waits for; it
+    becomes `running` only once it holds the lock.
     """
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        if job is None:
+            raise Skip(f"job {ctx.job_id} does not exist")
+        if job.state in (JobState.succeeded, JobState.failed):
+            raise Skip(f"job {ctx.job_id} is already {job.state.value}")
+        group_id = job.group_id
+        if group_id is None and job.snapshot_id is not None:
+            snap = s.get(GroupSnapshot, job.snapshot_id)
+            group_id = snap.group_id if snap is not None else None
+    if group_id is None:  # nothing to serialise on: let the job fail clearly
+        _run_job(ctx, _replicate, "replicate")
+        return None
+    lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s, kind="replicate")
+    if not lock.acquire():
+        _wait_for_replication(ctx, group_id)
+        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+    try:
+        _run_job(ctx, _replicate, "replicate")
+    finally:
+        lock.release()
+    return None
+
+
+def _replicate(ctx: Ctx) -> dict[str, Any] | None:
     from cutpoint.api.services import replication
 
     with ctx.sf() as s:
@@ -370,17 +396,11 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
         assert job is not None
         if job.snapshot_id is None:
             raise JobFailed("no_snapshot", "the job names no snapshot")
-        snap_id, group_id = job.snapshot_id, job.group_id
+        snap_id = job.snapshot_id
         params = dict(job.params or {})
-        if group_id is None:
-            snap = s.get(GroupSnapshot, snap_id)
-            if snap is None:
-                raise JobFailed("snapshot_not_found", f"no group snapshot {snap_id}")
-            group_id = snap.group_id
-    lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s, kind="replicate")
-    if not lock.acquire():
-        _wait_for_replication(ctx, group_id)
-        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+        if job.message.startswith("waiting"):
+            job.message = "running"
+            s.commit()
     try:
         return replication.run(ctx.sf, ctx.settings, snap_id,
                                jobs=int(params.get("jobs", 2)),
@@ -389,8 +409,6 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
                                           if params.get("rate_mbps") else None))
     except replication.ReplicationFailed as exc:
         raise JobFailed(exc.code, str(exc)) from exc
-    finally:
-        lock.release()
 
 
 def _wait_for_replication(ctx: Ctx, group_id: int) -> None:
@@ -399,13 +417,15 @@ def _wait_for_replication(ctx: Ctx, group_id: int) -> None:
         job = s.get(Job, ctx.job_id)
         if job is None:
             return
+        # A failover holds the replicate lock too (it writes the DR images).
         holder = s.scalar(select(Job).where(
-            Job.kind == "replicate", Job.group_id == group_id,
+            Job.kind.in_(("replicate", "failover")), Job.group_id == group_id,
             Job.state == JobState.running, Job.id != job.id)
             .order_by(Job.started_at.desc()).limit(1))
         if holder is not None:
             snap = s.get(GroupSnapshot, holder.snapshot_id) if holder.snapshot_id else None
-            why = (f"waiting: replication job {holder.id}"
+            what = "replication" if holder.kind == "replicate" else holder.kind
+            why = (f"waiting: {what} job {holder.id}"
                    f"{f' (snapshot {snap.txn})' if snap else ''} of this group is running")
         else:
             why = ("waiting: the group's replication lock is held (a killed worker's "

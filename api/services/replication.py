@@ -17,7 +17,12 @@ Where the Ceph clusters are: `CP_CEPH_SITES_FILE` (JSON `{site name:
 DR retention (`dr_plan` / `dr_apply`) is a separate policy (`dr_policies`)
 applied to the DR copies: it keeps the `keep_last` newest DR recovery
 points, those younger than `keep_within_seconds`, the newest DR recovery
-point and every replication base.
+point, every replication base, and the base of any copy running now
+(`in_flight`).  The `retention` task applies it after the primary's.
+
+One replication per group at a time: the `replicate` task holds a Redis
+lock per group with a lease (tasks.ReplicationLock); a second job waits,
+queued, with a message naming the job it waits for.
 """
 
 from __future__ import annotations
@@ -64,6 +69,22 @@ def ceph_sites() -> dict[str, dict[str, Any]]:
             f"the lab ({type(exc).__name__}: {exc})") from exc
 
 
+def default_rate_mbps() -> float | None:
+    """The replication rate limit (MB/s) when a job names none:
+    `CUTPOINT_REPLICATION_RATE_MBPS`, unset or empty for no limit."""
+    raw = os.environ.get("CUTPOINT_REPLICATION_RATE_MBPS", "").strip()
+    if not raw:
+        return None
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = -1.0
+    if not rate > 0:
+        raise ReplicationFailed("bad_rate", "CUTPOINT_REPLICATION_RATE_MBPS must be a "
+                                f"positive number of MB/s, got {raw!r}")
+    return rate
+
+
 def base_for(s: Session, snap: GroupSnapshot) -> GroupSnapshot | None:
     """The newest DR recovery point of the group older than `snap` (the increment's base)."""
     return s.scalar(select(GroupSnapshot).where(
@@ -74,10 +95,49 @@ def base_for(s: Session, snap: GroupSnapshot) -> GroupSnapshot | None:
         .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc()).limit(1))
 
 
+def in_flight(s: Session, group_id: int) -> tuple[set[int], set[int]]:
+    """(sources, bases) of the group's copies that are running now.
+
+    A copy is running when its snapshot is not a DR recovery point yet and
+    the latest attempt of that snapshot has a member still `copying`.  Its
+    source must stay at the primary until it is verified (it becomes the
+    next base), and the snapshot it copies *from* must stay at both sites:
+    retention keeps both whatever the `replication_base` flag says, so a
+    copy whose base lost the flag (a worker killed mid-run, a lock lease
+    that ran out) still finds its base (invariant 6).  A killed worker's
+    stale `copying` rows keep their snapshots until a retry of that
+    snapshot verifies it: that costs space, never data.
+    """
+    from cutpoint.api.models import MemberSnapshot
+
+    latest = (select(MemberReplication.group_snapshot_id,
+                     func.max(MemberReplication.attempt).label("attempt"))
+              .join(GroupSnapshot, GroupSnapshot.id == MemberReplication.group_snapshot_id)
+              .where(GroupSnapshot.group_id == group_id,
+                     GroupSnapshot.dr_verified_at.is_(None))
+              .group_by(MemberReplication.group_snapshot_id).subquery())
+    rows = s.execute(select(MemberReplication.group_snapshot_id, MemberReplication.base)
+                     .join(latest, (latest.c.group_snapshot_id
+                                    == MemberReplication.group_snapshot_id)
+                           & (latest.c.attempt == MemberReplication.attempt))
+                     .where(MemberReplication.state == "copying")).all()
+    sources = {r[0] for r in rows}
+    names = {r[1] for r in rows if r[1]}
+    bases: set[int] = set()
+    if names:
+        bases = set(s.scalars(select(MemberSnapshot.group_snapshot_id).join(
+            GroupSnapshot, GroupSnapshot.id == MemberSnapshot.group_snapshot_id).where(
+            GroupSnapshot.group_id == group_id, MemberSnapshot.name.in_(names))))
+    return sources, bases
+
+
 def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
-        verify_full: bool = False, state_dir: str | None = None) -> dict[str, Any]:
+        verify_full: bool = False, rate_mbps: float | None = None,
+        state_dir: str | None = None) -> dict[str, Any]:
     from cutpoint.coordinator.replicate import MemberCopy, replicate_group
 
+    if rate_mbps is None:
+        rate_mbps = default_rate_mbps()
     with sf() as s:
         snap = s.get(GroupSnapshot, snapshot_id)
         if snap is None:
@@ -121,7 +181,7 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
         if src_name not in sites:
             raise ReplicationFailed("unknown_site", f"no Ceph configuration for site {src_name!r}")
         rep = replicate_group(sites[src_name], sites[target.name], copies, jobs=jobs,
-                              verify_full=verify_full,
+                              verify_full=verify_full, rate_mbps=rate_mbps,
                               state_dir=state_dir or "/var/lib/cutpoint/sync")
         now = utcnow()
         for row, r in zip(rows, rep.members, strict=True):
@@ -212,7 +272,8 @@ def achieved_dr_rpo_s(s: Session, group_id: int, now: dt.datetime) -> float | No
 
 
 def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
-    """DR copies to delete now, oldest first: never a base, never the newest DR point."""
+    """DR copies to delete now, oldest first: never a base (flagged, or the base
+    of a copy running now), never the newest DR point."""
     pol = s.get(DrPolicy, g.id) or DrPolicy(group_id=g.id, keep_last=48, keep_within_seconds=0)
     snaps = list(s.scalars(select(GroupSnapshot).where(
         GroupSnapshot.group_id == g.id, GroupSnapshot.dr_verified_at.is_not(None))
@@ -221,6 +282,7 @@ def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
         return []
     keep = {x.id for x in snaps[: pol.keep_last]} | {snaps[0].id}
     keep.update(x.id for x in snaps if x.replication_base)
+    keep.update(in_flight(s, g.id)[1])
     if pol.keep_within_seconds:
         cutoff = now - dt.timedelta(seconds=pol.keep_within_seconds)
         keep.update(x.id for x in snaps if x.cut_at is not None and x.cut_at >= cutoff)
@@ -238,8 +300,11 @@ def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
         g = s.get(Group, group_id)
         if g is None:
             return {"deleted": []}
+        doomed = dr_plan(s, g, utcnow())
+        if not doomed:
+            return {"deleted": []}
         sites = ceph_sites()
-        for snap in dr_plan(s, g, utcnow()):
+        for snap in doomed:
             rows = list(s.scalars(select(MemberReplication).where(
                 MemberReplication.group_snapshot_id == snap.id,
                 MemberReplication.state == "verified")))

@@ -5,7 +5,9 @@ A committed snapshot is kept when any of these holds:
 - it is younger than `keep_within` seconds;
 - it is the newest recovery point, or the newest DR recovery point
   (invariant 6);
-- it is a replication base (`replication_base`; invariant 6).
+- it is a replication base (`replication_base`; invariant 6);
+- a replication is copying it now, or copying from it (its base) now,
+  whatever the flag says (`replication.in_flight`; invariant 6).
 Everything else is deleted through the agents (`snapshot.delete`, which is
 idempotent: an absent snapshot is ok).  The row goes committed → deleting →
 deleted, so a crash mid-way is finished by the next run.
@@ -17,6 +19,7 @@ import datetime as dt
 from typing import Any
 
 from cutpoint.api.models import Group, GroupSnapshot, SnapState
+from cutpoint.api.services.replication import in_flight
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -36,6 +39,8 @@ def plan(session: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
     if dr:
         keep.add(dr[0].id)  # the newest DR recovery point
     keep.update(s.id for s in snaps if s.replication_base)
+    sources, bases = in_flight(session, g.id)
+    keep.update(sources | bases)
     if p.keep_within_seconds > 0:
         cutoff = now - dt.timedelta(seconds=p.keep_within_seconds)
         keep.update(s.id for s in snaps if s.cut_at is not None and s.cut_at >= cutoff)
