@@ -81,3 +81,50 @@ def test_dr_retention_is_a_separate_policy(tmp_path: Path) -> None:
         primary = [x.txn for x in retention.plan(s, g, now)]
     assert dr == ["s0", "s1"]  # keeps 3 at DR
     assert primary == ["s0", "s1", "s2", "s3"]  # keeps 1 at the primary
+
+
+def test_a_copy_in_flight_keeps_its_base_and_source_whatever_the_flag(tmp_path: Path) -> None:
+    """A copy from t1 to t3 runs while t2 holds the flag (a second replication
+    that finished first, or a flag moved by hand): retention keeps t1 at both
+    sites and t3 at the primary.  A stale attempt (t4: attempt 1 was copying
+    when its worker died, attempt 2 failed) protects nothing."""
+    from cutpoint.api.models import MemberReplication, MemberSnapshot
+
+    sf = _setup(tmp_path)
+    now = utcnow()
+    with sf() as s:
+        g = Group(name="fly")
+        g.policy = Policy(keep_last=1, keep_within_seconds=0)
+        s.add(g)
+        s.flush()
+        s.add(DrPolicy(group_id=g.id, keep_last=1, keep_within_seconds=0))
+        snaps = []
+        for i in range(6):
+            sn = GroupSnapshot(group_id=g.id, txn=f"t{i}", state=SnapState.committed,
+                               cut_at=now - dt.timedelta(seconds=600 - 60 * i))
+            s.add(sn)
+            snaps.append(sn)
+        s.flush()
+        for i in (0, 1, 2):
+            snaps[i].dr_verified_at = snaps[i].cut_at + dt.timedelta(seconds=5)
+        snaps[2].replication_base = True
+        for sn in snaps:
+            s.add(MemberSnapshot(group_snapshot_id=sn.id, host="h1", vm="vm1",
+                                 disk="vm1/disk0", name=f"cp.fly.{sn.txn}", state="present"))
+
+        def row(snap: GroupSnapshot, attempt: int, base: str, state: str) -> None:
+            s.add(MemberReplication(group_snapshot_id=snap.id, attempt=attempt,
+                                    disk="vm1/disk0", pool="rbd", image="vm1-disk0",
+                                    snap=f"cp.fly.{snap.txn}", base=base, target_site="dr",
+                                    state=state))
+
+        row(snaps[3], 1, "cp.fly.t1", "copying")         # in flight from t1
+        row(snaps[4], 1, "cp.fly.t0", "copying")         # stale: attempt 2 failed
+        row(snaps[4], 2, "cp.fly.t2", "failed")
+        s.commit()
+        sources, bases = replication.in_flight(s, g.id)
+        assert (sources, bases) == ({snaps[3].id}, {snaps[1].id})
+        primary = {x.txn for x in retention.plan(s, g, now)}
+        dr = {x.txn for x in replication.dr_plan(s, g, now)}
+    assert primary == {"t0", "t4"}, primary  # t1 base in flight, t2 flagged, t3 source, t5
+    assert dr == {"t0"}, dr                  # t1 base in flight, t2 flagged and newest

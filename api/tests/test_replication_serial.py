@@ -1,0 +1,124 @@
+"""One replication per group at a time, with a real Celery worker on real Redis.
+
+The replicate lock of a group is held (as the worker running another
+replication of the group holds it); a replicate job sent meanwhile must stay
+`queued`, say which job it waits for, and run only once the lock is free.
+A lock left by a killed worker (no heartbeat any more) must not wedge the
+group: the job runs once the lease has run out.
+
+No Ceph here: the group has no replication target, so a job that gets past
+the lock ends `failed` with `no_target` at once, which shows it ran.  The
+lab run of the same path (two real copies) is test_dr_retention_lab.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from cutpoint.api import services_local
+from cutpoint.api.app import create_app
+from cutpoint.api.models import (
+    Group,
+    GroupSnapshot,
+    Job,
+    JobState,
+    Policy,
+    Role,
+    SnapState,
+    utcnow,
+)
+from cutpoint.api.services import tokens
+from cutpoint.api.tasks import GroupLock
+from fastapi.testclient import TestClient
+from plane import SECRET, Plane, wait_for  # api/tests/plane.py
+from test_worker import make_certs
+
+TTL = 3.0
+
+
+@pytest.fixture
+def plane(tmp_path: Path, local_services: services_local.Endpoints) -> Iterator[Plane]:
+    p = Plane(tmp_path, int(local_services.redis_port or 0), make_certs(tmp_path / "certs"),
+              CUTPOINT_GROUP_LOCK_TTL_S=str(TTL), CUTPOINT_RETENTION_INTERVAL_S="3600",
+              CUTPOINT_INVENTORY_INTERVAL_S="3600")
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def _seed(plane: Plane) -> tuple[int, int, str]:
+    """A group (no replication target), one committed snapshot, and a running
+    replicate job of the group (the one holding the lock)."""
+    with plane.sf() as s:
+        g = Group(name="serial")
+        g.policy = Policy(keep_last=5)
+        s.add(g)
+        s.flush()
+        snap = GroupSnapshot(group_id=g.id, txn="t1", state=SnapState.committed,
+                             cut_at=utcnow() - dt.timedelta(seconds=5))
+        s.add(snap)
+        s.flush()
+        holder = Job(id="00000000-0000-4000-8000-000000000001", kind="replicate",
+                     state=JobState.running, group_id=g.id, snapshot_id=snap.id,
+                     message="running", started_at=utcnow())
+        s.add(holder)
+        s.commit()
+        return g.id, snap.id, holder.id
+
+
+def _job(c: TestClient, job_id: str) -> dict[str, Any]:
+    return dict(c.get(f"/v1/jobs/{job_id}").json())
+
+
+def test_a_second_replication_of_a_group_waits_for_the_first(plane: Plane) -> None:
+    gid, sid, holder_id = _seed(plane)
+    r = redis.Redis.from_url(plane.settings.redis_url)
+    with plane.sf() as s:
+        _, tok = tokens.create(s, "serial-admin", Role.admin, SECRET)
+    lock = GroupLock(r, gid, TTL, kind="replicate")
+    assert lock.acquire()
+    plane.start("worker")
+    with TestClient(create_app(plane.settings),
+                    headers={"Authorization": f"Bearer {tok}"}) as c:
+        resp = c.post(f"/v1/snapshots/{sid}/replicate", json={})
+        assert resp.status_code == 202, resp.text
+        j1 = resp.json()["id"]
+        # It waits: queued, never started, its message names the running job.
+        wait_for(lambda: _job(c, j1)["message"].startswith("waiting"), 60,
+                 "the job to wait", plane)
+        wait_for(lambda: plane.tail(100_000).count(f"job={j1} outcome=retry") >= 3, 60,
+                 "three deliveries of the waiting job", plane)
+        doc = _job(c, j1)
+        print(f"\nwhile the lock is held: state={doc['state']} message={doc['message']!r}")
+        assert doc["state"] == "queued" and doc["started_at"] is None, doc
+        assert doc["message"] == (f"waiting: replication job {holder_id} (snapshot t1) "
+                                  "of this group is running"), doc
+        # The holder finishes: the waiting job runs (and fails: no target).
+        with plane.sf() as s:
+            s.get(Job, holder_id).state = JobState.succeeded
+            s.commit()
+        lock.release()
+        wait_for(lambda: _job(c, j1)["state"] in ("succeeded", "failed"), 60,
+                 "the job to run after the lock is released", plane)
+        doc = _job(c, j1)
+        assert doc["state"] == "failed" and doc["error_code"] == "no_target", doc
+        assert doc["started_at"] is not None
+
+        # A killed worker's lock: no heartbeat, it ends with its lease.
+        assert r.set(f"cutpoint:lock:replicate:{gid}", "killed-worker", px=8000)
+        j2 = c.post(f"/v1/snapshots/{sid}/replicate", json={}).json()["id"]
+        wait_for(lambda: _job(c, j2)["message"].startswith("waiting"), 60,
+                 "the job to wait for the dead worker's lock", plane)
+        doc = _job(c, j2)
+        print(f"behind a dead worker's lock: state={doc['state']} message={doc['message']!r}")
+        assert doc["state"] == "queued" and "lock is held" in doc["message"], doc
+        wait_for(lambda: _job(c, j2)["state"] in ("succeeded", "failed"), 60,
+                 "the job to run once the dead worker's lease ran out", plane)
+        doc = _job(c, j2)
+        assert doc["state"] == "failed" and doc["error_code"] == "no_target", doc
