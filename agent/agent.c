@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <libvirt/libvirt-qemu.h>
 #include <libvirt/virterror.h>
@@ -14,6 +15,7 @@
 #include "log.h"
 #include "mono.h"
 #include "qga.h"
+#include "runcmd.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -523,6 +525,37 @@ next:
     free(doms);
 }
 
+static int
+qmp_socket_exists(const struct cfg_vm *m)
+{
+    struct stat st;
+
+    return stat(m->qmp, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* Opens the VM's rbd disks that are not open yet; -1 with err on the
+ * first failure (those opened stay open). */
+static int
+open_images(struct agent *a, struct vm *v, char *err, size_t errlen)
+{
+    for (int d = 0; d < v->cfg->ndisks; d++) {
+        const struct cfg_disk *dk = &v->cfg->disks[d];
+        if (dk->backend != CFG_BACKEND_RBD || v->img[d])
+            continue;
+        if (!a->ceph) {
+            snprintf(err, errlen, "vm %s: rbd disk %s but no [ceph] "
+                     "connection", v->cfg->name, dk->node);
+            return -1;
+        }
+        if (rbdsnap_open(a->ceph, dk->pool, dk->image, &v->img[d], err,
+                         errlen) < 0)
+            return -1;
+        log_info("event=rbd_open vm=%s disk=%s image=%s/%s", v->cfg->name,
+                 dk->node, dk->pool, dk->image);
+    }
+    return 0;
+}
+
 int
 agent_start(struct agent *a, const struct agent_config *cfg, char *err,
             size_t errlen)
@@ -567,18 +600,27 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
                             &a->ceph, err, errlen) < 0)
             return -1;
         fence_previous(a);
-        /* Images are opened once, now, so that commit holds no open. */
-        for (int i = 0; i < a->nvms; i++)
-            for (int d = 0; d < a->cfg.vms[i].ndisks; d++) {
-                const struct cfg_disk *dk = &a->cfg.vms[i].disks[d];
-                if (dk->backend != CFG_BACKEND_RBD)
-                    continue;
-                if (rbdsnap_open(a->ceph, dk->pool, dk->image,
-                                 &a->vms[i].img[d], err, errlen) < 0)
-                    return -1;
-                log_info("event=rbd_open vm=%s disk=%s image=%s/%s",
-                         a->cfg.vms[i].name, dk->node, dk->pool, dk->image);
+        /* Images are opened once, now, so that commit holds no open.  A
+         * standby VM (start =, no QMP socket yet: a DR copy that failover
+         * boots) is the exception: its images may not exist yet (the first
+         * replication creates them) and an open handle would watch images
+         * that replication and rollback rewrite; vm.start opens them. */
+        for (int i = 0; i < a->nvms; i++) {
+            if (a->cfg.vms[i].start[0] && !qmp_socket_exists(&a->cfg.vms[i])) {
+                a->vms[i].images_deferred = 1;
+                log_info("event=standby vm=%s qmp=%s images=deferred",
+                         a->cfg.vms[i].name, a->cfg.vms[i].qmp);
+                continue;
             }
+            if (open_images(a, &a->vms[i], err, errlen) < 0) {
+                if (!a->cfg.vms[i].start[0])
+                    return -1;
+                a->vms[i].images_deferred = 1;
+                log_warnx("event=rbd_open_deferred vm=%s msg=\"%s\"",
+                          a->cfg.vms[i].name, err);
+                err[0] = '\0';
+            }
+        }
     }
     if (journal_open(a->cfg.journal, &a->journal, err, errlen) < 0)
         return -1;
@@ -937,7 +979,12 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
         pthread_mutex_unlock(&a->mu);
         return result;
     }
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n; k++) {
+        if (vms[k]->starting) {
+            /* vm.start is still opening its disks: no cut of it yet. */
+            pthread_mutex_unlock(&a->mu);
+            FAIL("BUSY", "vm %s is being started (vm.start)", names[k]);
+        }
         if (vms[k]->needs_resume) {
             /* A background resume is pending: pausing now would let that
              * late `cont` break the new cut. */
@@ -945,6 +992,7 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
             FAIL("BUSY", "vm %s has a pending resume (QEMU not answering)",
                  names[k]);
         }
+    }
     x = txn_begin_prepare(&a->txns, id, names, n, code, msg, msglen);
     pthread_mutex_unlock(&a->mu);
     if (!x)
@@ -1623,28 +1671,190 @@ cleanup:
     return NULL;
 }
 
+/* vm.start of a libvirt domain from spec.xml (transient domain). */
+static json_t *
+vm_start_xml(struct agent *a, const char *xml, const char **code, char *msg,
+             size_t msglen)
+{
+    virDomainPtr d;
+    double t0 = mono_ms();
+    json_t *r;
+
+    if (!a->lv)
+        FAIL("BAD_REQUEST", "args.spec.xml needs the libvirt driver "
+             "([libvirt] uri)");
+    d = virDomainCreateXML(a->lv, xml, 0);
+    if (!d) {
+        const char *m = virGetLastErrorMessage();
+        FAIL("QMP_ERROR", "virDomainCreateXML: %s", m ? m : "error");
+    }
+    r = json_pack("{s:s,s:s,s:f}", "vm", virDomainGetName(d), "state",
+                  "running", "start_ms", mono_ms() - t0);
+    log_info("event=vm_start vm=%s via=libvirt start_ms=%.3f",
+             virDomainGetName(d), mono_ms() - t0);
+    virDomainFree(d);
+    return r;
+cleanup:
+    return NULL;
+}
+
+/* Output of a failed start command for an error message: one line. */
+static const char *
+flat(char *s)
+{
+    for (char *p = s; *p; p++)
+        if (*p == '\n' || *p == '\r' || *p == '"')
+            *p = *p == '"' ? '\'' : ' ';
+    return s[0] ? s : "(no output)";
+}
+
+/*
+ * vm.start of a configured qmp VM (agent-protocol §4.9):
+ *
+ *   state running/paused ─────────────────────────► reply, command not run
+ *   state unknown (QMP hung) ─────────────────────► BUSY, command not run
+ *   shutoff ─► run `start =` (deadline) ─► exit 0 ─► query-status until
+ *              "running" (same deadline) ─► open deferred rbd disks ─► reply
+ *
+ * Only the configured command of a configured VM ever runs; the request
+ * names the VM, never a program or an argument.  v->starting (under a.mu)
+ * makes a second concurrent vm.start of the VM, or a prepare, BUSY.
+ */
+static json_t *
+vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
+             size_t msglen)
+{
+    const struct cfg_vm *m = v->cfg;
+    char buf[sizeof(m->start)], *argv[RUNCMD_MAX_ARGS], err[512] = "";
+    struct runcmd_result sr;
+    struct qmp_err qe = {0};
+    const char *st;
+    double t0 = mono_ms(), end = t0 + m->start_timeout_ms, cmd_ms = 0;
+    json_t *ret = NULL, *r = NULL;
+    int claimed = 0;
+
+    if (!m->start[0])
+        FAIL("BAD_REQUEST", "vm %s has no start command in the agent "
+             "config ([vm %s] start = ...)", m->name, m->name);
+    pthread_mutex_lock(&a->mu);
+    if (v->starting) {
+        pthread_mutex_unlock(&a->mu);
+        FAIL("BUSY", "vm %s: a vm.start is already running", m->name);
+    }
+    v->starting = claimed = 1;
+    pthread_mutex_unlock(&a->mu);
+
+    /* Never a second QEMU on the same disks: a VM that answers is left. */
+    st = vm_state(v, a->cfg.qmp_timeout_ms);
+    if (strcmp(st, "running") == 0 || strcmp(st, "paused") == 0) {
+        log_info("event=vm_start vm=%s result=already_%s", m->name, st);
+        r = json_pack("{s:s,s:s,s:f,s:b}", "vm", m->name, "state", st,
+                      "start_ms", 0.0, "already_running", 1);
+        goto cleanup;
+    }
+    if (strcmp(st, "unknown") == 0)
+        FAIL("BUSY", "vm %s: its QMP socket %s exists but does not answer; "
+             "not starting a second QEMU", m->name, m->qmp);
+    runcmd_split(m->start, buf, sizeof(buf), argv, RUNCMD_MAX_ARGS);
+    log_info("event=vm_start_begin vm=%s command=\"%s\" timeout_ms=%d",
+             m->name, argv[0], m->start_timeout_ms);
+    if (runcmd_run(argv, m->start_timeout_ms, &sr, err, sizeof(err)) < 0) {
+        log_warnx("event=vm_start_failed vm=%s msg=\"%s\"", m->name, err);
+        FAIL("QMP_ERROR", "vm %s: start command: %s", m->name, err);
+    }
+    cmd_ms = sr.ms;
+    if (sr.timed_out) {
+        log_warnx("event=vm_start_failed vm=%s why=timeout command_ms=%.3f",
+                  m->name, cmd_ms);
+        FAIL("QMP_TIMEOUT", "vm %s: start command %s did not exit within "
+             "%d ms (killed); output: %s", m->name, argv[0],
+             m->start_timeout_ms, flat(sr.out));
+    }
+    if (!runcmd_ok(&sr)) {
+        log_warnx("event=vm_start_failed vm=%s exit=%d signal=%d "
+                  "command_ms=%.3f", m->name, sr.exit_code, sr.signo, cmd_ms);
+        if (sr.signo)
+            FAIL("QMP_ERROR", "vm %s: start command %s killed by signal %d; "
+                 "output: %s", m->name, argv[0], sr.signo, flat(sr.out));
+        FAIL("QMP_ERROR", "vm %s: start command %s exited with %d; output: "
+             "%s", m->name, argv[0], sr.exit_code, flat(sr.out));
+    }
+    /* The command returned; the VM counts as started once its QMP says
+     * running (a launcher may return before QEMU listens). */
+    for (;;) {
+        double left = end - mono_ms();
+        int rc;
+
+        if (left <= 0) {
+            log_warnx("event=vm_start_failed vm=%s why=not_running "
+                      "msg=\"%s\"", m->name, qe.msg);
+            FAIL("QMP_TIMEOUT", "vm %s: start command %s exited 0 but %s did "
+                 "not report running within %d ms (last: %s)", m->name,
+                 argv[0], m->qmp, m->start_timeout_ms,
+                 qe.msg[0] ? qe.msg : "not running");
+        }
+        rc = vm_qmp(v, "query-status", NULL, left < 1000 ? (int)left + 1 :
+                    1000, &ret, &qe);
+        if (rc == 0 && json_is_true(json_object_get(ret, "running")))
+            break;
+        if (rc == 0)
+            snprintf(qe.msg, sizeof(qe.msg), "status %s",
+                     json_string_value(json_object_get(ret, "status")) ?: "?");
+        json_decref(ret);
+        ret = NULL;
+        {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (v->images_deferred) {
+        if (open_images(a, v, err, sizeof(err)) < 0)
+            /* Running, but no rbd snapshot of it can be taken here. */
+            FAIL("SNAPSHOT_FAILED", "vm %s started, but its rbd disks cannot "
+                 "be opened: %s", m->name, err);
+        v->images_deferred = 0;
+    }
+    log_info("event=vm_start vm=%s result=started start_ms=%.3f "
+             "command_ms=%.3f", m->name, mono_ms() - t0, cmd_ms);
+    r = json_pack("{s:s,s:s,s:f,s:f,s:b}", "vm", m->name, "state", "running",
+                  "start_ms", mono_ms() - t0, "command_ms", cmd_ms,
+                  "already_running", 0);
+cleanup:
+    json_decref(ret);
+    if (claimed) {
+        pthread_mutex_lock(&a->mu);
+        v->starting = 0;
+        pthread_mutex_unlock(&a->mu);
+    }
+    return r;
+}
+
 static json_t *
 h_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
            size_t msglen)
 {
     json_t *spec = json_object_get(args, "spec");
     const char *xml = json_string_value(json_object_get(spec, "xml"));
-    virDomainPtr d;
-    json_t *r;
+    json_t *jname = json_object_get(spec, "vm");
+    const char *name = json_string_value(jname);
+    struct vm *v;
 
-    if (!a->lv)
-        FAIL("BAD_REQUEST", "vm.start needs the libvirt driver ([libvirt] "
-             "uri); QEMU processes of the qmp driver are started outside");
-    if (!xml)
-        FAIL("BAD_REQUEST", "args.spec.xml must be a domain XML string");
-    d = virDomainCreateXML(a->lv, xml, 0);
-    if (!d) {
-        const char *m = virGetLastErrorMessage();
-        FAIL("QMP_ERROR", "virDomainCreateXML: %s", m ? m : "error");
-    }
-    r = json_pack("{s:s,s:s}", "vm", virDomainGetName(d), "state", "running");
-    virDomainFree(d);
-    return r;
+    if (jname && !name)
+        FAIL("BAD_REQUEST", "args.spec.vm must be a string");
+    if (name && xml)
+        FAIL("BAD_REQUEST", "args.spec takes vm (a configured VM) or xml "
+             "(a libvirt domain), not both");
+    if (xml)
+        return vm_start_xml(a, xml, code, msg, msglen);
+    if (!name)
+        FAIL("BAD_REQUEST", "args.spec needs vm (a VM of the agent config) "
+             "or xml (a libvirt domain)");
+    if (!(v = find_vm(a, name)))
+        FAIL("UNKNOWN_VM", "unknown vm %s", name);
+    if (v->cfg->driver != CFG_DRIVER_QMP)
+        FAIL("BAD_REQUEST", "vm %s uses the libvirt driver: start it with "
+             "args.spec.xml", name);
+    return vm_start_cmd(a, v, code, msg, msglen);
 cleanup:
     return NULL;
 }

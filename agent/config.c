@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "runcmd.h"
 
 #define SET(dst, v) snprintf((dst), sizeof(dst), "%s", (v))
 
@@ -129,6 +130,7 @@ config_load(const char *path, struct agent_config *cfg, char *err,
                     }
                 vm = &cfg->vms[cfg->nvms++];
                 SET(vm->name, name);
+                vm->start_timeout_ms = 60000;
             } else if (strcmp(section, "agent") && strcmp(section, "tls") &&
                        strcmp(section, "ceph") && strcmp(section, "libvirt")) {
                 snprintf(err, errlen, "%s:%d: unknown section [%s]", path,
@@ -210,6 +212,16 @@ config_load(const char *path, struct agent_config *cfg, char *err,
         }
         else if (vm && strcmp(k, "domain") == 0)
             SET(vm->domain, v);
+        else if (vm && strcmp(k, "start") == 0) {
+            char buf[sizeof(vm->start)], *argv[RUNCMD_MAX_ARGS];
+            if (strlen(v) >= sizeof(vm->start) ||
+                runcmd_split(v, buf, sizeof(buf), argv, RUNCMD_MAX_ARGS) < 0)
+                goto bad;
+            SET(vm->start, v);
+        } else if (vm && strcmp(k, "start_timeout_ms") == 0) {
+            if (parse_int(v, 100, 3600000, &vm->start_timeout_ms) < 0)
+                goto bad;
+        }
         else if (vm && strcmp(k, "method") == 0) {
             if (strcmp(v, "auto") == 0)
                 vm->method = CFG_METHOD_AUTO;
@@ -250,6 +262,22 @@ bad:
             snprintf(err, errlen, "%s: [vm %s] needs qmp = SOCKET", path,
                      m->name);
             goto cleanup;
+        }
+        if (m->start[0]) {
+            char buf[sizeof(m->start)], *argv[RUNCMD_MAX_ARGS];
+            if (m->driver != CFG_DRIVER_QMP) {
+                snprintf(err, errlen, "%s: [vm %s] start = is for the qmp "
+                         "driver (libvirt: vm.start with spec.xml)", path,
+                         m->name);
+                goto cleanup;
+            }
+            /* -n tells the operator now, not at the first failover. */
+            runcmd_split(m->start, buf, sizeof(buf), argv, RUNCMD_MAX_ARGS);
+            if (access(argv[0], X_OK) < 0) {
+                snprintf(err, errlen, "%s: [vm %s] start: %s: %s", path,
+                         m->name, argv[0], strerror(errno));
+                goto cleanup;
+            }
         }
         if (m->driver == CFG_DRIVER_LIBVIRT) {
             if (!cfg->libvirt_uri[0]) {

@@ -29,6 +29,11 @@ struct cfg_vm {
     char qmp[1024];
     char qga[108];          /* guest agent socket, "" none (sun_path size) */
     char domain[256];
+    /* qmp driver: the operator's command that starts this VM's QEMU for
+     * vm.start (agent-protocol §4.9): an absolute program path and its
+     * arguments separated by blanks, no shell; "" none. */
+    char start[1024];
+    int start_timeout_ms;   /* command + QMP answering "running" */
     enum cfg_method method;
     struct cfg_disk disks[CFG_MAX_DISKS];
     int ndisks;

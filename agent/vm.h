@@ -28,6 +28,10 @@ struct vm {
     virConnectPtr conn;                /* libvirt driver (shared, borrowed) */
     struct rbdsnap_image *img[CFG_MAX_DISKS];   /* rbd disks, or NULL */
     int needs_resume;                  /* a resume failed: the reaper retries */
+    int starting;                      /* a vm.start runs (guarded by agent mu) */
+    int images_deferred;               /* rbd disks not open yet: a standby VM
+                                          (start =, no QMP socket at start);
+                                          vm.start opens them */
     char needs_resume_txn[129];
     double paused_at;                  /* start of the stop that paused it, 0 if
                                           not paused by us (guarded by agent mu) */

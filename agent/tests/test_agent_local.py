@@ -25,6 +25,7 @@ import pytest
 from conftest import coordinator_context
 from cutpoint.agentclient import AgentClient, AgentReplyError
 from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path, stop_agent_pid
+from cutpoint.lab.proc import pid_alive
 
 pytestmark = pytest.mark.lab
 
@@ -331,3 +332,140 @@ async def test_quiesce_fs_freeze_falls_back_to_crash(local_agent: dict[str, Any]
         assert plain["vms"][0]["consistency"] == "crash"
         assert plain["vms"][0]["freeze_error"] is None
         await c.abort("qz2")
+
+
+# vm.start of the qmp driver (agent-protocol §4.9) ----------------------------
+
+@pytest.fixture(scope="module")
+def standby_agent() -> Iterator[dict[str, Any]]:
+    """An agent whose VMs are not running yet (standbys), each with the
+    operator's `start =` command: `sb1` a real QEMU (daemonizing, qcow2
+    disk), `bad` a command that fails with a message on stderr, `never` a
+    command that exits 0 without starting anything, `plain` none at all."""
+    d = Path(tempfile.mkdtemp(prefix="cp-agent-start-"))
+    agent = None
+    try:
+        certs = d / "certs"
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        disk = d / "sb1-d0.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
+        qemu = shutil.which("qemu-system-x86_64")
+        assert qemu, "qemu-system-x86_64 not installed"
+        start = " ".join([qemu, "-machine", "accel=tcg", "-nodefaults", "-display", "none",
+                          "-m", "64", "-serial", "null",
+                          "-qmp", f"unix:{d / 'sb1.sock'},server=on,wait=off",
+                          "-blockdev", (f"driver=qcow2,node-name=disk0,file.driver=file,"
+                                        f"file.filename={disk}"),
+                          "-device", "virtio-blk-pci,drive=disk0",
+                          "-pidfile", str(d / "sb1.pid"), "-daemonize"])
+        port = _free_port()
+        cfg = d / "agent.ini"
+        cfg.write_text(
+            f"[agent]\nhost = local\nlisten = 127.0.0.1:{port}\n"
+            f"journal = {d / 'journal'}\nqmp_timeout_ms = 1000\n\n"
+            f"[tls]\nca = {certs / 'ca.pem'}\ncert = {certs / 'agent.pem'}\n"
+            f"key = {certs / 'agent.key'}\n\n"
+            f"[vm sb1]\nqmp = {d / 'sb1.sock'}\nstart = {start}\ndisk.disk0 = qcow2:{disk}\n\n"
+            f"[vm bad]\nqmp = {d / 'bad.sock'}\nstart = /bin/ls /nonexistent-cp-start\n\n"
+            f"[vm never]\nqmp = {d / 'never.sock'}\nstart = /bin/true\n"
+            "start_timeout_ms = 700\n\n"
+            f"[vm plain]\nqmp = {d / 'plain.sock'}\n")
+        log = open(d / "agent.log", "wb")  # noqa: SIM115 (closed below)
+        agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
+                                 stderr=log)
+        t0 = time.monotonic()
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert agent.poll() is None, (d / "agent.log").read_text()
+                assert time.monotonic() - t0 < 20
+                time.sleep(0.05)
+        yield {"address": "127.0.0.1", "port": port, "certs": certs, "dir": d}
+    finally:
+        sanitizer = ""
+        if agent is not None:
+            stop_agent_pid(agent.pid)
+            agent.wait(timeout=10)
+            text = (d / "agent.log").read_text(errors="replace")
+            if "Sanitizer" in text:
+                sanitizer = text[text.index("=="):][:3000] if "==" in text else text[-3000:]
+        pidfile = d / "sb1.pid"
+        if pidfile.exists():
+            import os
+            import signal
+            try:
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        shutil.rmtree(d, ignore_errors=True)
+        assert not sanitizer, sanitizer
+
+
+def _qemus_on(sock: Path) -> list[int]:
+    """Pids of processes whose command line names `sock` (QEMUs of that VM)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if str(sock).encode() in (p / "cmdline").read_bytes() and pid_alive(int(p.name)):
+                out.append(int(p.name))
+        except OSError:
+            continue
+    return out
+
+
+async def test_vm_start_runs_only_the_configured_command(standby_agent: dict[str, Any]) -> None:
+    a = standby_agent
+    sock = a["dir"] / "sb1.sock"
+    async with AgentClient(a["address"], a["port"], ssl_context=coordinator_context(a["certs"]),
+                           call_timeout=30) as c:
+        # Standbys: listed, shutoff, and the agent started fine without them.
+        assert {v["name"]: v["state"] for v in (await c.inventory())["vms"]} == {
+            "sb1": "shutoff", "bad": "shutoff", "never": "shutoff", "plain": "shutoff"}
+        r = await c.call("vm.start", {"spec": {"vm": "sb1"}})
+        assert r["vm"] == "sb1" and r["state"] == "running" and r["already_running"] is False
+        assert r["start_ms"] >= r["command_ms"] > 0
+        pid = int((a["dir"] / "sb1.pid").read_text().strip())
+        assert _qemus_on(sock) == [pid]
+        assert {v["name"]: v["state"] for v in (await c.inventory())["vms"]}["sb1"] == "running"
+        # Again: the VM answers, so nothing runs (never two QEMUs on one disk).
+        again = await c.call("vm.start", {"spec": {"vm": "sb1"}})
+        assert again["already_running"] is True and again["start_ms"] == 0
+        assert _qemus_on(sock) == [pid]
+        # The agent drives the VM it started (QMP transaction on qcow2).
+        await c.prepare("st1", ["sb1"], 5000)
+        res = await c.commit("st1", {"sb1/disk0": "cp.g.st1"}, 5000)
+        assert all(d["ok"] for v in res["vms"] for d in v["disks"])
+        assert await c.snapshot_list("sb1/disk0") == ["cp.g.st1"]
+
+        async def code_of(spec: Any) -> tuple[str, str]:
+            with pytest.raises(AgentReplyError) as ei:
+                await c.call("vm.start", {"spec": spec})
+            return ei.value.code, ei.value.message
+
+        assert (await code_of({"vm": "nosuch"}))[0] == "UNKNOWN_VM"
+        code, message = await code_of({"vm": "plain"})
+        assert code == "BAD_REQUEST" and "no start command" in message
+        code, message = await code_of({"vm": "bad"})
+        assert code == "QMP_ERROR" and "exited with 2" in message, message
+        assert "/nonexistent-cp-start" in message      # the command's stderr
+        code, message = await code_of({"vm": "never"})
+        assert code == "QMP_TIMEOUT" and "did not report running" in message, message
+        assert (await code_of({}))[0] == "BAD_REQUEST"
+        assert (await code_of({"vm": 7}))[0] == "BAD_REQUEST"
+        assert (await code_of({"vm": "sb1", "xml": "<domain/>"}))[0] == "BAD_REQUEST"
+        code, message = await code_of({"xml": "<domain/>"})
+        assert code == "BAD_REQUEST" and "libvirt" in message
+
+        assert (await c.call("vm.stop", {"vm": "sb1"}))["state"] == "shutoff"
+        t0 = time.monotonic()
+        while pid_alive(pid):
+            assert time.monotonic() - t0 < 10, "QEMU did not quit"
+            await asyncio.sleep(0.05)
+    log = (a["dir"] / "agent.log").read_text()
+    assert "event=vm_start vm=sb1 result=started" in log
+    assert "event=vm_start vm=sb1 result=already_running" in log

@@ -96,12 +96,55 @@ test_errors_name_the_line(void **state)
                      -1);
 }
 
+static void
+test_start_command(void **state)
+{
+    char err[512];
+
+    (void)state;
+    assert_int_equal(load(TLS "[vm a]\nqmp = /s\nstart = /bin/true  x\ty\n"
+                          "[vm b]\nqmp = /t\nstart_timeout_ms = 5000\n",
+                          err, sizeof(err)), 0);
+    assert_string_equal(cfg.vms[0].start, "/bin/true  x\ty");
+    assert_int_equal(cfg.vms[0].start_timeout_ms, 60000);
+    assert_string_equal(cfg.vms[1].start, "");
+    assert_int_equal(cfg.vms[1].start_timeout_ms, 5000);
+    /* no PATH search: the program is an absolute path */
+    assert_int_equal(load(TLS "[vm a]\nqmp = /s\nstart = true\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, ":7: bad value for start"));
+    /* -n finds a program that cannot run */
+    assert_int_equal(load(TLS "[vm a]\nqmp = /s\nstart = /nonexistent/x a\n",
+                          err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "[vm a] start: /nonexistent/x"));
+    {
+        char text[256], plain[] = "/tmp/cp-config-noexec-XXXXXX";
+        int fd = mkstemp(plain);    /* mode 0600: not executable */
+
+        assert_true(fd >= 0);
+        close(fd);
+        snprintf(text, sizeof(text), TLS "[vm a]\nqmp = /s\nstart = %s\n",
+                 plain);
+        assert_int_equal(load(text, err, sizeof(err)), -1);
+        unlink(plain);
+        assert_non_null(strstr(err, "Permission denied"));
+    }
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n[vm a]\n"
+                          "driver = libvirt\nstart = /bin/true\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "start = is for the qmp driver"));
+    assert_int_equal(load(TLS "[vm a]\nqmp = /s\nstart_timeout_ms = 5\n",
+                          err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for start_timeout_ms"));
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_errors_name_the_line),
+        cmocka_unit_test(test_start_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
