@@ -39,12 +39,15 @@ import time
 from typing import Any
 
 from cutpoint.api.models import (
+    Disk,
     FencingEpoch,
     Group,
     GroupSnapshot,
     Host,
     Job,
     JobState,
+    MemberSnapshot,
+    SnapState,
     utcnow,
 )
 from sqlalchemy import func, select
@@ -118,6 +121,104 @@ def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
     return int(snap_id)
 
 
+def _wait_closed(site: dict[str, Any], specs: list[str], timeout_s: float = 60) -> None:
+    """Until no client watches any of the images: every QEMU has closed its disks.
+
+    `vm.stop` returns when QEMU acknowledged `quit`, which may be before the
+    process has flushed and closed its RBD images; a snapshot taken then
+    could miss the last writes."""
+    import json
+    import subprocess
+
+    from cutpoint.lab.ceph import rbd_cmd
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(specs)
+    while pending:
+        still = []
+        for spec in pending:
+            cp = subprocess.run(rbd_cmd(site, "status", "--format", "json", spec),
+                                capture_output=True, text=True, timeout=60, check=False)
+            if cp.returncode != 0:
+                raise FailoverFailed("rbd_status_failed", f"rbd status {spec}: "
+                                     f"rc={cp.returncode} {cp.stderr.strip()[-300:]}")
+            if json.loads(cp.stdout or "{}").get("watchers"):
+                still.append(spec)
+        pending = still
+        if pending and time.monotonic() > deadline:
+            raise FailoverFailed("primary_still_open", f"after {timeout_s:.0f}s the fenced "
+                                 f"VMs still hold {pending} open")
+        if pending:
+            time.sleep(0.2)
+
+
+def _stopped_snapshot(sf: Any, settings: Any, g_id: int, online_id: int, job_id: str,
+                      mark: Any) -> int:
+    """Planned mode, after the fence: snapshot the stopped VMs' disks and replicate it.
+
+    The online final snapshot was replicated while the guests still ran;
+    what they wrote between its cut and the fence is on the primary disks
+    only.  With every member VM stopped (and its images closed) a plain
+    `rbd snap create` of each disk is a consistent group cut, and its
+    increment from the online snapshot is small.  It becomes the recovery
+    point, so nothing written before the fence is lost."""
+    import subprocess
+
+    from cutpoint.api.services import replication, snapshots
+    from cutpoint.lab.ceph import rbd_cmd
+
+    with sf() as s:
+        online = s.get(GroupSnapshot, online_id)
+        g = s.get(Group, g_id)
+        assert online is not None and g is not None
+        members, specs, site_name = [], [], None
+        for m in online.members:
+            disk = s.get(Disk, m.disk_id) if m.disk_id else None
+            if disk is None or not disk.image:
+                raise FailoverFailed("not_replicable", f"member {m.disk} has no RBD image")
+            site_name = disk.vm.host.site.name
+            specs.append(f"{disk.pool or 'rbd'}/{disk.image}")
+            members.append((m.disk_id, m.host, m.vm, m.disk))
+        quiesce, gname = online.quiesce, g.name
+    sites = replication.ceph_sites()
+    if site_name not in sites:
+        raise FailoverFailed("unknown_site", f"no Ceph configuration for {site_name!r}")
+    site = sites[site_name]
+    _wait_closed(site, specs)
+    txn = snapshots.new_txn()
+    name = f"cp.{gname}.{txn}"
+    started = utcnow()
+    t0 = time.monotonic()
+    for spec in specs:
+        cp = subprocess.run(rbd_cmd(site, "snap", "create", "--no-progress", f"{spec}@{name}"),
+                            capture_output=True, text=True, timeout=120, check=False)
+        if cp.returncode != 0:
+            raise FailoverFailed("stopped_snapshot_failed", f"rbd snap create {spec}@{name}: "
+                                 f"rc={cp.returncode} {cp.stderr.strip()[-300:]}")
+    ms = (time.monotonic() - t0) * 1000
+    with sf() as s:
+        snap = GroupSnapshot(group_id=g_id, txn=txn, state=SnapState.committed,
+                             trigger="failover", job_id=job_id, requested_at=started,
+                             started_at=started, cut_at=started, finished_at=utcnow(),
+                             duration_ms=round(ms, 3), consistency="crash", quiesce=quiesce)
+        s.add(snap)
+        s.flush()
+        for disk_id, host, vm, disk in members:
+            s.add(MemberSnapshot(group_snapshot_id=snap.id, disk_id=disk_id, host=host, vm=vm,
+                                 disk=disk, name=name, state="present", consistency="crash",
+                                 method="stopped"))
+        s.commit()
+        snap_id = int(snap.id)
+    mark("stopped_snapshot", {"snapshot_id": snap_id, "txn": txn, "ms": round(ms, 1)})
+    try:
+        rep = replication.run(sf, settings, snap_id)
+    except replication.ReplicationFailed as exc:
+        raise FailoverFailed("stopped_replication_failed",
+                             f"the stopped-disk snapshot {txn} was not replicated: {exc}") from exc
+    mark("stopped_replicated", {"snapshot_id": snap_id, "bytes_shipped": rep.get("bytes_shipped")})
+    return snap_id
+
+
 def fence(sf: Any, settings: Any, g_id: int, snap_id: int, job_id: str,
           target: str) -> dict[str, Any]:
     from cutpoint.api.services import agents
@@ -164,21 +265,28 @@ def _progress(sf: Any, job_id: str, progress: float, message: str,
             s.commit()
 
 
+# Timeline milestones and the breakdown key of the span that ends at each.
+MILESTONES = {"worker_start": "queue_wait_s", "final_snapshot": "final_snapshot_s",
+              "replicated": "replication_s", "failover_start": "setup_s", "fence": "fence_s",
+              "stopped_snapshot": "stopped_snapshot_s",
+              "stopped_replicated": "stopped_replication_s", "rollback": "rollback_s",
+              "running": "boot_s"}
+
+
 def breakdown(timeline: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Durations between the timeline's steps (all `t_s` count from the request)."""
-    at: dict[str, float] = {}
-    for e in timeline:
-        at.setdefault(str(e["step"]), float(e["t_s"]))  # first occurrence
+    """Where the RTO went: each milestone minus the one before it (`t_s` from the request).
 
-    def span(a: str, b: str) -> float | None:
-        return round(at[b] - at[a], 3) if a in at and b in at else None
-
-    return {"queue_wait_s": at.get("worker_start"),
-            "final_snapshot_s": span("worker_start", "final_snapshot"),
-            "replication_s": span("final_snapshot", "replicated"),
-            "fence_s": span("failover_start", "fence"),
-            "rollback_s": span("fence", "rollback"),
-            "boot_s": span("rollback", "running")}
+    A step absent from this run (unplanned: no final snapshot) is None."""
+    out: dict[str, float | None] = dict.fromkeys(MILESTONES.values())
+    prev = 0.0
+    seen: set[str] = set()
+    for e in sorted(timeline, key=lambda e: e["t_s"]):
+        step = str(e["step"])
+        if step in MILESTONES and step not in seen:
+            seen.add(step)
+            out[MILESTONES[step]] = round(float(e["t_s"]) - prev, 3)
+            prev = float(e["t_s"])
+    return out
 
 
 def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
@@ -205,9 +313,26 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
                      **(detail or {})})
 
     mark("worker_start", {"mode": mode})
+    fenced: dict[str, Any] | None = None
+    final: dict[str, Any] = {}
     if mode == "planned" and snap_id is None:
-        _progress(sf, job_id, 0.05, "final group snapshot")
-        snap_id = _final_snapshot(sf, settings, g_id, actor, mark)
+        _progress(sf, job_id, 0.05, "final group snapshot (guests running)")
+        online_id = _final_snapshot(sf, settings, g_id, actor, mark)
+        final["online_snapshot_id"] = online_id
+        _progress(sf, job_id, 0.25, "fencing the primary", online_id)
+        fenced = fence(sf, settings, g_id, online_id, job_id, _target(sf, g_id))
+        mark("fence", fenced)
+        if fenced["unreachable"]:
+            # A VM we could not stop may still write: no stopped-disk cut is
+            # possible, and its writes after the online cut are not at DR.
+            snap_id = online_id
+            final["stopped_snapshot_id"] = None
+            final["not_captured"] = ("writes after the online final snapshot on "
+                                     f"{[u['host'] for u in fenced['unreachable']]}")
+        else:
+            _progress(sf, job_id, 0.3, "snapshot of the stopped disks")
+            snap_id = _stopped_snapshot(sf, settings, g_id, online_id, job_id, mark)
+            final["stopped_snapshot_id"] = snap_id
     assert snap_id is not None
     with sf() as s:
         snap = s.get(GroupSnapshot, snap_id)
@@ -217,25 +342,38 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
             spec = drills.build_spec(s, snap, [], "fo")
         except drills.DrillFailed as exc:
             raise FailoverFailed(exc.code, str(exc)) from exc
-        g = s.get(Group, g_id)
-        assert g is not None and g.policy.replication_target is not None
-        target = g.policy.replication_target.name
         txn, rp = snap.txn, snap.members[0].name
-    _progress(sf, job_id, 0.3, f"fencing; recovery point {txn}", snap_id)
+    target = _target(sf, g_id)
+    _progress(sf, job_id, 0.4, f"failing over to {target}; recovery point {txn}", snap_id)
     boot = BootSpec(site=spec.site, vms=spec.vms, guest_image=spec.guest_image,
                     host_netns=spec.host_netns, accel=spec.accel, workload=workload,
                     state_dir=f"/var/lib/cutpoint/failover/{job_id[:8]}")
     mark("failover_start", {"recovery_point": txn})
+
+    def do_fence() -> dict[str, Any]:
+        if fenced is not None:  # planned: fenced before the stopped-disk snapshot
+            return fenced
+        return fence(sf, settings, g_id, snap_id, job_id, target)
+
     try:
-        res = failover(boot, rp, lambda: fence(sf, settings, g_id, snap_id, job_id, target),
-                       t_request=t_request)
+        res = failover(boot, rp, do_fence, t_request=t_request)
     except FailoverError as exc:
         raise FailoverFailed("failover_failed", str(exc)) from exc
     out = res.as_dict()
-    timeline = sorted(ours + list(out.pop("timeline", [])), key=lambda e: e["t_s"])
+    theirs = [e for e in out.pop("timeline", [])
+              if not (fenced is not None and e["step"] == "fence")]  # ours, earlier
+    timeline = sorted(ours + theirs, key=lambda e: e["t_s"])
     # `stop_guests` needs each guest's tap too (cleanup from the job result).
     taps = {g["name"]: g.get("tap") for g in res.guests}
     guests = [{**g, "tap": taps.get(g.get("vm"))} for g in out.pop("guests", [])]
     return {"mode": mode, "recovery_point": txn, "snapshot_id": snap_id,
-            "requested_at": float(requested_at), **out, "guests": guests,
+            "requested_at": float(requested_at), **final, **out, "guests": guests,
             "timeline": timeline, "breakdown": breakdown(timeline)}
+
+
+def _target(sf: Any, g_id: int) -> str:
+    with sf() as s:
+        g = s.get(Group, g_id)
+        if g is None or g.policy is None or g.policy.replication_target is None:
+            raise FailoverFailed("no_target", f"group {g_id} has no replication target")
+        return str(g.policy.replication_target.name)

@@ -9,7 +9,14 @@ import datetime as dt
 import time
 from typing import Any
 
-from cutpoint.api.models import Group, GroupSnapshot, Job, MemberSnapshot, SnapState, utcnow
+from cutpoint.api.models import (
+    Group,
+    GroupSnapshot,
+    Job,
+    MemberSnapshot,
+    SnapState,
+    utcnow,
+)
 from cutpoint.api.services.failover import breakdown
 from sqlalchemy import select
 
@@ -57,25 +64,32 @@ def test_failover_job_carries_the_request_time(api: Any, app: Any, inventory: di
 
 
 def test_breakdown_from_a_recorded_timeline() -> None:
-    # The timeline of a lab run (the coordinator's events merged with the
-    # service's own), t_s from the request.
+    # A planned failover's timeline (the coordinator's events merged with
+    # the service's own), t_s from the request.
     timeline = [
         {"t_s": 0.0, "step": "request"},
         {"t_s": 0.41, "step": "worker_start", "mode": "planned"},
         {"t_s": 2.9, "step": "final_snapshot", "snapshot_id": 3},
         {"t_s": 9.75, "step": "replicated", "snapshot_id": 3},
-        {"t_s": 9.9, "step": "failover_start", "recovery_point": "x"},
-        {"t_s": 11.2, "step": "fence", "epoch": 1},
-        {"t_s": 12.0, "step": "rollback", "rolled_back": []},
+        {"t_s": 10.6, "step": "fence", "epoch": 1},
+        {"t_s": 11.5, "step": "stopped_snapshot", "snapshot_id": 4},
+        {"t_s": 12.7, "step": "stopped_replicated", "snapshot_id": 4},
+        {"t_s": 12.8, "step": "failover_start", "recovery_point": "x"},
+        {"t_s": 13.4, "step": "rollback", "rolled_back": []},
         {"t_s": 30.5, "step": "ready", "vm": "a"},
         {"t_s": 31.0, "step": "ready", "vm": "b"},
         {"t_s": 31.0, "step": "running", "vms": ["a", "b"]},
     ]
-    assert breakdown(timeline) == {"queue_wait_s": 0.41, "final_snapshot_s": 2.49,
-                                   "replication_s": 6.85, "fence_s": 1.3,
-                                   "rollback_s": 0.8, "boot_s": 19.0}
-    # Unplanned: no final snapshot; missing steps are None, not made up.
-    unplanned = [e for e in timeline if e["step"] not in ("final_snapshot", "replicated")]
+    bd = breakdown(timeline)
+    assert bd == {"queue_wait_s": 0.41, "final_snapshot_s": 2.49, "replication_s": 6.85,
+                  "fence_s": 0.85, "stopped_snapshot_s": 0.9, "stopped_replication_s": 1.2,
+                  "setup_s": 0.1, "rollback_s": 0.6, "boot_s": 17.6}
+    assert abs(sum(v for v in bd.values() if v is not None) - 31.0) < 1e-6
+    # Unplanned: no final snapshots; their keys are None, not made up.
+    unplanned = [{"t_s": 0.0, "step": "request"}, {"t_s": 0.3, "step": "worker_start"},
+                 {"t_s": 0.5, "step": "failover_start"}, {"t_s": 1.8, "step": "fence"},
+                 {"t_s": 2.5, "step": "rollback"}, {"t_s": 20.0, "step": "running"}]
     bd = breakdown(unplanned)
-    assert bd["final_snapshot_s"] is None and bd["replication_s"] is None
-    assert bd["boot_s"] == 19.0
+    assert bd["final_snapshot_s"] is None and bd["stopped_replication_s"] is None
+    assert (bd["queue_wait_s"], bd["setup_s"], bd["fence_s"], bd["rollback_s"],
+            bd["boot_s"]) == (0.3, 0.2, 1.3, 0.7, 17.5)

@@ -14,8 +14,10 @@ claims against the lab itself:
   schedule is off;
 - the primary guests are gone (their QEMU pids, the agents' inventory);
 - the DR guests run and printed their ready line;
-- the writer checker passes on the DR images, with the same records as the
-  primary's final snapshot (the recovery point the job took).
+- planned mode loses nothing written before the fence: the recovery point
+  is a snapshot of the stopped primary disks (after an online final
+  snapshot, both replicated), and the writer checker passes on the DR
+  images with the same records as it.
 
 The DR guests are stopped at the end (`stop_guests`).  The primary guests
 stay stopped: the lab fixture brings up a fresh lab for the next test.
@@ -193,27 +195,36 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
         assert job["state"] == "succeeded", (job["error_code"], job["error"], plane.tail())
 
         # RTO from the request: the origin is stamped inside our POST, the
-        # worker's queue wait agrees with Job.started_at, and the RTO is no
+        # worker's queue wait covers Job.started_at, and the RTO is no
         # longer than what we saw from before the POST to seeing the result.
         assert t_before <= res["requested_at"] <= t_posted, (t_before, res["requested_at"])
         bd = res["breakdown"]
         started = dt.datetime.fromisoformat(job["started_at"]).timestamp()
-        assert abs(bd["queue_wait_s"] - (started - res["requested_at"])) < 1.0, bd
+        # (later than Job.started_at only if the first delivery found the
+        # group locked and retried)
+        assert bd["queue_wait_s"] >= started - res["requested_at"] - 0.5, (bd, started)
         assert 0 < res["rto_s"] <= t_seen - t_before, (res["rto_s"], t_seen - t_before)
         steps = [e["step"] for e in res["timeline"]]
         assert steps[0] == "request" and steps[-1] == "running", steps
-        for k in ("final_snapshot_s", "replication_s", "fence_s", "rollback_s", "boot_s"):
+        for k in ("final_snapshot_s", "replication_s", "fence_s", "stopped_snapshot_s",
+                  "stopped_replication_s", "rollback_s", "boot_s"):
             assert bd[k] is not None and bd[k] >= 0, (k, bd)
-        parts = sum(bd[k] for k in ("queue_wait_s", "final_snapshot_s", "replication_s",
-                                    "fence_s", "rollback_s", "boot_s"))
-        assert parts <= res["rto_s"] + 0.01, (parts, res["rto_s"])
+        parts = sum(v for v in bd.values() if v is not None)
+        assert abs(parts - res["rto_s"]) < 0.05, (parts, res["rto_s"])
         print(f"failover RTO {res['rto_s']:.1f} s from the request "
               f"(test saw {t_seen - t_before:.1f} s); breakdown {bd}")
 
-        # The recovery point is a new, replicated final snapshot.
+        # Two final snapshots, both replicated: one with the guests running,
+        # then one of the stopped disks, which is the recovery point.
         assert res["recovery_point"] not in (first["txn"], second["txn"])
+        assert res["stopped_snapshot_id"] == res["snapshot_id"], res
+        online = c.get(f"/v1/snapshots/{res['online_snapshot_id']}/replication").json()
         final = c.get(f"/v1/snapshots/{res['snapshot_id']}/replication").json()
-        assert final["recovery_point"] and final["txn"] == res["recovery_point"], final
+        assert online["recovery_point"] and final["recovery_point"], (online, final)
+        assert final["txn"] == res["recovery_point"]
+        assert not any(m["full"] for m in online["members"] + final["members"])
+        print(f"final snapshots: online {online['txn']} ({online['bytes_shipped']} B), "
+              f"stopped {final['txn']} ({final['bytes_shipped']} B)")
 
         # Fencing: epoch 1, DR active, the schedule is off.
         assert res["fence"]["epoch"] == 1, res["fence"]
@@ -242,18 +253,21 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
             assert g["netns"] in dr_ns, g
             assert "cp-init: ready" in Path(g["console"]).read_text(errors="replace"), g
 
-        # The writer checker on the DR images the guests run from: the same
-        # records as the primary's final snapshot.
+        # The writer checker on the DR images the guests run from.  Nothing
+        # written before the fence is lost: DR holds the same records as the
+        # primary's disks as the fence left them (its stopped snapshot), more
+        # than the online final snapshot had.
         images = [d["image"] for v in primaries for d in v["disks"]]
         at_dr = writer_verdict(lab["sites"]["dr"], images, None)
         assert at_dr.ok and at_dr.p > 0, at_dr.summary()
-        snap_name = f"cp.app.{res['recovery_point']}"
-        at_primary = writer_verdict(lab["sites"]["primary"], images, snap_name)
-        assert at_primary.ok and at_primary.p == at_dr.p, (at_primary.summary(),
-                                                            at_dr.summary())
-        head = writer_verdict(lab["sites"]["primary"], images, None)
-        print(f"writer at DR: {at_dr.summary()}; primary head after fencing: p={head.p} "
-              f"({head.p - at_dr.p} records written after the final snapshot's cut)")
+        stopped = writer_verdict(lab["sites"]["primary"], images,
+                                 f"cp.app.{res['recovery_point']}")
+        assert stopped.ok and stopped.p == at_dr.p, (stopped.summary(), at_dr.summary())
+        at_online = writer_verdict(lab["sites"]["primary"], images, f"cp.app.{online['txn']}")
+        assert at_online.ok and at_online.p <= at_dr.p, at_online.summary()
+        print(f"writer at DR: {at_dr.summary()}; the online final snapshot had "
+              f"p={at_online.p}: {at_dr.p - at_online.p} records written between its cut "
+              f"and the fence are at DR through the stopped-disk snapshot")
     finally:
         if not guests:  # the job did not report them: its QEMU pid files do
             guests = [{"vm": f.parent.name, "pid": int(f.read_text().strip() or 0),
