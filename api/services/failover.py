@@ -2,15 +2,24 @@
 
     {recovery_point: <id|txn|"latest">, mode: planned|unplanned, workload?: str}
 
-planned:   take a final group snapshot (the normal capture path) and
-           replicate it; it becomes the recovery point, so nothing written
-           before the request is lost.
+planned:   take a final group snapshot with the guests running (the normal
+           capture path) and replicate it (the bulk of the lag); fence;
+           then, with every member VM stopped and its images closed, take
+           `rbd snap create` of each disk (a consistent cut: nothing runs)
+           and replicate that small increment.  The stopped-disk snapshot
+           is the recovery point, so nothing written before the fence is
+           lost.  If a host could not be fenced, the online snapshot is the
+           recovery point and the result says what was not captured
+           (`not_captured`).
 both:      fence the primary (agents' `vm.stop` for every member VM; an
            unreachable host is recorded, not waited for), record fencing
            epoch n+1 (`fencing_epochs`: DR is the only writer from then on),
            disable the group's schedule at the fenced site, roll the DR
            images back to the recovery point and boot the VMs on the DR host
-           (`cutpoint.coordinator.failover`).
+           (`cutpoint.coordinator.failover`).  Unplanned mode fences inside
+           `failover()`; planned mode has fenced already and hands it the
+           record.  A failure after the fence leaves the primary stopped
+           and the group disabled: the job's error says where it stopped.
 
 RTO is measured from the HTTP request, not from the worker: the route
 stamps the request's wall-clock time into the job's params (`requested_at`,
@@ -18,9 +27,12 @@ epoch seconds; `Job.created_at` when absent) and the worker turns it into
 the monotonic origin it passes to `failover(t_request=...)`, so every `t_s`
 of the timeline and `rto_s` count from the request (one clock on one
 machine; across machines it needs synchronised clocks).  The result's
-`breakdown` splits the RTO: `queue_wait_s` (request -> worker start),
-`final_snapshot_s` and `replication_s` (planned only), `fence_s`,
-`rollback_s`, `boot_s` (rollback done -> every guest ready).
+`breakdown` splits the RTO between consecutive milestones: `queue_wait_s`
+(request -> worker start), planned only `final_snapshot_s`,
+`replication_s`, then `fence_s`, `stopped_snapshot_s`,
+`stopped_replication_s`; both `setup_s` (the boot spec), unplanned
+`fence_s`, `rollback_s`, `boot_s` (rollback done -> every guest ready).
+They add up to `rto_s`.
 
 The job runs under the group's Redis lock (the one group snapshots take):
 no scheduled snapshot runs during it, and a redelivered copy of the task
