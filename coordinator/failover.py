@@ -13,10 +13,14 @@ final group snapshot:
               back to it (`rbd snap rollback`); an unchanged image is left
               alone, because a rollback rewrites every object and would make
               failback ship the whole disk
-    boot      one QEMU per VM in the DR host namespace, on the DR host's
-              bridge, from the DR images.  Agents start VMs only through
-              libvirt (`vm.start`, docs/agent-protocol.md 4.9) and the lab
-              runs plain QEMU, so the lab's QEMU launcher is used
+    boot      `vm.start{spec: {vm}}` of every VM through the DR host's agent
+              (docs/agent-protocol.md 4.9), in parallel: the agent runs the
+              start command its config gives that VM (in the lab: the standby
+              launcher `cutpoint.lab.standby`, QEMU on the DR images in the DR
+              host namespace) and replies once QMP says running; the
+              timeline gets one `vm_start` step per VM with the agent's
+              `start_ms`.  A VM already running there is left as it is
+              (`already_running`), never started twice
     ready     every guest's init printed its ready line: RTO = request to
               here
 
@@ -57,6 +61,17 @@ class FailoverError(RuntimeError):
 
 @dataclass
 class BootSpec:
+    """What failover boots where.
+
+    The DR agent is `agent` (address, port) with the client certificate
+    `tls` (ca, cert, key); when None, the lab's agent of the host whose
+    namespace is `host_netns`, with the lab's coordinator certificate.
+    `workload` is written into the lab standby's spec before `vm.start`
+    (the guest command line).  `guest_image`, `accel`, `memory_mb`,
+    `state_dir` and `tap_prefix` are not used any more: how a standby
+    boots is the DR agent's configuration (kept for callers).
+    """
+
     site: dict[str, Any]  # Ceph site of the images
     vms: list[DrillVM]
     guest_image: dict[str, Any]
@@ -68,6 +83,10 @@ class BootSpec:
     boot_timeout_s: float = 240
     tap_prefix: str = "fo"
     guests: list[dict[str, Any]] = field(default_factory=list)
+    agent: tuple[str, int] | None = None
+    tls: tuple[str, str, str] | None = None
+    start_timeout_s: float = 180
+    lab_state_dir: str | None = None  # the lab's (standby specs, certs); None: default
 
 
 def rollback(site: dict[str, Any], images: list[str], snap: str) -> list[str]:
@@ -93,36 +112,101 @@ def rollback(site: dict[str, Any], images: list[str], snap: str) -> list[str]:
         return [i for i in ex.map(one, images) if i is not None]
 
 
+def _lab_agent(spec: BootSpec) -> tuple[tuple[str, int], tuple[str, str, str]]:
+    """The lab's agent of `spec.host_netns` and the lab's coordinator certificate."""
+    from cutpoint.lab.agents import PORT
+    from cutpoint.lab.status import load_status
+
+    status = load_status(spec.lab_state_dir)
+    host = next((h for h in status["hosts"] if h["netns"] == spec.host_netns), None)
+    if host is None:
+        raise FailoverError(f"no lab host with namespace {spec.host_netns}")
+    certs = Path(status["state_dir"]) / "certs"
+    return ((host["address"], PORT),
+            (str(certs / "ca.pem"), str(certs / "coordinator.pem"),
+             str(certs / "coordinator.key")))
+
+
+def _start_via_agent(spec: BootSpec, names: list[str]) \
+        -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """`vm.start` of every VM on the DR agent, in parallel: ({vm: result}, [error])."""
+    import asyncio
+
+    from cutpoint.agentclient.client import AgentClient
+    from cutpoint.agentclient.errors import AgentError, AgentReplyError
+    from cutpoint.agentclient.tls import client_context
+
+    if spec.agent is None or spec.tls is None:
+        agent, tls = _lab_agent(spec)
+        spec.agent, spec.tls = spec.agent or agent, spec.tls or tls
+    assert spec.agent is not None and spec.tls is not None
+    addr, port = spec.agent
+    ctx = client_context(*spec.tls)
+
+    async def all_() -> list[dict[str, Any] | BaseException]:
+        async with AgentClient(addr, port, ssl_context=ctx, connect_timeout=10,
+                               call_timeout=spec.start_timeout_s) as c:
+            return await asyncio.gather(
+                *(c.call("vm.start", {"spec": {"vm": n}}) for n in names),
+                return_exceptions=True)
+
+    try:
+        replies = asyncio.run(all_())
+    except AgentError as exc:
+        raise FailoverError(f"DR agent {addr}:{port}: {type(exc).__name__}: {exc}") from exc
+    out: dict[str, dict[str, Any]] = {}
+    errors = []
+    for name, r in zip(names, replies, strict=True):
+        if isinstance(r, AgentReplyError):
+            errors.append(f"{name}: vm.start {r.code}: {r.message}")
+        elif isinstance(r, BaseException):
+            errors.append(f"{name}: vm.start: {type(r).__name__}: {r}")
+        else:
+            out[name] = r
+    return out, errors
+
+
 def boot(spec: BootSpec, on_event: Callable[[str, dict[str, Any]], None] | None = None) \
         -> list[dict[str, Any]]:
-    """Start every VM of `spec` and wait until each guest is ready."""
-    from cutpoint.lab import config as C
-    from cutpoint.lab import net
-    from cutpoint.lab.vms import qemu_argv
+    """Start every VM of `spec` through the DR agent and wait until each guest is ready."""
+    from cutpoint.lab import standby
+    from cutpoint.lab.errors import LabError
+    from cutpoint.lab.proc import pid_alive
+    from cutpoint.lab.status import load_status
 
-    peers = [C.vm_addr(v.index) for v in spec.vms]
-    for k, vm in enumerate(spec.vms):
-        d = Path(spec.state_dir) / vm.name
-        d.mkdir(parents=True, exist_ok=True)
-        for f in ("console.log", "qmp.sock", "qemu.pid"):
-            (d / f).unlink(missing_ok=True)
-        tap = f"{spec.tap_prefix}{k}"
-        g = {"name": vm.name, "index": vm.index, "address": C.vm_addr(vm.index),
-             "mac": C.vm_mac(vm.index), "tap": tap, "qmp": str(d / "qmp.sock"),
-             "console": str(d / "console.log"), "pidfile": str(d / "qemu.pid"),
-             "workload": spec.workload, "netns": spec.host_netns, "pid": 0,
-             "disks": [{"node": x["node"], "backend": "rbd", "pool": spec.site.get("pool", "rbd"),
-                        "image": x["image"], "site": "s"} for x in vm.disks]}
-        net.add_tap(spec.host_netns, tap)
-        argv = qemu_argv(g, spec.guest_image, spec.accel, peers, {"s": spec.site},
-                         spec.memory_mb, "")
-        import subprocess
-        cp = subprocess.run(["ip", "netns", "exec", spec.host_netns, *argv],
-                            capture_output=True, text=True, timeout=60, check=False)
-        if cp.returncode != 0:
-            raise FailoverError(f"{vm.name}: QEMU did not start: {cp.stderr.strip()[-400:]}")
-        g["pid"] = int(Path(g["pidfile"]).read_text().strip())
+    status = load_status(spec.lab_state_dir)
+    sb = {}
+    for vm in spec.vms:
+        try:
+            standby.set_workload(status, vm.name, spec.workload)
+            sb[vm.name] = standby.load(status, vm.name)
+        except (LabError, OSError, ValueError) as exc:
+            raise FailoverError(f"{vm.name}: no standby at DR: {exc}") from exc
+    started, errors = _start_via_agent(spec, [v.name for v in spec.vms])
+    for vm in spec.vms:
+        if vm.name not in started:
+            continue
+        s, r = sb[vm.name], started[vm.name]
+        pid = 0
+        try:
+            pid = int(Path(s["pidfile"]).read_text().strip())
+        except (OSError, ValueError):
+            pass
+        g = {"name": vm.name, "index": s["index"], "address": s["address"], "mac": s["mac"],
+             "tap": s["tap"], "qmp": s["qmp"], "console": s["console"],
+             "pidfile": s["pidfile"], "workload": spec.workload, "netns": s["netns"],
+             "pid": pid, "start_ms": r.get("start_ms"),
+             "already_running": bool(r.get("already_running")),
+             "agent": f"{spec.agent[0]}:{spec.agent[1]}" if spec.agent else None,
+             "disks": s["disks"]}
         spec.guests.append(g)
+        if on_event:
+            on_event("vm_start", {"vm": vm.name, "start_ms": r.get("start_ms"),
+                                  "command_ms": r.get("command_ms"),
+                                  "already_running": bool(r.get("already_running"))})
+    if errors:  # the caller stops what did start (spec.guests)
+        assert spec.agent is not None
+        raise FailoverError(f"DR agent {spec.agent[0]}:{spec.agent[1]}: " + "; ".join(errors))
     end = time.monotonic() + spec.boot_timeout_s
     pending = {g["name"]: g for g in spec.guests}
     while pending:
@@ -133,7 +217,7 @@ def boot(spec: BootSpec, on_event: Callable[[str, dict[str, Any]], None] | None 
                 del pending[name]
                 if on_event:
                     on_event("ready", {"vm": name})
-            elif not Path(f"/proc/{g['pid']}").exists():
+            elif not pid_alive(g["pid"]):  # daemonized: a zombie until init reaps it
                 raise FailoverError(f"{name}: QEMU died during boot: "
                                     + " | ".join(text.strip().splitlines()[-3:]))
         if pending and time.monotonic() > end:
@@ -151,8 +235,9 @@ def stop_guests(guests: list[dict[str, Any]]) -> None:
 
     stop_pids([g.get("pid") or 0 for g in guests])
     for g in guests:
-        subprocess.run(["ip", "-n", g["netns"], "link", "del", g["tap"]],
-                       capture_output=True, check=False)
+        if g.get("netns") and g.get("tap"):
+            subprocess.run(["ip", "-n", g["netns"], "link", "del", g["tap"]],
+                           capture_output=True, check=False)
 
 
 @dataclass
@@ -166,8 +251,9 @@ class FailoverResult:
     def as_dict(self) -> dict[str, Any]:
         return {"recovery_point": self.recovery_point, "rto_s": round(self.rto_s, 3),
                 "timeline": self.timeline, "fence": self.fence,
-                "guests": [{"vm": g["name"], "pid": g["pid"], "console": g["console"],
-                            "netns": g["netns"]} for g in self.guests]}
+                "guests": [{"vm": g["name"], "pid": g["pid"], "console": g.get("console"),
+                            "netns": g.get("netns"), "start_ms": g.get("start_ms"),
+                            "agent": g.get("agent")} for g in self.guests]}
 
 
 def failover(boot_spec: BootSpec, recovery_point: str, fence: Callable[[], dict[str, Any]],

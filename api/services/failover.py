@@ -39,10 +39,13 @@ no scheduled snapshot runs during it, and a redelivered copy of the task
 (broker visibility timeout shorter than a failover) waits instead of
 fencing and booting a second time.
 
-The DR guests are started with the lab's QEMU launcher, not `vm.start`:
-the agent implements `vm.start` for its libvirt driver only and the lab's
-guests are plain QEMU.  `workload` (default `none`) is what the DR guests
-run after boot.
+The DR guests are started by the DR host's agent (`vm.start{spec: {vm}}`,
+docs/agent-protocol.md 4.9): it runs the start command its configuration
+gives each standby VM (in the lab the standby launcher,
+`cutpoint.lab.standby`) and replies once QMP says running; each VM's
+`start_ms` is in the timeline (`vm_start` steps).  `workload` (default
+`none`) is what the DR guests run after boot (written into the lab
+standby's spec before `vm.start`).
 """
 
 from __future__ import annotations

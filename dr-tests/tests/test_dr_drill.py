@@ -244,7 +244,11 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
     dspec = spec_from_lab(env.status, final, report_dir=str(tmp_path))
     boot = BootSpec(site=d, vms=dspec.vms, guest_image=dspec.guest_image,
                     host_netns=dspec.host_netns, accel=dspec.accel, workload="none",
-                    state_dir=str(tmp_path / "fo"), tap_prefix="fot")
+                    state_dir=str(tmp_path / "fo"), tap_prefix="fot",
+                    lab_state_dir=env.status["state_dir"])
+    dr_agent = next(a for a in env.agents
+                    if a["host"] == next(h["name"] for h in env.status["hosts"]
+                                         if h["site"] == "dr"))
     try:
         res = failover(boot, final, lambda: fence_via_agents(targets, tls))
         assert sorted(res.fence["stopped"]) == sorted(v["name"] for v in env.vms), res.fence
@@ -256,6 +260,18 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
             assert "cp-init: ready" in Path(g["console"]).read_text()
             assert Path(f"/proc/{g['pid']}").exists()
         assert res.rto_s > 0 and res.timeline[-1]["step"] == "running"
+        # Booted by the DR host's agent (vm.start runs its standby's start
+        # command), not by the coordinator: one vm_start per VM, with the
+        # agent's start_ms, and the agent logged each start.
+        starts = {e["vm"]: e for e in res.timeline if e["step"] == "vm_start"}
+        assert sorted(starts) == sorted(v["name"] for v in env.vms), res.timeline
+        for e in starts.values():
+            assert e["start_ms"] > 0 and e["already_running"] is False, e
+        agent_log = Path(dr_agent["log"]).read_text(errors="replace")
+        for v in env.vms:
+            assert f"event=vm_start vm={v['name']} result=started" in agent_log, agent_log[-2000:]
+        print("failover vm.start via " + dr_agent["address"] + ": "
+              + ", ".join(f"{n} {e['start_ms']:.0f} ms" for n, e in sorted(starts.items())))
         # The writer checker on the disks the DR guests run from.
         verdict = scan_specs([RbdSpec(d["pool"], i, None, d["ceph_conf"], d["client_id"],
                                       d["keyring"]) for i in env.images])
