@@ -30,7 +30,7 @@ class MemberReplicationPublic(Public):
 class ReplicationPublic(Public):
     snapshot_id: int
     txn: str
-    state: Literal["not_replicated", "copying", "verified", "failed"]
+    state: Literal["not_replicated", "copying", "verified", "failed", "dr_deleted"]
     recovery_point: bool
     dr_verified_at: str | None
     replication_base: bool

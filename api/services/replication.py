@@ -225,6 +225,8 @@ def summary(s: Session, snap: GroupSnapshot) -> dict[str, Any]:
         state = "not_replicated"
     elif any(r.state == "copying" for r in latest):
         state = "copying"
+    elif all(r.state == "dr_deleted" for r in latest):
+        state = "dr_deleted"  # was a DR recovery point; DR retention removed it
     else:
         state = "failed"
     shipped = sum(r.bytes_shipped for r in latest)

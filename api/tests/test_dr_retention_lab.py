@@ -176,6 +176,7 @@ def test_retention_never_deletes_a_replication_base_on_ceph(
     assert on_all(lab, "primary", s2["name"]) and on_all(lab, "dr", s2["name"])
     assert on_all(lab, "primary", s3["name"]) and on_all(lab, "primary", s4["name"])
     assert on_none(lab, "primary", s1["name"]) and on_none(lab, "dr", s1["name"])
+    assert c.get(f"/v1/snapshots/{s1['id']}/replication").json()["state"] == "dr_deleted"
     done3 = job_done(c, plane, j3)
     assert done3["state"] == "succeeded", done3
     for m in members(c, s3):
