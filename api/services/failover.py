@@ -137,11 +137,13 @@ def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
 
 
 def _wait_closed(site: dict[str, Any], specs: list[str], timeout_s: float = 60) -> None:
-    """Until no client watches any of the images: every QEMU has closed its disks.
+    """Until no client holds the exclusive lock of any image: every QEMU has closed its disks.
 
     `vm.stop` returns when QEMU acknowledged `quit`, which may be before the
     process has flushed and closed its RBD images; a snapshot taken then
-    could miss the last writes."""
+    could miss the last writes.  The writer holds the image's exclusive
+    lock (`rbd lock ls` lists it as an `auto` locker) until it closes the
+    image.  Watchers are no sign: the agent keeps every disk open."""
     import json
     import subprocess
 
@@ -152,17 +154,17 @@ def _wait_closed(site: dict[str, Any], specs: list[str], timeout_s: float = 60) 
     while pending:
         still = []
         for spec in pending:
-            cp = subprocess.run(rbd_cmd(site, "status", "--format", "json", spec),
+            cp = subprocess.run(rbd_cmd(site, "lock", "ls", "--format", "json", spec),
                                 capture_output=True, text=True, timeout=60, check=False)
             if cp.returncode != 0:
-                raise FailoverFailed("rbd_status_failed", f"rbd status {spec}: "
+                raise FailoverFailed("rbd_lock_ls_failed", f"rbd lock ls {spec}: "
                                      f"rc={cp.returncode} {cp.stderr.strip()[-300:]}")
-            if json.loads(cp.stdout or "{}").get("watchers"):
+            if json.loads(cp.stdout or "[]"):
                 still.append(spec)
         pending = still
         if pending and time.monotonic() > deadline:
             raise FailoverFailed("primary_still_open", f"after {timeout_s:.0f}s the fenced "
-                                 f"VMs still hold {pending} open")
+                                 f"VMs still hold {pending} locked")
         if pending:
             time.sleep(0.2)
 
