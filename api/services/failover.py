@@ -361,10 +361,12 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
             raise FailoverFailed(exc.code, str(exc)) from exc
         txn, rp = snap.txn, snap.members[0].name
     target = _target(sf, g_id)
+    with sf() as s:
+        dr_agent = dr_agent_for(s, settings, target, [v.name for v in spec.vms])
     _progress(sf, job_id, 0.4, f"failing over to {target}; recovery point {txn}", snap_id)
     boot = BootSpec(site=spec.site, vms=spec.vms, guest_image=spec.guest_image,
                     host_netns=spec.host_netns, accel=spec.accel, workload=workload,
-                    state_dir=f"/var/lib/cutpoint/failover/{job_id[:8]}")
+                    state_dir=f"/var/lib/cutpoint/failover/{job_id[:8]}", **dr_agent)
     mark("failover_start", {"recovery_point": txn})
 
     def do_fence() -> dict[str, Any]:
@@ -386,6 +388,27 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
     return {"mode": mode, "recovery_point": txn, "snapshot_id": snap_id,
             "requested_at": float(requested_at), **final, **out, "guests": guests,
             "timeline": timeline, "breakdown": breakdown(timeline)}
+
+
+def dr_agent_for(s: Session, settings: Any, site: str, vms: list[str]) -> dict[str, Any]:
+    """BootSpec keywords naming the DR agent that starts `vms`, from the API's hosts.
+
+    The registered host of `site` whose inventory lists every one of `vms`
+    (the standby copies its agent starts with `vm.start`), reached with the
+    control plane's agent certificate.  No such host: {} (the coordinator
+    then uses the lab's DR agent)."""
+    from cutpoint.api.models import Site, Vm
+
+    if not (settings.agent_ca and settings.agent_cert and settings.agent_key):
+        return {}
+    for host in s.scalars(select(Host).join(Site, Host.site_id == Site.id)
+                          .where(Site.name == site).order_by(Host.name)):
+        names = set(s.scalars(select(Vm.name).where(Vm.host_id == host.id,
+                                                    Vm.present.is_(True))))
+        if set(vms) <= names:
+            return {"agent": (host.address, host.port),
+                    "tls": (settings.agent_ca, settings.agent_cert, settings.agent_key)}
+    return {}
 
 
 def _target(sf: Any, g_id: int) -> str:

@@ -93,3 +93,31 @@ def test_breakdown_from_a_recorded_timeline() -> None:
     assert bd["final_snapshot_s"] is None and bd["stopped_replication_s"] is None
     assert (bd["queue_wait_s"], bd["setup_s"], bd["fence_s"], bd["rollback_s"],
             bd["boot_s"]) == (0.3, 0.2, 1.3, 0.7, 17.5)
+
+
+def test_dr_agent_from_the_registered_dr_host(session_factory: Any, settings: Any) -> None:
+    from cutpoint.api.models import Host, Site
+    from cutpoint.api.services import inventory as inv
+    from cutpoint.api.services.failover import dr_agent_for
+
+    tls = {"agent_ca": "/c/ca.pem", "agent_cert": "/c/co.pem", "agent_key": "/c/co.key"}
+    st = settings.model_copy(update=tls)
+    with session_factory() as s:
+        dr = Site(name="dr")
+        s.add(dr)
+        s.flush()
+        host = Host(name="dr-h1", site_id=dr.id, address="10.77.2.1", port=7443)
+        s.add(host)
+        s.flush()
+        # The DR agent lists the standby copies (shutoff) under the VMs' names.
+        inv.apply(s, host, {"vms": [
+            {"name": n, "driver": "qmp", "state": "shutoff",
+             "disks": [{"id": f"{n}/disk0", "node": "disk0", "backend": "rbd",
+                        "pool": "rbd", "image": f"{n}-disk0"}]} for n in ("a", "b")]})
+        s.commit()
+        assert dr_agent_for(s, st, "dr", ["a", "b"]) == {
+            "agent": ("10.77.2.1", 7443), "tls": ("/c/ca.pem", "/c/co.pem", "/c/co.key")}
+        assert dr_agent_for(s, st, "dr", ["a", "c"]) == {}  # no host has every VM
+        assert dr_agent_for(s, st, "primary", ["a"]) == {}
+        no_tls = settings.model_copy(update=dict.fromkeys(tls))
+        assert dr_agent_for(s, no_tls, "dr", ["a"]) == {}

@@ -117,7 +117,8 @@ def register(c: TestClient, lab: dict[str, Any], plane: Plane) -> None:
     assert r.status_code == 201, r.text
     for vm in lab["vms"]:
         if vm["site"] == "primary":
-            r = c.post("/v1/groups/app/members", json={"vm": vm["name"]})
+            # The DR agent lists a standby of the same name: say which host.
+            r = c.post("/v1/groups/app/members", json={"vm": vm["name"], "host": vm["host"]})
             assert r.status_code == 201, r.text
 
 
@@ -136,8 +137,9 @@ def snapshot_and_replicate(c: TestClient, plane: Plane) -> dict[str, Any]:
     return dict(wait_for(verified, 300, f"replication of snapshot {sid}", plane, every=1))
 
 
-def inventory_states(lab: dict[str, Any], plane: Plane) -> dict[str, str]:
-    """Each primary VM's state from its agent (a VM no longer listed is 'absent')."""
+def inventory_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \
+        -> dict[str, str]:
+    """Each primary VM's state from the agents of `site` (not listed: 'absent')."""
     from cutpoint.agentclient import AgentClient, client_context
 
     st = plane.settings
@@ -150,7 +152,7 @@ def inventory_states(lab: dict[str, Any], plane: Plane) -> dict[str, str]:
 
     seen: dict[str, str] = {}
     for h in lab["hosts"]:
-        if h["site"] == "primary":
+        if h["site"] == site:
             seen.update(asyncio.run(one(h)))
     return {v["name"]: seen.get(v["name"], "absent") for v in lab["vms"]
             if v["site"] == "primary"}
@@ -245,10 +247,14 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
         assert "running" not in states.values(), states
         print(f"primary after fencing: {states}")
 
-        # The DR guests run, in the DR host's namespace, and are ready.
+        # The DR guests run, in the DR host's namespace, and are ready; the
+        # DR host's agent (the registered one) started them and lists them.
         dr_ns = {h["netns"] for h in lab["hosts"] if h["site"] == "dr"}
+        dr_agents = {f"{h['address']}:7443" for h in lab["hosts"] if h["site"] == "dr"}
         assert sorted(g["vm"] for g in guests) == sorted(v["name"] for v in primaries)
+        assert inventory_states(lab, plane, "dr") == {v["name"]: "running" for v in primaries}
         for g in guests:
+            assert g.get("agent") in dr_agents, g
             assert Path(f"/proc/{g['pid']}").exists(), g
             assert g["netns"] in dr_ns, g
             assert "cp-init: ready" in Path(g["console"]).read_text(errors="replace"), g
