@@ -146,9 +146,10 @@ def _start_via_agent(spec: BootSpec, names: list[str]) \
     async def all_() -> list[dict[str, Any] | BaseException]:
         async with AgentClient(addr, port, ssl_context=ctx, connect_timeout=10,
                                call_timeout=spec.start_timeout_s) as c:
-            return await asyncio.gather(
+            res: list[dict[str, Any] | BaseException] = await asyncio.gather(
                 *(c.call("vm.start", {"spec": {"vm": n}}) for n in names),
                 return_exceptions=True)
+            return res
 
     try:
         replies = asyncio.run(all_())

@@ -469,3 +469,46 @@ async def test_vm_start_runs_only_the_configured_command(standby_agent: dict[str
     log = (a["dir"] / "agent.log").read_text()
     assert "event=vm_start vm=sb1 result=started" in log
     assert "event=vm_start vm=sb1 result=already_running" in log
+
+
+def test_lab_dr_agent_config_lists_standbys(tmp_path: Path) -> None:
+    """The lab's DR agent config: one standby per primary RBD VM, its start
+    command the standby launcher on a spec file written first; `cutpointd -n`
+    accepts it (the start program is executable)."""
+    from cutpoint.lab.agents import render_config
+    from cutpoint.lab.standby import write_specs
+
+    site = {"ceph_conf": "/x/ceph.conf", "keyring": "/x/k", "client_id": "admin",
+            "pool": "rbd", "mon_addr": "10.77.0.2:3300"}
+    status: dict[str, Any] = {
+        "state_dir": str(tmp_path), "accel": "tcg", "sites": {"primary": site, "dr": site},
+        "hosts": [{"name": "primary-h1", "site": "primary", "netns": "primary-h1",
+                   "address": "10.77.1.1"},
+                  {"name": "dr-h1", "site": "dr", "netns": "dr-h1", "address": "10.77.2.1"}],
+        "vms": [{"name": f"primary-h1-vm{i}", "host": "primary-h1", "site": "primary",
+                 "index": i, "qmp": f"/x/vm{i}/qmp.sock",
+                 "disks": [{"node": "disk0", "backend": "rbd", "pool": "rbd",
+                            "image": f"primary-h1-vm{i}-disk0"}]} for i in (1, 2)],
+        "image": {"kernel": "/x/vmlinuz", "initrd": "/x/initrd"}}
+    certs = tmp_path / "certs"
+    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "dr-h1", "10.77.2.1"], check=True)
+    specs = write_specs(status)
+    assert [s["name"] for s in specs] == ["primary-h1-vm1", "primary-h1-vm2"]
+    assert specs[1]["disks"] == [{"node": "disk0", "backend": "rbd", "pool": "rbd",
+                                  "image": "primary-h1-vm2-disk0", "site": "dr"}]
+    assert specs[1]["tap"] == "sb2" and specs[1]["netns"] == "dr-h1"
+    assert json.loads(Path(specs[0]["spec"]).read_text())["workload"] == "none"
+    text = render_config(status, status["hosts"][1], certs, tmp_path / "agent",
+                         standby_specs=specs)
+    assert "[vm primary-h1-vm2]" in text
+    assert f"-m cutpoint.lab.standby start {specs[1]['spec']}" in text
+    cfg = tmp_path / "dr.ini"
+    cfg.write_text(text)
+    chk = subprocess.run([str(cutpointd_path()), "-n", "-c", str(cfg)], capture_output=True,
+                         text=True, check=False)
+    assert chk.returncode == 0, chk.stderr
+    # a start program that cannot run is refused by the check
+    cfg.write_text(text.replace("start = /", "start = /nonexistent/", 1))
+    chk = subprocess.run([str(cutpointd_path()), "-n", "-c", str(cfg)], capture_output=True,
+                         text=True, check=False)
+    assert chk.returncode != 0 and "/nonexistent/" in chk.stderr, chk.stderr
