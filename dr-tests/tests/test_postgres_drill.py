@@ -196,3 +196,31 @@ def test_agent_config_rejects_bad_disks(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="guest-agent"):
         pgcoord.start(tmp_path, "cp-pg", tmp_path / "q", {"disk1": "rbd:rbd/a"},
                       ceph=SITE, quiesce="fs-freeze")
+
+
+def test_report_html_shows_recovery_check_rto_and_replication() -> None:
+    """render_html on the recorded console of a real passing drill VM
+    (dr-tests/tests/data/pg_drill_console.log) and a replication record in
+    the shape DrillImages.replicate returns."""
+    from cutpoint.checkers.postgres import check_console
+    console = (Path(__file__).parent / "data" / "pg_drill_console.log").read_text()
+    c = check_console(console)
+    rep = {"snapshot": "cp.pg.t1", "base": None, "state": "verified",
+           "recovery_point": True, "bytes_shipped": 123456789, "seconds": 9.5,
+           "members": [{"disk": f"cp-pg/disk{i + 1}", "image": f"p-{s}", "full": True,
+                        "state": "verified", "verified_full": True,
+                        "bytes_shipped": 1000 * (i + 1), "bytes_changed": 0,
+                        "seconds": 3.0} for i, (s, _) in enumerate(pgdrill.GROUP)]}
+    report = {"primary": {"boot_to_ledger_s": 70.0}, "cleanup": {"left": {}},
+              "drills": [{"passed": c.passed, "reasons": c.reasons,
+                          "rto_pg_ready_s": 61.2, "rto_check_done_s": 90.0,
+                          "check": c.as_dict(), "replication": rep,
+                          "dr_clones": ["rbd/p-cpwal-d0"],
+                          "snapshot": pgdrill.Snap("cp.pg.t1", "coordinator", 0.0, 25.0,
+                                                   12.0, 40).__dict__}]}
+    page = pgdrill.render_html(report)
+    assert c.passed and "PASS" in page
+    assert "redo done at" in page and "61.2 s" in page
+    assert "123,456,789 B" in page and "(full SHA-256)" in page
+    assert page.count("<td>full</td>") == len(pgdrill.GROUP)
+    assert "rbd/p-cpwal-d0" in page
