@@ -110,6 +110,16 @@ now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* Charge the time since *since to phase ph and restart the clock. */
+static void
+phase_end(struct sync_result *r, int ph, uint64_t *since)
+{
+    uint64_t t = now_ns();
+
+    r->phase_ms[ph] += (double)(t - *since) / 1e6;
+    *since = t;
+}
+
 void
 sync_opts_init(struct sync_opts *o)
 {
@@ -779,23 +789,68 @@ progress_event(uint64_t bytes, uint64_t extents, uint64_t offset,
 }
 
 /*
+ * Save the record for the done prefix off, then print a progress event
+ * for it: an offset that was printed is always durable (the kill -9 test
+ * relies on it).  A failed save costs a resend after a crash, never data,
+ * so it warns once and the copy goes on.
+ */
+static void
+report(const struct sync_opts *o, const char *prog_path,
+       struct sync_progress *prog, uint64_t *last_saved, int *warned,
+       uint64_t off, uint64_t rec_bytes, uint64_t rec_ext, uint64_t bytes,
+       uint64_t ext, uint64_t total, uint64_t zeroed)
+{
+    char perr[256];
+
+    if (off != *last_saved) {
+        prog->done_offset = off;
+        /* Only the done prefix counts: extents finished beyond it will
+         * be sent again by a resumed run. */
+        prog->bytes = rec_bytes;
+        prog->extents = rec_ext;
+        if (sync_progress_save(prog_path, prog, perr, sizeof(perr)) < 0) {
+            if (!*warned)
+                logkv(o, "warn", "msg=\"progress record not saved\" "
+                      "error=\"%s\"", perr);
+            *warned = 1;
+            off = *last_saved;    /* print only what is durable */
+        } else {
+            *last_saved = off;
+        }
+    }
+    emit(o, progress_event(bytes, ext, off, total, zeroed));
+}
+
+/*
  * Run the workers over items[0..n) and save progress as the done prefix
  * grows.  prog holds the record to save (bytes/extents carried over from
  * earlier runs are in prev_*).
+ *
+ * The record is saved (write, fsync, rename, fsync of the directory) and a
+ * progress event printed at most once per progress_ms, not after every
+ * group: a small round is over before the first interval, and a 1 GiB copy
+ * did a few hundred fsyncs.  A crash loses at most one interval of work,
+ * which a resumed run sends again.  When every extent is done, nothing is
+ * saved here: the DR snapshot, created next, is the durable completion
+ * marker, so one more save would only sit on the critical path.  The
+ * final progress event is then printed by the caller once the snapshot
+ * exists (*end_offset is its offset); on failure it is saved and printed
+ * here.
  */
 static int
 copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
          const struct copy *layout,
          const struct sync_extent *items, size_t n, uint64_t total,
          const char *prog_path, struct sync_progress *prog,
-         struct sync_result *r, char *err, size_t errlen)
+         struct sync_result *r, uint64_t *end_offset, char *err,
+         size_t errlen)
 {
     struct copy c;
     pthread_t *th = NULL;
-    int nth = 0, i, ret = SYNC_ERR, saved_warned = 0;
+    int nth = 0, i, ret = SYNC_ERR, warned = 0;
     uint64_t last_saved, prev_bytes = prog->bytes, prev_ext = prog->extents;
-    uint64_t base_done = prog->done_offset;
-    char perr[256];
+    uint64_t base_done = prog->done_offset, next_report;
+    uint64_t every = (uint64_t)o->progress_ms * 1000000ULL;
 
     memset(&c, 0, sizeof(c));
     c.o = o;
@@ -831,15 +886,19 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
         c.fail_code = SYNC_ERR;
         snprintf(c.fail_msg, sizeof(c.fail_msg), "cannot start workers");
     }
+    next_report = now_ns() + every;
     while (c.active > 0) {
         struct timespec ts;
+        uint64_t t = now_ns(), left = next_report > t ? next_report - t : 0;
         uint64_t off, bytes, ext, zeroed, mbytes, mark;
 
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(o->progress_ms % 1000) * 1000000L;
-        ts.tv_sec += o->progress_ms / 1000 + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec += (long)(left % 1000000000ULL);
+        ts.tv_sec += (time_t)(left / 1000000000ULL) + ts.tv_nsec / 1000000000L;
         ts.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&c.cv, &c.mu, &ts);
+        if (c.active == 0 || now_ns() < next_report)
+            continue;          /* the end is handled after the loop */
         off = c.done_offset;
         mbytes = c.mark_bytes;
         mark = c.mark;
@@ -847,41 +906,27 @@ copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
         ext = c.extents;
         zeroed = c.zeroed;
         pthread_mutex_unlock(&c.mu);
-
-        if (off != last_saved) {
-            prog->done_offset = off;
-            /* Only the done prefix counts: extents finished beyond it
-             * will be sent again by a resumed run. */
-            prog->bytes = prev_bytes + mbytes;
-            prog->extents = prev_ext + mark;
-            if (sync_progress_save(prog_path, prog, perr, sizeof(perr)) < 0) {
-                /* Losing the record costs a resend after a crash, never
-                 * data: warn once and keep copying. */
-                if (!saved_warned)
-                    logkv(o, "warn", "msg=\"progress record not saved\" "
-                          "error=\"%s\"", perr);
-                saved_warned = 1;
-            } else {
-                last_saved = off;
-            }
-        }
-        emit(o, progress_event(bytes, ext, off, total, zeroed));
+        report(o, prog_path, prog, &last_saved, &warned, off,
+               prev_bytes + mbytes, prev_ext + mark, bytes, ext, total,
+               zeroed);
+        next_report = now_ns() + every;
         pthread_mutex_lock(&c.mu);
     }
     pthread_mutex_unlock(&c.mu);
     for (i = 0; i < nth; i++)
         pthread_join(th[i], NULL);
-    /* Workers may all have finished while the last event was printed:
-     * the final state is always reported. */
-    emit(o, progress_event(c.shipped, c.extents, c.done_offset, total,
-                           c.zeroed));
     r->bytes_shipped = c.shipped;
     r->bytes_zeroed = c.zeroed;
     r->bytes_zero_data = c.zero_data;
     r->bytes_zero_skipped = c.zero_skipped;
     r->extents = c.extents;
     r->bytes_shipped_total = prev_bytes + c.shipped;
+    *end_offset = c.done_offset;
     if (c.fail_code != 0) {
+        /* A resumed run starts from here: make it durable, then say it. */
+        report(o, prog_path, prog, &last_saved, &warned, c.done_offset,
+               prev_bytes + c.mark_bytes, prev_ext + c.mark, c.shipped,
+               c.extents, total, c.zeroed);
         seterr(err, errlen, "%s", c.fail_msg);
         ret = c.fail_code;
         goto cleanup;
@@ -989,6 +1034,18 @@ done_event(const struct sync_opts *o, const struct sync_result *r)
                           "resumed_from", (json_int_t)r->resumed_from,
                           "seconds", r->seconds);
 
+    if (j != NULL) {
+        static const char *const names[SYNC_PH_COUNT] = {
+            "start", "connect", "open", "plan", "copy", "snap", "verify",
+            "finish"};
+        json_t *ph = json_object();
+
+        for (int i = 0; ph != NULL && i < SYNC_PH_COUNT; i++)
+            json_object_set_new(ph, names[i],
+                                json_real(((double)(int64_t)(r->phase_ms[i]
+                                           * 10.0 + 0.5)) / 10.0));
+        json_object_set_new(j, "phase_ms", ph);
+    }
     if (j != NULL && !r->already)
         json_object_set_new(j, "extent_verify", json_string(
             r->extent_verify == SYNC_VERIFY_OSD ? "osd-crc32c"
@@ -1062,6 +1119,191 @@ break_stale_lock(const struct sync_opts *o, rbd_image_t dst,
     rbd_lock_get_owners_cleanup(owners, n);
 }
 
+/*
+ * OPEN, one site per thread.  A small incremental round spent about half
+ * of its time connecting to the two clusters and opening the two images
+ * one after the other (each a few round trips to a mon or an OSD of its
+ * own cluster).  The two sides do not depend on each other until the DR
+ * image has to be created or resized with the primary's size, so each
+ * side connects, opens and looks its snapshots up on its own thread, and
+ * sync_run judges the results afterwards in the order the serial code
+ * did, so the same failure gives the same error.
+ */
+struct site_prep {
+    const struct sync_opts *o;
+    struct conn *c;
+    const char *base;          /* NULL: no base */
+    const struct sync_progress *have;   /* dr: record of a killed run */
+    int open;                  /* dr: open the image (not verify-only) */
+    int conn_rc;               /* conn_open: 0 or -1 */
+    int ret;                   /* SYNC_OK or SYNC_E*: the rest */
+    rbd_image_t img;
+    int missing;               /* dr: the image does not exist */
+    int target_ex, base_ex;
+    rbd_image_info_t info;     /* primary: stat at the target */
+    uint64_t dsize;            /* dr: current size */
+    char err[512];
+};
+
+/* Primary: open the image read-only at the target snapshot. */
+static void *
+src_prep(void *arg)
+{
+    struct site_prep *p = arg;
+    const struct sync_opts *o = p->o;
+    int rc;
+
+    p->ret = SYNC_ERR;
+    p->conn_rc = conn_open(&o->src, "primary", p->c, p->err, sizeof(p->err));
+    if (p->conn_rc < 0)
+        return NULL;
+    rc = rbd_open_read_only(p->c->io, o->image, &p->img, NULL);
+    if (rc < 0) {
+        p->img = NULL;
+        seterr(p->err, sizeof(p->err), "primary: image %s/%s: %s",
+               o->src.pool, o->image, strerror(-rc));
+        p->ret = rc == -ENOENT ? SYNC_ENOSRC : SYNC_ERR;
+        return NULL;
+    }
+    if (snap_exists(p->img, o->target, &p->target_ex, "primary", p->err,
+                    sizeof(p->err)) < 0)
+        return NULL;
+    if (!p->target_ex) {
+        seterr(p->err, sizeof(p->err), "primary: snapshot %s@%s does not "
+               "exist", o->image, o->target);
+        p->ret = SYNC_ENOSRC;
+        return NULL;
+    }
+    if (p->base != NULL) {
+        if (snap_exists(p->img, p->base, &p->base_ex, "primary", p->err,
+                        sizeof(p->err)) < 0)
+            return NULL;
+        if (!p->base_ex) {
+            seterr(p->err, sizeof(p->err), "primary: base snapshot %s@%s "
+                   "does not exist", o->image, p->base);
+            p->ret = SYNC_ENOSRC;
+            return NULL;
+        }
+    }
+    if ((rc = rbd_snap_set(p->img, o->target)) < 0 ||
+        (rc = rbd_stat(p->img, &p->info, sizeof(p->info))) < 0) {
+        seterr(p->err, sizeof(p->err), "primary: open snapshot %s@%s: %s",
+               o->image, o->target, strerror(-rc));
+        return NULL;
+    }
+    p->ret = SYNC_OK;
+    return NULL;
+}
+
+/* DR, once its image is open: stale lock, snapshots, size. */
+static int
+dst_lookups(struct site_prep *p)
+{
+    const struct sync_opts *o = p->o;
+    int rc;
+
+    if (p->have != NULL)
+        break_stale_lock(o, p->img, p->have);
+    if (snap_exists(p->img, o->target, &p->target_ex, "dr", p->err,
+                    sizeof(p->err)) < 0)
+        return SYNC_ERR;
+    if (p->base != NULL &&
+        snap_exists(p->img, p->base, &p->base_ex, "dr", p->err,
+                    sizeof(p->err)) < 0)
+        return SYNC_ERR;
+    if ((rc = rbd_get_size(p->img, &p->dsize)) < 0) {
+        seterr(p->err, sizeof(p->err), "dr: size of %s: %s", o->image,
+               strerror(-rc));
+        return SYNC_ERR;
+    }
+    return SYNC_OK;
+}
+
+/* DR: open the image if it exists (creating it needs the primary). */
+static void *
+dst_prep(void *arg)
+{
+    struct site_prep *p = arg;
+    const struct sync_opts *o = p->o;
+    int rc;
+
+    p->ret = SYNC_ERR;
+    p->conn_rc = conn_open(&o->dst, "dr", p->c, p->err, sizeof(p->err));
+    if (p->conn_rc < 0)
+        return NULL;
+    if (!p->open) {
+        p->ret = SYNC_OK;
+        return NULL;
+    }
+    rc = rbd_open(p->c->io, o->image, &p->img, NULL);
+    if (rc == -ENOENT) {
+        p->img = NULL;
+        p->missing = 1;
+        p->ret = SYNC_OK;
+        return NULL;
+    }
+    if (rc < 0) {
+        p->img = NULL;
+        seterr(p->err, sizeof(p->err), "dr: open image %s/%s: %s",
+               o->dst.pool, o->image, strerror(-rc));
+        return NULL;
+    }
+    p->ret = dst_lookups(p);
+    return NULL;
+}
+
+/* Run fn(arg) on a new thread; if none can be started, right here. */
+static int
+start_or_run(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    if (pthread_create(t, NULL, fn, arg) == 0)
+        return 1;
+    fn(arg);
+    return 0;
+}
+
+struct diff_job {
+    rbd_image_t img;
+    const char *from;
+    uint64_t size;
+    int kind;
+    struct sync_extents *l;
+    int rc;
+    char err[512];
+};
+
+static void *
+diff_job_run(void *arg)
+{
+    struct diff_job *j = arg;
+
+    j->rc = collect_diff(j->img, j->from, j->size, j->kind, j->l, "primary",
+                         j->err, sizeof(j->err));
+    return NULL;
+}
+
+/*
+ * Closing a site: rbd_close (the DR image also gives its exclusive lock
+ * back) and rados_shutdown, a few ms each.  The primary side is closed on
+ * a thread of its own, as soon as it is no longer needed.
+ */
+struct site_close {
+    rbd_image_t img;
+    struct conn *c;
+};
+
+static void *
+site_close_run(void *arg)
+{
+    struct site_close *s = arg;
+
+    if (s->img != NULL)
+        rbd_close(s->img);
+    s->img = NULL;
+    conn_close(s->c);
+    return NULL;
+}
+
 int
 sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
          size_t errlen)
@@ -1070,17 +1312,24 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
     rbd_image_t src = NULL, dst = NULL, dsnap = NULL;
     struct sync_extents diff = {0}, drift = {0}, work = {0}, items = {0};
     struct sync_progress want, have;
+    struct site_prep sp, dp;
+    struct diff_job dj;
+    struct site_close src_close = {NULL, &sc};
+    pthread_t tsp, tdj, tclose;
     char prog_path[4096], perr[512];
     const char *base = (o->base != NULL && o->base[0] != '\0') ? o->base
                                                               : NULL;
-    uint64_t t0 = now_ns(), size = 0, dsize = 0;
+    uint64_t t0 = now_ns(), tph = t0, size = 0, end_offset = 0;
     rbd_image_info_t info;
     struct copy layout;
     size_t first = 0;
-    int ret = SYNC_ERR, rc, ex, full, lock_fd = -1, have_rec = 0;
+    int ret = SYNC_ERR, rc, full, lock_fd = -1, have_rec = 0, joined;
+    int closing = 0;           /* tclose runs (or ran) site_close_run */
 
     memset(r, 0, sizeof(*r));
     memset(&layout, 0, sizeof(layout));
+    memset(&sp, 0, sizeof(sp));
+    memset(&dp, 0, sizeof(dp));
     if (o->image == NULL || o->target == NULL || o->chunk == 0 ||
         o->workers < 1 || o->rate_mbps < 0) {
         seterr(err, errlen, "invalid options");
@@ -1101,43 +1350,33 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         logkv(o, "warn", "msg=\"ignoring unreadable progress record\" "
               "path=%s error=\"%s\"", prog_path, perr);
     }
-    if (conn_open(&o->src, "primary", &sc, err, errlen) < 0 ||
-        conn_open(&o->dst, "dr", &dc, err, errlen) < 0)
-        goto cleanup;
+    phase_end(r, SYNC_PH_START, &tph);
 
-    /* OPEN: the primary image at the target snapshot. */
-    rc = rbd_open_read_only(sc.io, o->image, &src, NULL);
-    if (rc < 0) {
-        src = NULL;
-        seterr(err, errlen, "primary: image %s/%s: %s", o->src.pool,
-               o->image, strerror(-rc));
-        ret = rc == -ENOENT ? SYNC_ENOSRC : SYNC_ERR;
+    /* CONNECT and OPEN, both sites at once (see struct site_prep). */
+    full = base == NULL || o->full_resync;
+    sp.o = dp.o = o;
+    sp.c = &sc;
+    dp.c = &dc;
+    sp.base = dp.base = base;
+    dp.have = have_rec ? &have : NULL;
+    dp.open = !o->verify_only;
+    joined = start_or_run(&tsp, src_prep, &sp);
+    dst_prep(&dp);
+    if (joined)
+        pthread_join(tsp, NULL);
+    src = sp.img;
+    dst = dp.img;
+    phase_end(r, SYNC_PH_CONNECT, &tph);
+    if (sp.conn_rc < 0 || dp.conn_rc < 0) {
+        seterr(err, errlen, "%s", sp.conn_rc < 0 ? sp.err : dp.err);
         goto cleanup;
     }
-    if (snap_exists(src, o->target, &ex, "primary", err, errlen) < 0)
-        goto cleanup;
-    if (!ex) {
-        seterr(err, errlen, "primary: snapshot %s@%s does not exist",
-               o->image, o->target);
-        ret = SYNC_ENOSRC;
+    if (sp.ret != SYNC_OK) {
+        seterr(err, errlen, "%s", sp.err);
+        ret = sp.ret;
         goto cleanup;
     }
-    if (base != NULL) {
-        if (snap_exists(src, base, &ex, "primary", err, errlen) < 0)
-            goto cleanup;
-        if (!ex) {
-            seterr(err, errlen, "primary: base snapshot %s@%s does not "
-                   "exist", o->image, base);
-            ret = SYNC_ENOSRC;
-            goto cleanup;
-        }
-    }
-    if ((rc = rbd_snap_set(src, o->target)) < 0 ||
-        (rc = rbd_stat(src, &info, sizeof(info))) < 0) {
-        seterr(err, errlen, "primary: open snapshot %s@%s: %s", o->image,
-               o->target, strerror(-rc));
-        goto cleanup;
-    }
+    info = sp.info;
     size = info.size;
     r->size = size;
 
@@ -1154,11 +1393,8 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         goto cleanup;
     }
 
-    /* OPEN: the DR image; it is created only for a full copy. */
-    full = base == NULL || o->full_resync;
-    rc = rbd_open(dc.io, o->image, &dst, NULL);
-    if (rc == -ENOENT && !full) {
-        dst = NULL;
+    /* The DR image; it is created only for a full copy. */
+    if (dp.missing && !full) {
         seterr(err, errlen, "dr: base snapshot %s@%s is missing at DR "
                "(the image does not exist in pool %s); refusing an "
                "incremental copy; rerun with --full-resync to copy the "
@@ -1166,7 +1402,7 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         ret = SYNC_ENOBASE;
         goto cleanup;
     }
-    if (rc == -ENOENT) {
+    if (dp.missing) {
         int order = (int)info.order;
 
         rc = rbd_create(dc.io, o->image, size, &order);
@@ -1177,19 +1413,22 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         }
         logkv(o, "info", "msg=\"created dr image\" image=%s size=%" PRIu64
               " order=%d", o->image, size, order);
-        rc = rbd_open(dc.io, o->image, &dst, NULL);
+        rc = rbd_open(dc.io, o->image, &dp.img, NULL);
+        if (rc < 0) {
+            dp.img = NULL;
+            seterr(err, errlen, "dr: open image %s/%s: %s", o->dst.pool,
+                   o->image, strerror(-rc));
+            goto cleanup;
+        }
+        dst = dp.img;
+        dp.ret = dst_lookups(&dp);
     }
-    if (rc < 0) {
-        dst = NULL;
-        seterr(err, errlen, "dr: open image %s/%s: %s", o->dst.pool,
-               o->image, strerror(-rc));
+    if (dp.ret != SYNC_OK) {
+        seterr(err, errlen, "%s", dp.err);
+        ret = dp.ret;
         goto cleanup;
     }
-    if (have_rec)
-        break_stale_lock(o, dst, &have);
-    if (snap_exists(dst, o->target, &ex, "dr", err, errlen) < 0)
-        goto cleanup;
-    if (ex) {
+    if (dp.target_ex) {
         /* Idempotence: the snapshot is created only after every extent
          * was verified, so its presence means a completed copy. */
         r->already = 1;
@@ -1212,12 +1451,11 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         ret = SYNC_OK;
         goto cleanup;
     }
+    phase_end(r, SYNC_PH_OPEN, &tph);
 
     /* PLAN */
     if (base != NULL) {
-        if (snap_exists(dst, base, &ex, "dr", err, errlen) < 0)
-            goto cleanup;
-        if (!ex && !o->full_resync) {
+        if (!dp.base_ex && !o->full_resync) {
             seterr(err, errlen, "dr: base snapshot %s@%s is missing at DR "
                    "(pool %s); refusing an incremental copy; rerun with "
                    "--full-resync to copy the whole image", o->image, base,
@@ -1225,14 +1463,10 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
             ret = SYNC_ENOBASE;
             goto cleanup;
         }
-        full = !ex || o->full_resync;
+        full = !dp.base_ex || o->full_resync;
     }
     r->full = full;
-    if ((rc = rbd_get_size(dst, &dsize)) < 0) {
-        seterr(err, errlen, "dr: size of %s: %s", o->image, strerror(-rc));
-        goto cleanup;
-    }
-    if (dsize != size) {
+    if (dp.dsize != size) {
         rc = rbd_resize(dst, size);
         if (rc < 0) {
             seterr(err, errlen, "dr: resize %s to %" PRIu64 ": %s", o->image,
@@ -1240,26 +1474,66 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
             goto cleanup;
         }
         logkv(o, "info", "msg=\"resized dr image\" image=%s from=%" PRIu64
-              " to=%" PRIu64, o->image, dsize, size);
+              " to=%" PRIu64, o->image, dp.dsize, size);
     }
     if (choose_verify(o, dc.io, dst, &layout, err, errlen) < 0)
         goto cleanup;
     r->extent_verify = layout.osd_verify ? SYNC_VERIFY_OSD
                                          : SYNC_VERIFY_READBACK;
-    if (collect_diff(src, full ? NULL : base, size, 0, &diff, "primary", err,
-                     errlen) < 0)
+
+    /* The primary's diff runs on a thread while this one saves the
+     * record and lists the drift at DR: different clusters. */
+    memset(&dj, 0, sizeof(dj));
+    dj.img = src;
+    dj.from = full ? NULL : base;
+    dj.size = size;
+    dj.kind = 0;
+    dj.l = &diff;
+    joined = start_or_run(&tdj, diff_job_run, &dj);
+
+    /* The record names this copy and our DR client (see break_stale_lock);
+     * it is saved before the first write takes the lock.  A record of
+     * this very copy keeps its done prefix: we resume from it. */
+    rc = sync_progress_set(&want, o->dst.pool, o->image, full ? "" : base,
+                           o->target, size, perr, sizeof(perr));
+    if (rc == 0) {
+        char *addrs = NULL;
+
+        /* librbd names a lock owner by its client address, e.g.
+         * "10.77.0.1:0/1261527113" (the nonce makes it unique per run). */
+        if (rados_getaddrs(dc.cluster, &addrs) == 0 && addrs != NULL)
+            snprintf(want.owner, sizeof(want.owner), "%s", addrs);
+        free(addrs);
+        if (have_rec && sync_progress_matches(&have, &want)) {
+            want.done_offset = have.done_offset;
+            want.bytes = have.bytes;
+            want.extents = have.extents;
+            r->resumed_from = have.done_offset;
+        }
+        if (sync_progress_save(prog_path, &want, perr, sizeof(perr)) < 0)
+            logkv(o, "warn", "msg=\"progress record not saved\" "
+                  "error=\"%s\"", perr);
+        /*
+         * Whatever changed at DR since the base (an interrupted run of
+         * some other copy, a stray writer) must be put back too: for an
+         * incremental copy the primary's target holds the right bytes
+         * there; for a full copy anything the primary does not have must
+         * read as zeroes.
+         */
+        rc = collect_diff(dst, full ? NULL : base, size, SYNC_ZERO, &drift,
+                          "dr", perr, sizeof(perr));
+    }
+    if (joined)
+        pthread_join(tdj, NULL);
+    if (dj.rc < 0) {
+        seterr(err, errlen, "%s", dj.err);
         goto cleanup;
+    }
+    if (rc < 0) {
+        seterr(err, errlen, "%s", perr);
+        goto cleanup;
+    }
     r->bytes_changed = sync_extents_bytes(&diff, 0);
-    /*
-     * Whatever changed at DR since the base (an interrupted run of some
-     * other copy, a stray writer) must be put back too: for an
-     * incremental copy the primary's target holds the right bytes there;
-     * for a full copy anything the primary does not have must read as
-     * zeroes.
-     */
-    if (collect_diff(dst, full ? NULL : base, size, SYNC_ZERO, &drift, "dr",
-                     err, errlen) < 0)
-        goto cleanup;
     if (sync_extents_uncovered(&diff, &drift, full ? SYNC_ZERO : SYNC_DATA,
                                &work) < 0) {
         seterr(err, errlen, "out of memory");
@@ -1279,36 +1553,14 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         goto cleanup;
     }
     r->total = sync_extents_bytes(&items, 0);
-
-    /* Resume from a record of this very copy, if one survived. */
-    if (sync_progress_set(&want, o->dst.pool, o->image, full ? "" : base,
-                          o->target, size, err, errlen) < 0)
-        goto cleanup;
-    {
-        char *addrs = NULL;
-
-        /* librbd names a lock owner by its client address, e.g.
-         * "10.77.0.1:0/1261527113" (the nonce makes it unique per run). */
-        if (rados_getaddrs(dc.cluster, &addrs) == 0 && addrs != NULL)
-            snprintf(want.owner, sizeof(want.owner), "%s", addrs);
-        free(addrs);
-    }
-    if (have_rec && sync_progress_matches(&have, &want)) {
-        want.done_offset = have.done_offset;
-        want.bytes = have.bytes;
-        want.extents = have.extents;
-        r->resumed_from = have.done_offset;
+    if (r->resumed_from > 0) {
         while (first < items.n &&
-               items.v[first].off + items.v[first].len <= have.done_offset)
+               items.v[first].off + items.v[first].len <= r->resumed_from)
             first++;
         logkv(o, "info", "msg=\"resuming\" image=%s target=%s offset=%"
               PRIu64 " skipped_extents=%zu", o->image, o->target,
-              have.done_offset, first);
+              r->resumed_from, first);
     }
-    /* Record our DR client id before the first write takes the lock. */
-    if (sync_progress_save(prog_path, &want, perr, sizeof(perr)) < 0)
-        logkv(o, "warn", "msg=\"progress record not saved\" error=\"%s\"",
-              perr);
     emit(o, json_pack("{s:s,s:s,s:s?,s:s,s:s,s:I,s:I,s:I,s:I,s:I}",
                       "event", "start", "image", o->image, "base",
                       full ? NULL : base, "target", o->target, "mode",
@@ -1317,14 +1569,22 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
                       "bytes_changed", (json_int_t)r->bytes_changed,
                       "extents", (json_int_t)items.n, "resume_offset",
                       (json_int_t)r->resumed_from));
+    phase_end(r, SYNC_PH_PLAN, &tph);
 
     /* COPY */
     ret = copy_all(o, src, dst, &layout, items.v + first, items.n - first,
-                   r->total,
-                   prog_path, &want, r, err, errlen);
+                   r->total, prog_path, &want, r, &end_offset, err, errlen);
+    phase_end(r, SYNC_PH_COPY, &tph);
     if (ret != SYNC_OK)
         goto cleanup;
     ret = SYNC_ERR;
+    /* Without --verify-full the primary is done with: close it while
+     * the DR snapshot is taken. */
+    if (!o->verify_full) {
+        src_close.img = src;
+        src = NULL;
+        closing = start_or_run(&tclose, site_close_run, &src_close);
+    }
 
     /* SNAP: only now may the DR snapshot exist. */
     if ((rc = rbd_flush(dst)) < 0) {
@@ -1336,6 +1596,11 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
                o->target, strerror(-rc));
         goto cleanup;
     }
+    /* The copy is complete and durable (the snapshot is its marker):
+     * the final progress event (see copy_all). */
+    emit(o, progress_event(r->bytes_shipped, r->extents, end_offset,
+                           r->total, r->bytes_zeroed));
+    phase_end(r, SYNC_PH_SNAP, &tph);
 
     /* VERIFY */
     if (o->verify_full) {
@@ -1360,29 +1625,39 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
             goto cleanup;
         }
     }
+    phase_end(r, SYNC_PH_VERIFY, &tph);
     if (sync_progress_remove(prog_path, perr, sizeof(perr)) < 0)
         logkv(o, "warn", "msg=\"progress record not removed\" error=\"%s\"",
               perr);
+    phase_end(r, SYNC_PH_FINISH, &tph);
     ret = SYNC_OK;
 cleanup:
     /* Success paths (copied, already there, verify-only) end here too. */
     r->seconds = (double)(now_ns() - t0) / 1e9;
     if (ret == SYNC_OK)
         emit(o, done_event(o, r));
+    tph = now_ns();
+    /* The two sites close in parallel (the primary may be closing
+     * already). */
+    if (!closing) {
+        src_close.img = src;
+        closing = start_or_run(&tclose, site_close_run, &src_close);
+    }
+    src = NULL;
     if (dsnap != NULL)
         rbd_close(dsnap);
     if (dst != NULL)
         rbd_close(dst);
-    if (src != NULL)
-        rbd_close(src);
     conn_close(&dc);
-    conn_close(&sc);
+    if (closing)
+        pthread_join(tclose, NULL);
     if (lock_fd >= 0)
         close(lock_fd);
     sync_extents_clear(&diff);
     sync_extents_clear(&drift);
     sync_extents_clear(&work);
     sync_extents_clear(&items);
+    r->teardown_ms = (double)(now_ns() - tph) / 1e6;
     r->seconds = (double)(now_ns() - t0) / 1e9;
     return ret;
 }

@@ -91,6 +91,20 @@ struct sync_opts {
     void *arg;
 };
 
+/* Wall-clock phases of one run, reported as "phase_ms" in the done event
+ * so a slow run says where its time went (docs/replication.md). */
+enum {
+    SYNC_PH_START = 0,   /* run lock, progress record load */
+    SYNC_PH_CONNECT,     /* both clusters (in parallel) */
+    SYNC_PH_OPEN,        /* images, snapshot lookups */
+    SYNC_PH_PLAN,        /* layout, both diffs, work list, record save */
+    SYNC_PH_COPY,        /* workers: read, write, verify every extent */
+    SYNC_PH_SNAP,        /* flush and create the DR snapshot */
+    SYNC_PH_VERIFY,      /* --verify-full hashes */
+    SYNC_PH_FINISH,      /* progress record removed */
+    SYNC_PH_COUNT
+};
+
 struct sync_result {
     uint64_t size;             /* target snapshot size */
     uint64_t total;            /* bytes in the work list */
@@ -111,6 +125,9 @@ struct sync_result {
     int verified_full;         /* full hashes compared and equal */
     int extent_verify;         /* the per-extent method actually used */
     double seconds;
+    double phase_ms[SYNC_PH_COUNT];
+    double teardown_ms;        /* images closed, connections shut down
+                                  (after the done event) */
     char src_hash[SYNC_DIGEST_HEX];   /* "" unless hashed */
     char dst_hash[SYNC_DIGEST_HEX];
 };

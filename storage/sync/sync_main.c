@@ -286,10 +286,12 @@ main(int argc, char **argv)
         char line[512];
 
         snprintf(line, sizeof(line), "msg=\"sync done\" image=%s target=%s "
-                 "mode=%s shipped=%llu changed=%llu seconds=%.3f", o.image,
+                 "mode=%s shipped=%llu changed=%llu seconds=%.3f "
+                 "teardown_ms=%.1f", o.image,
                  o.target, r.already ? "already" : r.full ? "full"
                  : "incremental", (unsigned long long)r.bytes_shipped,
-                 (unsigned long long)r.bytes_changed, r.seconds);
+                 (unsigned long long)r.bytes_changed, r.seconds,
+                 r.teardown_ms);
         log_line("info", line, NULL);
     }
     return EXIT_OK;
