@@ -257,6 +257,9 @@ class Round:
     sync_s: float
     pipe_s: float
     identical: bool | None = None
+    first: str = "sync"      # which method ran first in this round
+    # Where cutpoint-sync's time went (its done event's phase_ms).
+    sync_phase_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -310,6 +313,46 @@ def _pipeline(status: dict[str, Any], image: str, dst_image: str, snap: str,
     return dt
 
 
+def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any) -> None:
+    """One untimed 16 MiB copy by each method before the timed rounds.
+
+    Whatever runs first against a freshly started lab pays first-use costs
+    (the pool's first images, the daemons' first sessions): in the runs of
+    2026-11-22 the first full copy, always cutpoint-sync's, took 1.4 s where
+    the same copy took 0.5 s later on.  Neither method should pay that."""
+    p, d = status["sites"]["primary"], status["sites"]["dr"]
+    img, ed = "bench-warm", "bench-warm-ed"
+    for site, name in ((p, img), (d, img), (d, ed)):
+        remove_image(site, name)
+    try:
+        create_image(p, img, 16 * MiB)
+        create_image(d, img, 16 * MiB)
+        create_image(d, ed, 16 * MiB)
+        bench_write(p, img, 16 * MiB, io_size=4 * MiB, pattern_kind="seq")
+        snap_create(p, img, "w0")
+        run_sync(status, img, "w0", None, ["--jobs", str(cfg.jobs)], cfg.state_dir)
+        _pipeline(status, img, ed, "w0", None)
+        log("warm-up copy done (untimed)")
+    finally:
+        for site, name in ((p, img), (d, img), (d, ed)):
+            try:
+                remove_image(site, name)
+            except ReplicationError as exc:
+                log(f"cleanup: {exc}")
+
+
+def _both(status: dict[str, Any], img: str, ed: str, snap: str, prev: str | None,
+          extra: Sequence[str], state_dir: str, sync_first: bool) -> tuple[SyncRun, float]:
+    """Replicate one round by both methods; which goes first alternates
+    from round to round so neither always meets the other's leftovers
+    (snapshot trimming, clones) or a cold start."""
+    if sync_first:
+        run = run_sync(status, img, snap, prev, extra, state_dir)
+        return run, _pipeline(status, img, ed, snap, prev)
+    pipe_s = _pipeline(status, img, ed, snap, prev)
+    return run_sync(status, img, snap, prev, extra, state_dir), pipe_s
+
+
 def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
                   log: Any = print) -> dict[str, Any]:
     """Measure every (size, change) round; returns the JSON document."""
@@ -317,6 +360,8 @@ def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
     os.makedirs(cfg.state_dir, exist_ok=True)
     rounds: list[Round] = []
     extra = ["--jobs", str(cfg.jobs)]
+    _warm_up(status, cfg, log)
+    turn = 0
     for size_mib in cfg.sizes_mib:
         size = size_mib * MiB
         img, ed = f"bench-sync-{size_mib}", f"bench-ed-{size_mib}"
@@ -324,16 +369,23 @@ def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
             remove_image(site, name)
         try:
             create_image(p, img, size)
+            # Both DR images exist, empty, before the first copy:
+            # import-diff needs one, and cutpoint-sync (which would create
+            # its own) then does the same work, timed the same way.
+            create_image(d, img, size)
             create_image(d, ed, size)
             log(f"size {size_mib} MiB: filling the image")
             bench_write(p, img, size, io_size=4 * MiB, pattern_kind="seq")
             snap_create(p, img, "b0")
             data, zero = diff_bytes(p, img, "b0")
-            run = run_sync(status, img, "b0", None, extra, cfg.state_dir)
-            pipe_s = _pipeline(status, img, ed, "b0", None)
+            first = "sync" if turn % 2 == 0 else "pipeline"
+            run, pipe_s = _both(status, img, ed, "b0", None, extra, cfg.state_dir,
+                                first == "sync")
+            turn += 1
             # Both sides are timed as whole processes (start, connect, copy).
             rounds.append(Round(size_mib, "full", data + zero, int(run.done["bytes_shipped"]),
-                                run.seconds, pipe_s))
+                                run.seconds, pipe_s, first=first,
+                                sync_phase_ms=run.done.get("phase_ms", {})))
             log(_fmt(rounds[-1]))
             prev = "b0"
             for k, (ch, io_kib) in enumerate(cfg.changes, start=1):
@@ -341,10 +393,13 @@ def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
                 bench_write(p, img, ch * MiB, io_size=io_kib * 1024)
                 snap_create(p, img, snap)
                 data, zero = diff_bytes(p, img, snap, prev)
-                run = run_sync(status, img, snap, prev, extra, cfg.state_dir)
-                pipe_s = _pipeline(status, img, ed, snap, prev)
+                first = "sync" if turn % 2 == 0 else "pipeline"
+                run, pipe_s = _both(status, img, ed, snap, prev, extra, cfg.state_dir,
+                                    first == "sync")
+                turn += 1
                 rounds.append(Round(size_mib, f"+{ch} MiB/{io_kib}K", data + zero,
-                                    int(run.done["bytes_shipped"]), run.seconds, pipe_s))
+                                    int(run.done["bytes_shipped"]), run.seconds, pipe_s,
+                                    first=first, sync_phase_ms=run.done.get("phase_ms", {})))
                 prev = snap
                 log(_fmt(rounds[-1]))
             # Both copies must be right, or their speed means nothing.
@@ -388,20 +443,21 @@ def _fmt(r: Round) -> str:
     x = r.row()
     return (f"  {r.size_mib:>5} MiB {r.label:>9}: changed {r.changed / MiB:8.1f} MiB "
             f"shipped/changed {x['ratio']:.3f}  sync {r.sync_s:6.2f}s "
-            f"pipeline {r.pipe_s:6.2f}s")
+            f"pipeline {r.pipe_s:6.2f}s ({r.first} first)")
 
 
 HEADER = ("| image MiB | round | changed MiB | shipped/changed | cutpoint-sync s | MiB/s "
-          "| export-diff\\|import-diff s | MiB/s | speedup | identical |")
+          "| export-diff\\|import-diff s | MiB/s | speedup | first | identical |")
 
 
 def table(doc: dict[str, Any]) -> str:
-    lines = [HEADER, "|" + "---|" * 10]
+    lines = [HEADER, "|" + "---|" * 11]
     for r in doc["rounds"]:
         lines.append(
             f"| {r['size_mib']} | {r['label']} | {r['changed'] / MiB:.1f} | {r['ratio']:.3f} "
             f"| {r['sync_s']:.2f} | {r['sync_mbps']:.1f} | {r['pipe_s']:.2f} "
-            f"| {r['pipe_mbps']:.1f} | {r['speedup']:.2f}x | {r['identical']} |")
+            f"| {r['pipe_mbps']:.1f} | {r['speedup']:.2f}x | {r.get('first', 'sync')} "
+            f"| {r['identical']} |")
     s = doc["summary"]
     lines.append("")
     lines.append(f"shipped/changed over all incremental rounds: {s['shipped_over_changed']} "
