@@ -385,8 +385,10 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
     # `stop_guests` needs each guest's tap too (cleanup from the job result).
     taps = {g["name"]: g.get("tap") for g in res.guests}
     guests = [{**g, "tap": taps.get(g.get("vm"))} for g in out.pop("guests", [])]
-    return {"mode": mode, "recovery_point": txn, "snapshot_id": snap_id,
-            "requested_at": float(requested_at), **final, **out, "guests": guests,
+    # recovery_point: the group snapshot's txn, as the request names it (the
+    # coordinator's is the member snapshot name: snapshot_name).
+    return {"mode": mode, "snapshot_id": snap_id, "requested_at": float(requested_at),
+            **final, **out, "recovery_point": txn, "snapshot_name": rp, "guests": guests,
             "timeline": timeline, "breakdown": breakdown(timeline)}
 
 

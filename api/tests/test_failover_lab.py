@@ -224,6 +224,7 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
         final = c.get(f"/v1/snapshots/{res['snapshot_id']}/replication").json()
         assert online["recovery_point"] and final["recovery_point"], (online, final)
         assert final["txn"] == res["recovery_point"]
+        assert res["snapshot_name"] == f"cp.app.{final['txn']}"
         assert not any(m["full"] for m in online["members"] + final["members"])
         print(f"final snapshots: online {online['txn']} ({online['bytes_shipped']} B), "
               f"stopped {final['txn']} ({final['bytes_shipped']} B)")
