@@ -6,8 +6,10 @@
  * Phases of one run (each either succeeds or ends the run with an error;
  * nothing at DR is ever marked complete before VERIFY passes):
  *
- *   CONNECT ── both clusters, DR with rbd_cache off so read-back hits OSDs
- *      │
+ *   CONNECT ── both clusters, DR with rbd_cache off so read-back hits OSDs;
+ *      │       one thread per site, which also opens that site's image
+ *      │       and looks its snapshots up (errors judged afterwards in
+ *      │       the order below)
  *   OPEN ───── primary image @ target snap (missing → SYNC_ENOSRC)
  *      │       DR image (created with the primary's size and order when a
  *      │       full copy is asked for; missing when a base is given →
@@ -15,8 +17,11 @@
  *      │       DR already has target snap → DONE (already = 1)
  *   PLAN ───── base snap at DR?  no → SYNC_ENOBASE (or full if full_resync)
  *      │       resize DR to the target's size
- *      │       work = diff(base→target) at primary
- *      │            ∪ ranges that drifted at DR since base (repair)
+ *      │       work = diff(base→target) at primary          (in parallel)
+ *      │            ∪ ranges that drifted at DR since base (repair;
+ *      │              the object-map diff first, the exact one only if
+ *      │              it found anything)
+ *      │       the progress record is saved (names our DR client)
  *      │       split at chunk boundaries; a matching progress record
  *      │       skips every extent below its done_offset (resume)
  *   COPY ───── N workers: read primary → checksum → rate limit → write DR
@@ -24,8 +29,10 @@
  *      │       blocks of data extents that read as zeroes) → verify at
  *      │       DR: CRC-32C computed by the DR OSD, or a read-back and
  *      │       SHA-256 (mismatch → SYNC_EVERIFY);
- *      │       the contiguous done prefix is saved durably as it grows
- *   SNAP ───── flush DR, create the target snapshot at DR
+ *      │       the contiguous done prefix is saved durably, at most once
+ *      │       per progress interval (not after the last extent)
+ *   SNAP ───── flush DR, create the target snapshot at DR (the primary
+ *      │       is closed meanwhile unless VERIFY needs it)
  *      │
  *   VERIFY ─── optional: SHA-256 of both whole snapshots; a mismatch
  *      │       removes the DR snapshot again → SYNC_EVERIFY
@@ -95,8 +102,9 @@ struct sync_opts {
  * so a slow run says where its time went (docs/replication.md). */
 enum {
     SYNC_PH_START = 0,   /* run lock, progress record load */
-    SYNC_PH_CONNECT,     /* both clusters (in parallel) */
-    SYNC_PH_OPEN,        /* images, snapshot lookups */
+    SYNC_PH_CONNECT,     /* both sites in parallel: connect, open the
+                            image, look the snapshots up */
+    SYNC_PH_OPEN,        /* DR image creation (full copy), judging */
     SYNC_PH_PLAN,        /* layout, both diffs, work list, record save */
     SYNC_PH_COPY,        /* workers: read, write, verify every extent */
     SYNC_PH_SNAP,        /* flush and create the DR snapshot */
