@@ -122,3 +122,38 @@ def test_a_second_replication_of_a_group_waits_for_the_first(plane: Plane) -> No
                  "the job to run once the dead worker's lease ran out", plane)
         doc = _job(c, j2)
         assert doc["state"] == "failed" and doc["error_code"] == "no_target", doc
+
+
+def test_in_flight_query_on_both_databases(session_factory: Any) -> None:
+    """`replication.in_flight` (what retention keeps for a running copy) on
+    SQLite and PostgreSQL: the latest attempt counts, a verified snapshot's
+    rows do not, and the base is found by its member snapshot name."""
+    from cutpoint.api.models import MemberReplication, MemberSnapshot
+    from cutpoint.api.services import replication
+
+    with session_factory() as s:
+        g = Group(name="fly")
+        s.add(g)
+        s.flush()
+        snaps = []
+        for i in range(4):
+            sn = GroupSnapshot(group_id=g.id, txn=f"f{i}", state=SnapState.committed,
+                               cut_at=utcnow() - dt.timedelta(seconds=100 - i))
+            s.add(sn)
+            s.flush()
+            s.add(MemberSnapshot(group_snapshot_id=sn.id, host="h", vm="v", disk="v/d0",
+                                 name=f"cp.fly.f{i}", state="present"))
+            snaps.append(sn)
+        snaps[0].dr_verified_at = utcnow()
+        for sn, attempt, base, state in ((snaps[1], 1, "cp.fly.f0", "verified"),
+                                         (snaps[1], 1, "cp.fly.f0", "copying"),
+                                         (snaps[2], 1, "cp.fly.f0", "copying"),
+                                         (snaps[2], 2, None, "failed"),
+                                         (snaps[3], 1, "cp.fly.f0", "copying")):
+            s.add(MemberReplication(group_snapshot_id=sn.id, attempt=attempt, disk="v/d0",
+                                    pool="rbd", image="v-d0", snap=f"cp.fly.{sn.txn}",
+                                    base=base, target_site="dr", state=state))
+        snaps[3].dr_verified_at = utcnow()  # its copy is done: its rows no longer count
+        s.commit()
+        sources, bases = replication.in_flight(s, g.id)
+        assert (sources, bases) == ({snaps[1].id}, {snaps[0].id})
