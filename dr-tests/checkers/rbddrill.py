@@ -1,6 +1,7 @@
 """The RBD images of one database drill on the lab's two Ceph clusters.
 
-    imgs = DrillImages(status, "cp-pgdrill-1a2b", {"cpwal": 256, ...}, vm)
+    imgs = DrillImages(status, "cp-pgdrill-1a2b", {"cpwal": 256, ...},
+                       "cp-pg", {"cpwal": "disk1", ...}, workdir / "sync")
     imgs.create()                        # primary: <prefix>-<serial> images
     imgs.snap_create("cpwal", "u0")      # a direct rbd snapshot (no coordinator)
     rep = imgs.replicate("cp.pg.<txn>")  # every member to DR; invariant 5 checked

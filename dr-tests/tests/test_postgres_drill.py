@@ -96,8 +96,8 @@ def test_coordinated_group_snapshot_recovers(lab: dict[str, Any], tmp_path: Path
 @pytest.mark.slow
 @ROOT
 @pytest.mark.lab_config(**pgdrill.LAB)
-def test_uncoordinated_snapshots_negative_control(lab: dict[str, Any],
-                                                  tmp_path: Path) -> None:
+def test_negative_control_wal_first_snapshots_fail(lab: dict[str, Any],
+                                                   tmp_path: Path) -> None:
     """Negative control (issue 8 item 5): the WAL image is snapshotted
     first and the data + journal images 3 s later (rbd snapshots, no
     coordinator, no pause), while the ledger commits; each is replicated
