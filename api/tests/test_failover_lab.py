@@ -286,3 +286,54 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
     for g in guests:
         assert not Path(f"/proc/{g['pid']}").exists(), f"DR guest {g['vm']} left running"
     print(f"test time {time.monotonic() - t_start:.0f} s")
+
+
+def test_unplanned_failover_records_an_unreachable_primary(
+        lab: dict[str, Any], agents: list[dict[str, Any]], plane: Plane,
+        client: TestClient) -> None:
+    """Unplanned, one primary agent down: its host is recorded, not waited for."""
+    from cutpoint.coordinator.failover import stop_guests
+    from cutpoint.lab.agents import stop_agent_pid
+
+    c = client
+    plane.start("worker")
+    register(c, lab, plane)
+    point = snapshot_and_replicate(c, plane)
+    primaries = sorted((v for v in lab["vms"] if v["site"] == "primary"),
+                       key=lambda v: v["index"])
+    up, down = primaries
+    stop_agent_pid(next(a["pid"] for a in agents if a["host"] == down["host"]))
+
+    r = c.post("/v1/groups/app/failover", json={"mode": "unplanned"})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    guests: list[dict[str, Any]] = []
+    try:
+        job = finish(c, job_id, "the failover job", plane, 480, follow=True)
+        res = job["result"] or {}
+        guests = list(res.get("guests") or [])
+        assert job["state"] == "succeeded", (job["error_code"], job["error"], plane.tail())
+        assert res["recovery_point"] == point["txn"]  # "latest": the newest DR point
+        bd = res["breakdown"]
+        assert bd["final_snapshot_s"] is None and bd["stopped_snapshot_s"] is None, bd
+        assert bd["fence_s"] is not None and bd["boot_s"] is not None, bd
+        fence = res["fence"]
+        assert fence["stopped"] == [up["name"]], fence
+        assert [u["host"] for u in fence["unreachable"]] == [down["host"]], fence
+        assert fence["epoch"] == 1
+        print(f"\nunplanned RTO {res['rto_s']:.1f} s; breakdown {bd}; unreachable "
+              f"{fence['unreachable'][0]['error'][:120]}")
+        assert not Path(f"/proc/{up['pid']}").exists(), f"{up['name']} still runs"
+        # The unreachable host's guest still runs: fencing epoch 1 is what
+        # makes its later writes detectable.
+        assert Path(f"/proc/{down['pid']}").exists(), f"{down['name']} was stopped"
+        rep = c.get("/v1/groups/app/replication").json()
+        assert (rep["fencing_epoch"], rep["active_site"]) == (1, "dr"), rep
+        assert sorted(g["vm"] for g in guests) == [up["name"], down["name"]]
+        images = [d["image"] for v in primaries for d in v["disks"]]
+        at_dr = writer_verdict(lab["sites"]["dr"], images, None)
+        at_point = writer_verdict(lab["sites"]["primary"], images, f"cp.app.{point['txn']}")
+        assert at_dr.ok and at_dr.p == at_point.p > 0, (at_dr.summary(), at_point.summary())
+    finally:
+        stop_guests([{"pid": g.get("pid") or 0, "netns": g["netns"], "tap": g.get("tap") or "-"}
+                     for g in guests])
