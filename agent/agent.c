@@ -123,7 +123,10 @@ struct resume_job {
 /*
  * Thaws the guest filesystems if this VM's prepare opened its guest agent
  * (after a freeze, and also after a failed one: a slow agent may freeze
- * after we gave up).  Runs after cont: a paused guest cannot answer.
+ * after we gave up).  Runs after cont: a paused guest cannot answer.  On
+ * commit it runs in resume_one, i.e. after this VM's cont and before the
+ * commit reply is built, so the reply carries thaw_ms and thaw_error; the
+ * thaw never lengthens the pause, only the reply.
  */
 static void
 thaw_vm(struct agent *a, struct vm *v, const char *txn)
@@ -146,13 +149,20 @@ thaw_vm(struct agent *a, struct vm *v, const char *txn)
     qga_free(q);
     pthread_mutex_lock(&a->mu);
     v->thaw_ms = mono_ms() - t0;
+    /* A guest left frozen blocks its own writes (an outage), so a failed
+     * thaw is reported upstream (commit reply `thaw_error`, stats
+     * `thaw_failed`), not only logged.  An empty err still means failure. */
+    snprintf(v->thaw_error, sizeof(v->thaw_error), "%s", rc == 0 ? "" :
+             err[0] ? err : "guest-fsfreeze-thaw failed");
     pthread_mutex_unlock(&a->mu);
-    if (rc == 0)
+    if (rc == 0) {
         log_info("event=thawed vm=%s txn=%s filesystems=%d thaw_ms=%.3f",
                  v->cfg->name, txn ? txn : "-", nfs, mono_ms() - t0);
-    else
+    } else {
+        atomic_fetch_add(&a->n_thaw_failed, 1);
         log_warnx("event=thaw_failed vm=%s txn=%s msg=\"%s\"", v->cfg->name,
                   txn ? txn : "-", err);
+    }
 }
 
 static void *
@@ -771,7 +781,7 @@ h_inventory(struct agent *a)
 static json_t *
 h_stats(struct agent *a)
 {
-    return json_pack("{s:f,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I},s:I,s:I}",
+    return json_pack("{s:f,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I},s:I,s:I,s:I}",
                      "uptime_ms", mono_ms() - a->started_ms,
                      "connections", (json_int_t)atomic_load(&a->connections),
                      "requests", (json_int_t)atomic_load(&a->requests),
@@ -784,7 +794,9 @@ h_stats(struct agent *a)
                      "resumed_by_lease",
                      (json_int_t)atomic_load(&a->resumed_by_lease),
                      "resumed_by_journal",
-                     (json_int_t)atomic_load(&a->resumed_by_journal));
+                     (json_int_t)atomic_load(&a->resumed_by_journal),
+                     "thaw_failed",
+                     (json_int_t)atomic_load(&a->n_thaw_failed));
 }
 
 /* The stored error code of a failed txn, as the static string. */
@@ -819,6 +831,7 @@ struct prep_job {
     struct agent *a;
     struct vm *vm;
     const char *txn;
+    int freeze_timeout_ms;      /* min(config, prepare's freeze_timeout_ms) */
     double t0, t1;
     int rc;
     int journaled;
@@ -871,7 +884,7 @@ freeze_one(void *arg)
     else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0 &&
              (rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS,
                             err, sizeof(err))) == 0)
-        rc = qga_freeze(q, j->a->cfg.freeze_timeout_ms, &nfs, err,
+        rc = qga_freeze(q, j->freeze_timeout_ms, &nfs, err,
                         sizeof(err));
     pthread_mutex_lock(&j->a->mu);
     v->freeze_ms = mono_ms() - t0;
@@ -898,9 +911,12 @@ add_quiesce(struct agent *a, json_t *o, struct vm *v, int with_thaw)
                         json_string(v->consistency ? v->consistency :
                                     "crash"));
     json_object_set_new(o, "freeze_ms", json_real(v->freeze_ms));
-    if (with_thaw)
+    if (with_thaw) {
         json_object_set_new(o, "thaw_ms", v->thaw_ms < 0 ? json_null() :
                             json_real(v->thaw_ms));
+        json_object_set_new(o, "thaw_error", v->thaw_error[0] ?
+                            json_string(v->thaw_error) : json_null());
+    }
     json_object_set_new(o, "freeze_error", v->freeze_error[0] ?
                         json_string(v->freeze_error) : json_null());
     pthread_mutex_unlock(&a->mu);
@@ -932,7 +948,8 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     json_t *jvms = json_object_get(args, "vms"), *v, *result = NULL, *arr;
     json_int_t lease = json_integer_value(json_object_get(args, "lease_ms"));
     const char *quiesce = json_string_value(json_object_get(args, "quiesce"));
-    int freeze;
+    json_t *jft = json_object_get(args, "freeze_timeout_ms");
+    int freeze, freeze_ms = a->cfg.freeze_timeout_ms;
     struct prep_job jobs[CFG_MAX_VMS];
     struct vm *vms[CFG_MAX_VMS], *undo[CFG_MAX_VMS];
     struct resume_job rj[CFG_MAX_VMS];
@@ -947,6 +964,12 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
         FAIL("BAD_REQUEST", "args.quiesce must be \"crash\" or "
              "\"fs-freeze\", got \"%s\"", quiesce);
     freeze = quiesce && strcmp(quiesce, "fs-freeze") == 0;
+    /* The coordinator sizes its wait for PREPARED on the freeze timeout it
+     * sends; taking the smaller of it and ours keeps that wait long enough
+     * by construction, whatever this agent's config says.  Absent (older
+     * coordinators): our config alone. */
+    if (jft && json_integer_value(jft) < freeze_ms)
+        freeze_ms = (int)json_integer_value(jft);
     json_array_foreach(jvms, i, v) {
         names[i] = json_string_value(v);
         if (!(vms[i] = find_vm(a, names[i])))
@@ -1014,12 +1037,14 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     }
     for (int k = 0; k < n; k++) {
         jobs[k] = (struct prep_job){.a = a, .vm = vms[k], .txn = x->id,
-                                    .journaled = 1};
+                                    .journaled = 1,
+                                    .freeze_timeout_ms = freeze_ms};
         pthread_mutex_lock(&a->mu);
         vms[k]->consistency = "crash";
         vms[k]->freeze_ms = 0;
         vms[k]->thaw_ms = -1;
         vms[k]->freeze_error[0] = '\0';
+        vms[k]->thaw_error[0] = '\0';
         pthread_mutex_unlock(&a->mu);
     }
     /* All freezes first, then all stops: the freeze wait (up to sync +

@@ -40,6 +40,7 @@ struct agent {
     atomic_long connections, requests, errors;
     atomic_long n_prepared, n_committed, n_aborted, n_expired;
     atomic_long resumed_by_lease, resumed_by_journal;
+    atomic_long n_thaw_failed;  /* guests possibly left frozen (outage) */
 };
 
 /* Opens Ceph images, libvirt, the journal; resumes journaled VMs; starts

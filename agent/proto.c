@@ -23,7 +23,7 @@ struct field {
     int required;
 };
 
-#define MAX_FIELDS 4
+#define MAX_FIELDS 5
 static const struct {
     const char *name;
     struct field fields[MAX_FIELDS];
@@ -33,7 +33,8 @@ static const struct {
     [PROTO_CMD_PREPARE] = {"prepare", {{"txn", F_NAME, 1},
                                        {"vms", F_STRLIST, 1},
                                        {"lease_ms", F_MS, 1},
-                                       {"quiesce", F_NAME, 0}}},
+                                       {"quiesce", F_NAME, 0},
+                                       {"freeze_timeout_ms", F_MS, 0}}},
     [PROTO_CMD_COMMIT] = {"commit", {{"txn", F_NAME, 1},
                                      {"snapshots", F_SNAPMAP, 1},
                                      {"budget_ms", F_MS, 1}}},

@@ -40,6 +40,7 @@ struct vm {
     const char *consistency;           /* "crash" or "fs-freeze" */
     double freeze_ms, thaw_ms;         /* thaw_ms < 0: no thaw yet */
     char freeze_error[256];
+    char thaw_error[256];              /* "" unless the last thaw failed */
 };
 
 int vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn);

@@ -308,6 +308,9 @@ class MemberSnapshot(Base):
     freeze_ms: Mapped[float | None] = mapped_column(Float, default=None)
     thaw_ms: Mapped[float | None] = mapped_column(Float, default=None)
     freeze_error: Mapped[str | None] = mapped_column(Text, default=None)
+    # Why the thaw after `cont` failed (agent-protocol §4.4): the snapshot
+    # stands, but the guest may still be frozen (migration 0005).
+    thaw_error: Mapped[str | None] = mapped_column(Text, default=None)
     group_snapshot: Mapped[GroupSnapshot] = relationship(back_populates="members")
 
 

@@ -7,8 +7,9 @@
     quiesce: fs-freeze          # optional; crash (default) or fs-freeze: guest
                                 # fs freeze through the QEMU guest agent, with a
                                 # per-VM fallback to crash (agent-protocol §4.3)
-    freeze_timeout_ms: 5000     # optional; the agents' [agent] freeze_timeout_ms
-                                # (sizes the wait for PREPARED; default 5000)
+    freeze_timeout_ms: 5000     # optional; freeze deadline sent in PREPARE (each
+                                # agent uses min(it, its [agent] freeze_timeout_ms))
+                                # and sizes the wait for PREPARED; default 5000
     tls:                        # coordinator's client cert + the agents' CA
       ca: certs/ca.pem          # relative paths are relative to this file
       cert: certs/coordinator.pem

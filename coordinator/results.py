@@ -34,6 +34,10 @@ class VMTiming:
     freeze_ms: float | None = None
     thaw_ms: float | None = None
     freeze_error: str | None = None
+    # Why the thaw after `cont` failed (agent-protocol §4.4); None if it
+    # succeeded or none was due.  Not a snapshot failure, but the guest may
+    # still be frozen (its filesystems block writes): an outage to act on.
+    thaw_error: str | None = None
 
     @property
     def overhead_ms(self) -> float | None:
@@ -61,6 +65,11 @@ class VMTiming:
             self.freeze_error = fe if isinstance(fe, str) and fe else None
         elif isinstance(d.get("freeze_error"), str) and d["freeze_error"]:
             self.freeze_error = d["freeze_error"]
+        # Only a reply that carries the thaw (COMMIT, or a log row) says
+        # anything about it; PREPARE replies have no thaw_* keys.
+        if "thaw_error" in d:
+            te = d.get("thaw_error")
+            self.thaw_error = te if isinstance(te, str) and te else None
         if isinstance(d.get("disks"), list):
             self.disks = [x for x in d["disks"] if isinstance(x, dict)]
 

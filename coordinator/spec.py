@@ -23,7 +23,8 @@ QUIESCE_MODES = ("crash", "fs-freeze")
 # freeze and before the thaw, then the thaw itself after `cont`.
 QGA_SYNC_MS = 1000
 QGA_THAW_MS = 5000
-# The agents' `[agent] freeze_timeout_ms` default (agent-protocol §9).
+# The freeze timeout sent in PREPARE when the group does not set one; equal
+# to the agents' `[agent] freeze_timeout_ms` default (agent-protocol §9).
 DEFAULT_FREEZE_TIMEOUT_MS = 5000
 # Transport and scheduling slack on top of the guest-agent deadlines.
 QUIESCE_MARGIN_MS = 1000
@@ -78,9 +79,10 @@ class GroupSpec:
     # "crash" (pause only) or "fs-freeze" (guest-fsfreeze-freeze through the
     # QEMU guest agent before the pause, crash fallback per VM).
     quiesce: str = "crash"
-    # The agents' `[agent] freeze_timeout_ms`; only sizes the coordinator's
-    # waits.  It must not be below the agents' value, or PREPARE times out
-    # while an agent still waits for a slow guest agent.
+    # The guest-fsfreeze-freeze deadline sent in PREPARE (fs-freeze only) and
+    # used to size the wait for PREPARED.  Each agent uses min(its `[agent]
+    # freeze_timeout_ms`, this), so the wait is long enough by construction,
+    # whatever the agents' configs say (agent-protocol §4.3).
     freeze_timeout_ms: int = DEFAULT_FREEZE_TIMEOUT_MS
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -237,7 +239,7 @@ def validate(spec: GroupSpec) -> None:
     ft = spec.freeze_timeout_ms
     if isinstance(ft, bool) or not isinstance(ft, int) or not 10 <= ft <= MAX_MS:
         raise SpecError(f"freeze_timeout_ms: {ft!r} must be an integer in 10..{MAX_MS} "
-                        "(the agents' [agent] freeze_timeout_ms)")
+                        "(sent in PREPARE; each agent uses min(it, its own))")
     if not spec.agents:
         raise SpecError("agents: a group needs at least one agent")
     seen_vm: set[str] = set()

@@ -163,7 +163,8 @@ class _Run:
                  "barrier_ms": t.barrier_ms, "snapshot_ms": t.snapshot_ms,
                  "cont_ms": t.cont_ms, "paused_ms": t.paused_ms, "method": t.method,
                  "consistency": t.consistency, "freeze_ms": t.freeze_ms,
-                 "thaw_ms": t.thaw_ms, "freeze_error": t.freeze_error}
+                 "thaw_ms": t.thaw_ms, "freeze_error": t.freeze_error,
+                 "thaw_error": t.thaw_error}
                 for t in self.vms.values()]
 
     def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:
@@ -208,9 +209,13 @@ class _Run:
         quiesce = self.spec.quiesce if self.spec.quiesce != "crash" else None
 
         async def one(a: AgentSpec) -> dict[str, Any]:
+            # The freeze timeout we size `pw` on goes with the request; the
+            # agent uses min(its own, ours), so `pw` is long enough whatever
+            # the agents' configs say (only sent with fs-freeze).
             res = await self.client(a).prepare(
                 self.txn, [v.name for v in a.vms], self.spec.lease_ms,
-                quiesce=quiesce, timeout=pw)
+                quiesce=quiesce, freeze_timeout_ms=self.spec.freeze_timeout_ms,
+                timeout=pw)
             got = {v.get("vm") for v in res.get("vms", []) if isinstance(v, dict)}
             want = {v.name for v in a.vms}
             if res.get("state") != "prepared" or got != want:
@@ -322,7 +327,14 @@ class _Run:
     def _take_vms(self, res: dict[str, Any]) -> None:
         for v in res.get("vms", []) or []:
             if isinstance(v, dict) and v.get("vm") in self.vms:
-                self.vms[v["vm"]].update(v)
+                t = self.vms[v["vm"]]
+                t.update(v)
+                if t.thaw_error:
+                    # The snapshot is fine, but the guest may still be
+                    # frozen (writes blocked): say so loudly, per VM.
+                    log.warning("event=thaw_failed group=%s txn=%s vm=%s agent=%s "
+                                "error=%r", self.spec.name, self.txn, t.vm, t.agent,
+                                t.thaw_error)
 
     # -- abort -----------------------------------------------------------------
     async def abort(self) -> bool:

@@ -113,6 +113,7 @@ coord_txn_vm = Table(
     Column("freeze_ms", Float, nullable=True),
     Column("thaw_ms", Float, nullable=True),
     Column("freeze_error", Text, nullable=True),
+    Column("thaw_error", Text, nullable=True),
     UniqueConstraint("txn", "vm", name="uq_coord_txn_vm_txn_vm"),
 )
 
@@ -133,12 +134,13 @@ coord_txn_snapshot = Table(
 
 
 VM_COLUMNS = ("agent", "stop_ms", "barrier_ms", "snapshot_ms", "cont_ms", "paused_ms",
-              "method", "consistency", "freeze_ms", "thaw_ms", "freeze_error")
+              "method", "consistency", "freeze_ms", "thaw_ms", "freeze_error", "thaw_error")
 # Columns added after the first release of a table.  A stand-alone log
 # (`cutpoint snapshot --db sqlite:///...`, create=True) made by an older
 # version gets them on open; the control plane's database gets them from
-# Alembic (api/alembic/versions/0004).
-ADDED_COLUMNS = {"coord_txn_vm": ("consistency", "freeze_ms", "thaw_ms", "freeze_error")}
+# Alembic (api/alembic/versions/0004, 0005).
+ADDED_COLUMNS = {"coord_txn_vm": ("consistency", "freeze_ms", "thaw_ms", "freeze_error",
+                                  "thaw_error")}
 
 
 def _add_columns(c: Connection) -> None:

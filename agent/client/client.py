@@ -267,15 +267,20 @@ class AgentClient:
 
     async def prepare(self, txn: str, vms: list[str], lease_ms: int, *,
                       quiesce: str | None = None,
+                      freeze_timeout_ms: int | None = None,
                       timeout: float | None = None) -> dict[str, Any]:
         """agent-protocol §4.3.  `quiesce` "crash" or "fs-freeze"; None sends
         nothing (the agent's default, crash), so older agents still accept
         crash-consistent requests.  With "fs-freeze" the reply may take the
-        freeze deadlines (sync 1 s + `[agent] freeze_timeout_ms`): size
-        `timeout` for it."""
+        freeze deadlines (sync 1 s + the freeze timeout): size `timeout` for
+        it.  `freeze_timeout_ms` (sent with fs-freeze only) caps the agent's
+        `[agent] freeze_timeout_ms`: the agent uses the smaller of the two,
+        so a `timeout` sized on it is always long enough."""
         args: dict[str, Any] = {"txn": txn, "vms": list(vms), "lease_ms": int(lease_ms)}
         if quiesce is not None and quiesce != "crash":
             args["quiesce"] = quiesce
+            if freeze_timeout_ms is not None:
+                args["freeze_timeout_ms"] = int(freeze_timeout_ms)
         return await self.call("prepare", args, timeout=timeout, retry_closed=True)
 
     async def commit(self, txn: str, snapshots: dict[str, str], budget_ms: int, *,

@@ -110,7 +110,8 @@ class PeerTxn:
     stop_ms: dict[str, float] = field(default_factory=dict)
     reply: dict[str, Any] | None = None       # stored commit reply (idempotence)
     created: dict[str, str] = field(default_factory=dict)  # disk id -> snap name
-    # vm -> {consistency, freeze_ms, thaw_ms, freeze_error} (agent-protocol §4.3)
+    # vm -> {consistency, freeze_ms, thaw_ms, freeze_error, thaw_error?}
+    # (agent-protocol §4.3, §4.4)
     quiesce: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -262,6 +263,10 @@ class AgentPeer:
         if quiesce not in ("crash", "fs-freeze"):
             raise _Err("BAD_REQUEST", f'args.quiesce must be "crash" or "fs-freeze", '
                        f'got "{quiesce}"')
+        ft = a.get("freeze_timeout_ms")
+        if ft is not None and (isinstance(ft, bool) or not isinstance(ft, int)
+                               or not 1 <= ft <= 600000):
+            raise _Err("BAD_REQUEST", "args.freeze_timeout_ms must be an integer 1..600000")
         t = self.txns.get(txn)
         if t is not None:
             if t.state == "prepared" and t.vms == names:
@@ -298,7 +303,7 @@ class AgentPeer:
         return {"txn": t.txn, "state": "prepared", "lease_ms": lease_ms,
                 "vms": [{"vm": n, "stop_ms": t.stop_ms[n],
                          **{k: v for k, v in t.quiesce.get(n, {}).items()
-                            if k != "thaw_ms"}} for n in t.vms]}
+                            if k not in ("thaw_ms", "thaw_error")}} for n in t.vms]}
 
     async def _cmd_commit(self, a: dict[str, Any]) -> dict[str, Any]:
         txn, snaps = a["txn"], dict(a["snapshots"])

@@ -149,6 +149,16 @@ test_wrong_field_types(void **state)
                  "\"vms\":[\"a\"]}}", "BAD_REQUEST", 0);
     expect_error("{\"id\":1,\"cmd\":\"prepare\",\"args\":{\"txn\":\"t/../x\","
                  "\"vms\":[\"a\"],\"lease_ms\":5}}", "BAD_REQUEST", 0);
+    /* prepare's optional freeze_timeout_ms: an integer 1..600000 */
+    expect_error("{\"id\":1,\"cmd\":\"prepare\",\"args\":{\"txn\":\"t\","
+                 "\"vms\":[\"a\"],\"lease_ms\":5,\"freeze_timeout_ms\":0}}",
+                 "BAD_REQUEST", 0);
+    expect_error("{\"id\":1,\"cmd\":\"prepare\",\"args\":{\"txn\":\"t\","
+                 "\"vms\":[\"a\"],\"lease_ms\":5,\"freeze_timeout_ms\":\"9\"}}",
+                 "BAD_REQUEST", 0);
+    expect_error("{\"id\":1,\"cmd\":\"prepare\",\"args\":{\"txn\":\"t\","
+                 "\"vms\":[\"a\"],\"lease_ms\":5,\"freeze_timeout_ms\":600001}}",
+                 "BAD_REQUEST", 0);
     expect_error("{\"id\":1,\"cmd\":\"commit\",\"args\":{\"txn\":\"t\","
                  "\"snapshots\":{\"vm/disk0\":3},\"budget_ms\":5}}",
                  "BAD_REQUEST", 0);
@@ -171,6 +181,12 @@ test_valid_requests(void **state)
     assert_int_equal(parse("{\"id\":7,\"cmd\":\"hello\"}", &req, &bad, &err), 0);
     assert_int_equal(req.cmd, PROTO_CMD_HELLO);
     assert_true(json_is_object(req.args));
+    proto_request_clear(&req);
+    assert_int_equal(parse("{\"id\":8,\"cmd\":\"prepare\",\"args\":{\"txn\":"
+                           "\"t\",\"vms\":[\"a\"],\"lease_ms\":5,\"quiesce\":"
+                           "\"fs-freeze\",\"freeze_timeout_ms\":1200}}", &req, &bad,
+                           &err), 0);
+    assert_int_equal(req.cmd, PROTO_CMD_PREPARE);
     proto_request_clear(&req);
     assert_int_equal(parse("{\"id\":\"x\",\"cmd\":\"commit\",\"args\":{\"txn\":"
                            "\"t-1\",\"snapshots\":{\"vm1/disk0\":\"cp.g.t-1\"},"

@@ -24,6 +24,9 @@ class MemberSnapshotPublic(Public):
     thaw_ms: float | None = None
     freeze_error: str | None = Field(
         default=None, description="Why quiesce fs-freeze fell back to crash for this member")
+    thaw_error: str | None = Field(
+        default=None, description="Why the thaw after the snapshot failed (the guest may "
+        "still be frozen, its writes blocked); null if it succeeded or none was due")
 
 
 class SnapshotPublic(Public):

@@ -85,8 +85,9 @@ def build_spec(session: Session, g: Group, settings: Settings) -> Plan:
     try:
         spec = GroupSpec(
             name=g.name, lease_ms=p.lease_ms, budget_ms=p.pause_budget_ms, tls=tls,
-            # The agents' freeze_timeout_ms is assumed to be their default
-            # (5000); it only sizes the coordinator's wait for PREPARED.
+            # freeze_timeout_ms: the spec's default (5000) is sent in
+            # PREPARE and each agent uses min(it, its own), so the wait for
+            # PREPARED sized on it is always long enough.
             quiesce=p.quiesce.value,
             agents=tuple(AgentSpec(name=h.name, address=h.address, port=h.port,
                                    cert_sha256=h.cert_fingerprint,
@@ -213,6 +214,7 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                 consistency=reached if result.committed else None,
                 freeze_ms=t.freeze_ms if t else None, thaw_ms=t.thaw_ms if t else None,
                 freeze_error=t.freeze_error if t else None,
+                thaw_error=t.thaw_error if t else None,
                 method=t.method if t else None,
                 stop_ms=t.stop_ms if t else None, barrier_ms=t.barrier_ms if t else None,
                 snapshot_ms=disk_t.get("snapshot_ms", t.snapshot_ms if t else None),

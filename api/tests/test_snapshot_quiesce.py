@@ -101,6 +101,31 @@ def test_member_levels_are_recorded_and_shown(session_factory: sessionmaker[Sess
     assert all("guest-sync-delimited" in e for e in errs)
 
 
+THAW_DATA = DATA.parent / "thaw_failed_replies.json"
+
+
+def test_failed_thaw_is_stored_and_shown(session_factory: sessionmaker[Session],
+                                         inventory: dict[str, Any], settings: Any,
+                                         api: Any, tmp_path: Path) -> None:
+    """A member whose thaw failed after the snapshot (recorded cutpointd
+    commit reply) is committed, and GET /v1/snapshots/{id} shows why the
+    guest may still be frozen; a member whose thaw worked shows null."""
+    gid, sid = _group(session_factory, "fs-freeze")
+    plan = _plan(session_factory, gid, settings, tmp_path)
+    reply = json.loads(THAW_DATA.read_text())["thaw_failed"]["commit"]["vms"][0]
+    bad = VMTiming(vm="primary-h1-vm2", agent="primary-h1")
+    bad.update({**reply, "vm": "primary-h1-vm2", "disks": []})
+    assert bad.thaw_error
+    res = GroupSnapshotResult(
+        txn="qzfs-freeze", group="db-fs-freeze", state="committed", quiesce="fs-freeze",
+        vms=[_timing("primary-h1-vm1", "live"), bad], timings={"total_ms": 1.0})
+    assert capture.record(session_factory, sid, plan, res, 1.0)["state"] == "committed"
+    r = api.get(f"/v1/snapshots/{sid}")
+    assert r.status_code == 200, r.text
+    got = {(m["vm"], m["thaw_error"]) for m in r.json()["members"]}
+    assert got == {("primary-h1-vm1", None), ("primary-h1-vm2", reply["thaw_error"])}
+
+
 def test_all_frozen_group_is_fs_freeze(session_factory: sessionmaker[Session],
                                        inventory: dict[str, Any], settings: Any,
                                        tmp_path: Path) -> None:

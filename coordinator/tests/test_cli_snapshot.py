@@ -117,3 +117,10 @@ def test_table_shows_consistency_and_fallback_reason() -> None:
     assert "fs-freeze" in out and "421.0" in out, out
     assert "vm2: fs-freeze fell back to crash: guest agent did not answer" in out, out
     assert "vm1: fs-freeze fell back" not in out, out
+    assert "thaw failed" not in out, out
+    fell.update({"thaw_ms": 1000.7, "thaw_error": "guest agent did not answer"})
+    buf = io.StringIO()
+    print_result(Console(file=buf, width=200), r)
+    out = buf.getvalue()
+    assert ("vm2: thaw failed, the guest may still be frozen (writes blocked): "
+            "guest agent did not answer") in out, out

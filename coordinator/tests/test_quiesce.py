@@ -31,6 +31,8 @@ from cutpoint.coordinator.twophase import _stale_at
 from cutpoint.coordinator.txlog import COMMITTED
 
 DATA = Path(__file__).parent / "data" / "quiesce_replies.json"
+# Recorded by record_thaw_failed.py: a commit reply whose thaw failed.
+THAW_DATA = Path(__file__).parent / "data" / "thaw_failed_replies.json"
 FACTS = ("consistency", "freeze_ms", "thaw_ms", "freeze_error")
 
 
@@ -161,6 +163,67 @@ async def test_prepare_wait_covers_a_slow_freeze(peers: Any, make_spec: Any,
     assert res2.timings["prepare_ms"] < 1500
 
 
+def thaw_failed_reply() -> dict[str, Any]:
+    """The recorded commit reply of cutpointd for a VM whose thaw failed."""
+    return dict(json.loads(THAW_DATA.read_text())["thaw_failed"]["commit"]["vms"][0])
+
+
+async def test_prepare_sends_the_freeze_timeout_it_waits_for(peers: Any, make_spec: Any,
+                                                             txlog: TxLog) -> None:
+    """fs-freeze PREPARE carries the freeze timeout the coordinator sized its
+    wait on (the agent uses min(its own, this)); crash PREPARE carries none,
+    so agents that predate the argument still accept it."""
+    a = await peers("h1", {"vm1": ["disk0"]})
+    a.quiesce_facts["vm1"] = recorded("live")
+    spec = make_spec([a], quiesce="fs-freeze", freeze_timeout_ms=1700)
+    assert (await take_group_snapshot(spec, txlog, txn="ft1")).state == COMMITTED
+    prep = [r["args"] for r in a.requests if r["cmd"] == "prepare"]
+    assert [p.get("freeze_timeout_ms") for p in prep] == [1700]
+    assert spec.prepare_wait_ms >= spec.effective_prepare_timeout_ms + 1000 + 1700
+    a.requests.clear()
+    assert (await take_group_snapshot(make_spec([a]), txlog, txn="ft2")).state == COMMITTED
+    prep = [r["args"] for r in a.requests if r["cmd"] == "prepare"]
+    assert prep and all("freeze_timeout_ms" not in p for p in prep)
+
+
+async def test_failed_thaw_is_recorded_and_logged(peers: Any, make_spec: Any, txlog: TxLog,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A thaw that failed after `cont` (recorded cutpointd reply) does not
+    fail the group snapshot, but its reason reaches the result, the log and
+    the coordinator log; a VM whose thaw worked has none."""
+    a = await peers("h1", {"vm1": ["disk0"], "vm2": ["disk0"]})
+    a.quiesce_facts["vm1"] = recorded("live")
+    a.quiesce_facts["vm2"] = {k: v for k, v in thaw_failed_reply().items()
+                              if k in (*FACTS, "thaw_error")}
+    caplog.set_level("WARNING", logger="cutpoint.coordinator")
+    res = await take_group_snapshot(make_spec([a], quiesce="fs-freeze"), txlog, txn="th1")
+    assert res.state == COMMITTED, res.errors
+    vms = {v.vm: v for v in res.vms}
+    want = "guest-sync-delimited: guest agent did not answer before the deadline"
+    assert vms["vm2"].thaw_error == want and vms["vm1"].thaw_error is None
+    assert res.to_dict()["vms"][1]["thaw_error"] == want
+    rec = txlog.get("th1")
+    assert rec is not None
+    assert {v["vm"]: v["thaw_error"] for v in rec.vms} == {"vm1": None, "vm2": want}
+    lines = [r.getMessage() for r in caplog.records if "event=thaw_failed" in r.getMessage()]
+    assert len(lines) == 1 and "vm=vm2" in lines[0] and "txn=th1" in lines[0], lines
+    again = await take_group_snapshot(make_spec([a], quiesce="fs-freeze"), txlog, txn="th1")
+    assert again.from_log and {v.vm: v.thaw_error for v in again.vms} == \
+        {"vm1": None, "vm2": want}
+
+
+def test_thaw_error_only_from_a_reply_that_carries_the_thaw() -> None:
+    from cutpoint.coordinator.results import VMTiming
+
+    t = VMTiming(vm="vm1", agent="h1")
+    t.update(thaw_failed_reply())
+    assert t.thaw_error and t.thaw_ms is not None
+    t.update(json.loads(THAW_DATA.read_text())["thaw_failed"]["prepare"]["vms"][0])
+    assert t.thaw_error, "a PREPARE reply says nothing about the thaw"
+    t.update({**thaw_failed_reply(), "thaw_error": None})
+    assert t.thaw_error is None
+
+
 def test_stale_time_includes_freeze_and_thaw(txlog: TxLog, make_spec: Any) -> None:
     spec = GroupSpec.from_dict({"group": "g", "lease_ms": 2000, "budget_ms": 1000,
                                 "quiesce": "fs-freeze", "agents": [
@@ -198,7 +261,8 @@ def test_old_standalone_log_gains_the_quiesce_columns(tmp_path: Path) -> None:
     log = TxLog(f"sqlite:///{db}")
     log.begin("o1", "g", {}, [], lease_ms=1, budget_ms=1)
     log.transition("o1", "aborting", vms=[{"vm": "v", "agent": "a", "consistency": "crash",
-                                           "freeze_error": "why"}])
+                                           "freeze_error": "why", "thaw_error": "frozen"}])
     rec = log.get("o1")
     log.dispose()
     assert rec is not None and rec.vms[0]["freeze_error"] == "why"
+    assert rec.vms[0]["thaw_error"] == "frozen"
