@@ -16,6 +16,7 @@ import ssl
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,8 +307,10 @@ async def test_refused_member_snapshot_is_snapshot_failed(local_agent: dict[str,
 async def test_quiesce_fs_freeze_falls_back_to_crash(local_agent: dict[str, Any]) -> None:
     """quiesce fs-freeze with a guest agent channel nobody answers (vm1: no
     guest OS) and with no channel at all (vm2): both fall back to crash
-    consistency with the reason, and the snapshot is still taken."""
+    consistency with the reason, and the snapshot is still taken; the thaw
+    after cont fails as well and says so (thaw_error, stats thaw_failed)."""
     async with _client(local_agent) as c:
+        thaw_failed0 = (await c.stats())["thaw_failed"]
         with pytest.raises(AgentReplyError) as ei:
             await c.call("prepare", {"txn": "qz0", "vms": ["vm1"], "lease_ms": 5000,
                                      "quiesce": "app"})
@@ -327,7 +330,14 @@ async def test_quiesce_fs_freeze_falls_back_to_crash(local_agent: dict[str, Any]
         assert r["vm1"]["thaw_ms"] is not None      # a thaw was attempted
         assert r["vm2"]["thaw_ms"] is None          # nothing to thaw
         assert all(d["ok"] for v in res["vms"] for d in v["disks"])
+        # The thaw after cont failed too (nobody answers): reported in the
+        # reply and counted, not only logged; vm2 had nothing to thaw.
+        assert r["vm1"]["thaw_error"] == ("guest-sync-delimited: guest agent did not "
+                                          "answer before the deadline")
+        assert r["vm2"]["thaw_error"] is None
+        assert (await c.stats())["thaw_failed"] == thaw_failed0 + 1
         await c.abort("qz1")
+        assert (await c.stats())["thaw_failed"] == thaw_failed0 + 1   # thawed once only
         plain = await c.prepare("qz2", ["vm2"], 5000)
         assert plain["vms"][0]["consistency"] == "crash"
         assert plain["vms"][0]["freeze_error"] is None
@@ -512,3 +522,157 @@ def test_lab_dr_agent_config_lists_standbys(tmp_path: Path) -> None:
     chk = subprocess.run([str(cutpointd_path()), "-n", "-c", str(cfg)], capture_output=True,
                          text=True, check=False)
     assert chk.returncode != 0 and "/nonexistent/" in chk.stderr, chk.stderr
+
+
+# prepare's freeze_timeout_ms (agent-protocol §4.3) ---------------------------
+
+QGA_TRANSCRIPT = (Path(__file__).resolve().parents[2] / "dr-tests" / "tests" / "data"
+                  / "qga_transcript.json")
+
+
+class SlowFreezeGuestAgent(threading.Thread):
+    """The guest-agent end of a VM's `qga` socket, replaying the bytes a
+    real qemu-guest-agent sent (dr-tests/tests/data/qga_transcript.json,
+    "live"): it answers guest-sync-delimited (with the id asked for) and
+    guest-fsfreeze-thaw, and never answers guest-fsfreeze-freeze, like a
+    guest whose freeze hangs on a busy filesystem."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        live = json.loads(QGA_TRANSCRIPT.read_text())["live"][0]
+        got = [b.encode("latin-1") for d, b in live if d == "received"]
+        self.sync_reply, self.thaw_reply = got[0], got[2]
+        self.sync_id = json.loads(next(b for d, b in live if d == "sent"))["arguments"]["id"]
+        self.commands: list[str] = []
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(str(path))
+        self.srv.listen(4)
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while True:
+                try:
+                    chunk = conn.recv(4096)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    req = json.loads(line.lstrip(b"\xff"))
+                    self.commands.append(req["execute"])
+                    if req["execute"] == "guest-sync-delimited":
+                        conn.sendall(self.sync_reply.replace(
+                            str(self.sync_id).encode(), str(req["arguments"]["id"]).encode()))
+                    elif req["execute"] == "guest-fsfreeze-thaw":
+                        conn.sendall(self.thaw_reply)
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+@pytest.fixture(scope="module")
+def slow_freeze_agent() -> Iterator[dict[str, Any]]:
+    """One QEMU (no guest OS) whose `qga` is a SlowFreezeGuestAgent, and a
+    cutpointd with `[agent] freeze_timeout_ms = 2500`."""
+    d = Path(tempfile.mkdtemp(prefix="cpft.", dir="/tmp"))    # short UNIX paths
+    qemu = agent = None
+    guest = SlowFreezeGuestAgent(d / "vq.qga")
+    guest.start()
+    try:
+        certs = d / "certs"
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        f = d / "vq.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(f), "16M"], check=True)
+        qemu = subprocess.Popen(["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults",
+                                 "-display", "none", "-m", "64", "-serial", "null",
+                                 "-qmp", f"unix:{d / 'vq.sock'},server=on,wait=off",
+                                 "-blockdev", (f"driver=qcow2,node-name=disk0,file.driver=file,"
+                                               f"file.filename={f}"),
+                                 "-device", "virtio-blk-pci,drive=disk0"])
+        t0 = time.monotonic()
+        while not (d / "vq.sock").exists():
+            assert time.monotonic() - t0 < 20, "QEMU did not create its QMP socket"
+            time.sleep(0.05)
+        port = _free_port()
+        cfg = d / "agent.ini"
+        cfg.write_text(f"[agent]\nhost = local\nlisten = 127.0.0.1:{port}\n"
+                       f"journal = {d / 'journal'}\nqmp_timeout_ms = 1000\n"
+                       f"freeze_timeout_ms = 2500\n\n"
+                       f"[tls]\nca = {certs / 'ca.pem'}\ncert = {certs / 'agent.pem'}\n"
+                       f"key = {certs / 'agent.key'}\n\n"
+                       f"[vm vq]\nqmp = {d / 'vq.sock'}\nqga = {d / 'vq.qga'}\n"
+                       f"disk.disk0 = qcow2:{f}\n")
+        log = open(d / "agent.log", "wb")  # noqa: SIM115 (closed below)
+        agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
+                                 stderr=log)
+        t0 = time.monotonic()
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert agent.poll() is None, (d / "agent.log").read_text()
+                assert time.monotonic() - t0 < 20
+                time.sleep(0.05)
+        yield {"address": "127.0.0.1", "port": port, "certs": certs, "dir": d,
+               "guest": guest}
+    finally:
+        sanitizer = ""
+        if agent is not None:
+            stop_agent_pid(agent.pid)
+            agent.wait(timeout=10)
+            text = (d / "agent.log").read_text(errors="replace")
+            if "Sanitizer" in text:
+                sanitizer = text[-3000:]
+        if qemu is not None:
+            qemu.kill()
+            qemu.wait()
+        guest.close()
+        shutil.rmtree(d, ignore_errors=True)
+        assert not sanitizer, sanitizer
+
+
+async def test_prepare_freeze_timeout_is_min_of_request_and_config(
+        slow_freeze_agent: dict[str, Any]) -> None:
+    """The freeze deadline is min(prepare's freeze_timeout_ms, [agent]
+    freeze_timeout_ms = 2500): a request for 300 ms gives up after ~300 ms,
+    one for 60 s still after 2.5 s, and one without the argument (older
+    coordinators) uses the config.  The thaw, answered, reports no error."""
+    g: SlowFreezeGuestAgent = slow_freeze_agent["guest"]
+    async with _client(slow_freeze_agent) as c:
+        with pytest.raises(AgentReplyError) as ei:
+            await c.call("prepare", {"txn": "ft0", "vms": ["vq"], "lease_ms": 5000,
+                                     "quiesce": "fs-freeze", "freeze_timeout_ms": 0})
+        assert ei.value.code == "BAD_REQUEST" and "freeze_timeout_ms" in ei.value.message
+        got: dict[str, dict[str, Any]] = {}
+        for txn, ft in (("ft1", 300), ("ft2", 60000), ("ft3", None)):
+            prep = await c.prepare(txn, ["vq"], 5000, quiesce="fs-freeze",
+                                   freeze_timeout_ms=ft, timeout=20)
+            got[txn] = prep["vms"][0]
+            if txn == "ft1":
+                res = await c.commit(txn, {"vq/disk0": f"cp.g.{txn}"}, 5000, timeout=20)
+                v = res["vms"][0]
+                assert v["thaw_ms"] is not None and v["thaw_error"] is None, v
+            await c.abort(txn)
+        stats = await c.stats()
+    for v in got.values():
+        assert v["consistency"] == "crash"
+        assert v["freeze_error"].startswith("guest-fsfreeze-freeze"), v
+    assert 300 <= got["ft1"]["freeze_ms"] < 2000, got["ft1"]
+    assert 2500 <= got["ft2"]["freeze_ms"] < 10000, got["ft2"]
+    assert 2500 <= got["ft3"]["freeze_ms"] < 10000, got["ft3"]
+    assert g.commands.count("guest-fsfreeze-freeze") == 3
+    assert g.commands.count("guest-fsfreeze-thaw") == 3
+    assert stats["thaw_failed"] == 0
