@@ -19,6 +19,12 @@ claims against the lab itself:
   snapshot, both replicated), and the writer checker passes on the DR
   images with the same records as it.
 
+A second test fails over in unplanned mode from the newest DR point with
+one primary agent stopped: that host is recorded as unreachable (not waited
+for) and its guest keeps running, the other is stopped, epoch 1 is
+recorded, both guests boot at DR and the writer checker at DR matches the
+recovery point.
+
 The DR guests are stopped at the end (`stop_guests`).  The primary guests
 stay stopped: the lab fixture brings up a fresh lab for the next test.
 """
