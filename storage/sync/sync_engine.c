@@ -158,6 +158,13 @@ conn_open(const struct sync_site *s, const char *which, struct conn *c,
     /* The read-back that verifies each extent must come from the OSDs,
      * not from librbd's writeback cache, or it would prove nothing. */
     rados_conf_set(c->cluster, "rbd_cache", "false");
+    /* librbd copies every buffer given to rbd_aio_write unless told
+     * not to.  Ours stay untouched until the write completes (copy_group
+     * waits for every write of a group before its buffer is reused or
+     * freed), so the data is sent from it directly: one memcpy less per
+     * byte, about 12% less CPU for a 1 GiB full copy on the lab.  The
+     * per-extent CRC from the DR OSD would catch a buffer reused early. */
+    rados_conf_set(c->cluster, "rbd_disable_zero_copy_writes", "false");
     /* A cluster that is down should fail the run, not hang it for the
      * default five minutes. */
     rados_conf_set(c->cluster, "client_mount_timeout", "30");
