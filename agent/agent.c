@@ -1559,10 +1559,20 @@ h_abort(struct agent *a, json_t *args, const char **code, char *msg,
     resume_vms(a, vms, n, id, "abort", rj);
     for (int i = 0; i < n; i++)
         if (rj[i].rc == 0) {
+            json_t *o = json_pack("{s:s,s:f,s:f}", "vm", vms[i]->cfg->name,
+                                  "cont_ms", rj[i].cont_ms, "paused_ms",
+                                  rj[i].paused_ms);
+            /* The thaw ran in resume_one (after cont, before this reply):
+             * an aborted fs-freeze txn can leave a guest frozen too. */
+            pthread_mutex_lock(&a->mu);
+            json_object_set_new(o, "thaw_ms", vms[i]->thaw_ms < 0 ?
+                                json_null() : json_real(vms[i]->thaw_ms));
+            json_object_set_new(o, "thaw_error", vms[i]->thaw_error[0] ?
+                                json_string(vms[i]->thaw_error) :
+                                json_null());
+            pthread_mutex_unlock(&a->mu);
             json_array_append_new(resumed, json_string(vms[i]->cfg->name));
-            json_array_append_new(timings, json_pack(
-                "{s:s,s:f,s:f}", "vm", vms[i]->cfg->name, "cont_ms",
-                rj[i].cont_ms, "paused_ms", rj[i].paused_ms));
+            json_array_append_new(timings, o);
         }
     json_object_foreach(todo, key, nv) {
         struct vm *v;

@@ -356,6 +356,14 @@ class _Run:
             if isinstance(out, BaseException):
                 self.error("abort", a, out)
                 clean = False
+            elif isinstance(out, dict):
+                # Only the thaw facts (agent-protocol §4.5): a thaw that
+                # failed after an abort's cont leaves a frozen guest too.
+                self._take_vms({"vms": [
+                    {"vm": x.get("vm"), "thaw_ms": x.get("thaw_ms"),
+                     "thaw_error": x.get("thaw_error")}
+                    for x in out.get("timings") or [] if isinstance(x, dict)
+                    and "thaw_error" in x]})
         if not self.commit_sent:
             # No COMMIT was ever sent, so no agent made a snapshot of this
             # txn; an unreachable agent resumes its VMs at lease expiry.

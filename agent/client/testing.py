@@ -369,11 +369,15 @@ class AgentPeer:
             t = self.txns[txn] = PeerTxn(txn, [], "aborted")
         if t.lease:
             t.lease.cancel()
-        resumed = []
+        resumed, timings = [], []
         for n in t.vms:
             if self.vms[n].state == "paused":
-                self._cont(self.vms[n])
+                cont_ms = self._cont(self.vms[n])
                 resumed.append(n)
+                q = t.quiesce.get(n, {})
+                timings.append({"vm": n, "cont_ms": cont_ms,
+                                "thaw_ms": q.get("thaw_ms"),
+                                "thaw_error": q.get("thaw_error")})
         targets = dict(t.created)
         targets.update(a.get("snapshots") or {})
         deleted, not_deleted = [], []
@@ -387,7 +391,7 @@ class AgentPeer:
                 deleted.append({"disk": disk, "name": name})
         t.state = "aborted"
         return {"txn": txn, "state": "aborted", "resumed": resumed, "deleted": deleted,
-                "not_deleted": not_deleted}
+                "not_deleted": not_deleted, "timings": timings}
 
     async def _cmd_resume(self, a: dict[str, Any]) -> dict[str, Any]:
         return {"vms": [{"vm": n, "cont_ms": self._cont(self.vms[n])} for n in a["vms"]]}

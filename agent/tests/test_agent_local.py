@@ -342,6 +342,12 @@ async def test_quiesce_fs_freeze_falls_back_to_crash(local_agent: dict[str, Any]
         assert plain["vms"][0]["consistency"] == "crash"
         assert plain["vms"][0]["freeze_error"] is None
         await c.abort("qz2")
+        # An abort thaws after its cont as well, and says how that went.
+        await c.prepare("qz3", ["vm1"], 5000, quiesce="fs-freeze", timeout=10)
+        ab = await c.abort("qz3", timeout=10)
+        assert [(x["vm"], x["thaw_error"]) for x in ab["timings"]] == [
+            ("vm1", "guest-sync-delimited: guest agent did not answer before the deadline")]
+        assert (await c.stats())["thaw_failed"] == thaw_failed0 + 2
 
 
 # vm.start of the qmp driver (agent-protocol §4.9) ----------------------------

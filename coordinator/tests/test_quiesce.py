@@ -212,6 +212,26 @@ async def test_failed_thaw_is_recorded_and_logged(peers: Any, make_spec: Any, tx
         {"vm1": None, "vm2": want}
 
 
+async def test_failed_thaw_after_abort_is_recorded(peers: Any, make_spec: Any,
+                                                    txlog: TxLog) -> None:
+    """One agent refuses PREPARE, so the group aborts; the other agent's
+    abort reply says its thaw after cont failed: the result and the log
+    keep it, though no snapshot was taken."""
+    a = await peers("h1", {"vm1": ["disk0"]})
+    b = await peers("h2", {"vm2": ["disk0"]})
+    a.quiesce_facts["vm1"] = {k: v for k, v in thaw_failed_reply().items()
+                              if k in (*FACTS, "thaw_error")}
+    b.refuse["prepare"] = "BUSY"
+    res = await take_group_snapshot(make_spec([a, b], quiesce="fs-freeze"), txlog, txn="ab1")
+    assert res.state != COMMITTED
+    vms = {v.vm: v for v in res.vms}
+    assert vms["vm1"].thaw_error == thaw_failed_reply()["thaw_error"]
+    assert vms["vm2"].thaw_error is None
+    rec = txlog.get("ab1")
+    assert rec is not None
+    assert {v["vm"]: v["thaw_error"] for v in rec.vms}["vm1"] == vms["vm1"].thaw_error
+
+
 def test_thaw_error_only_from_a_reply_that_carries_the_thaw() -> None:
     from cutpoint.coordinator.results import VMTiming
 
