@@ -318,3 +318,30 @@ def test_failback_ships_only_what_changed_on_either_side(lab: dict[str, Any], im
     print(f"failback without VMs: rbd diff {dr_data} B, shipped {done['bytes_shipped']} B, "
           f"zero blocks {done['bytes_zero_data']} B (not written "
           f"{done['bytes_zero_skipped']} B), rbd export-diff stream {len(stream)} B")
+
+
+def test_a_hung_dr_osd_fails_the_run_then_it_resumes(lab: dict[str, Any], image: str,
+                                                     tmp_path: Path) -> None:
+    """A DR OSD that stops answering (SIGSTOP: as a full or wedged OSD looks
+    to a client) fails the run with a clear error within --op-timeout,
+    instead of hanging the group's replication; once the OSD is back the
+    same command completes and the copy is identical."""
+    p, d = sites(lab)
+    size = 16 * MiB
+    create_image(p, image, size)
+    write_extents(p, image, size, [(0, pattern(7, 2 * MiB))])
+    snap_create(p, image, "h1")
+    pidfile = Path(d["ceph_conf"]).parent / "run" / "osd.0.pid"
+    osd = int(pidfile.read_text().strip())
+    os.kill(osd, signal.SIGSTOP)
+    try:
+        run = run_sync(lab, image, "h1", None, ["--op-timeout", "3"], str(tmp_path),
+                       check=False, timeout=120)
+    finally:
+        os.kill(osd, signal.SIGCONT)
+    print(f"hung DR OSD: exit {run.returncode} after {run.seconds:.1f} s: {run.error}")
+    assert run.returncode == 1, run.stderr
+    assert run.error is not None and "timed out" in run.error["message"], run.error
+    done = run_sync(lab, image, "h1", None, ["--verify-full"], str(tmp_path)).done
+    assert done["verified_full"] is True
+    assert_identical(lab, image, "h1")

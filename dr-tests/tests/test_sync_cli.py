@@ -32,6 +32,7 @@ def run(*args: str, state: Path | None = None) -> subprocess.CompletedProcess[st
     ([*BASE, "--rate-mbps", "-1"], "--rate-mbps wants a number"),
     ([*BASE, "--chunk-kib", "6"], "--chunk-kib wants a multiple of 4"),
     ([*BASE, "--jobs", "0"], "--jobs wants an integer"),
+    ([*BASE, "--op-timeout", "0"], "--op-timeout wants an integer from 1 to 3600"),
     ([*BASE, "--extent-verify", "maybe"], "--extent-verify wants osd or readback"),
     ([*BASE, "--verify-only", "--full-resync"], "--verify-only takes no --base"),
     ([*BASE, "extra"], "unexpected positional argument"),

@@ -127,13 +127,15 @@ sync_opts_init(struct sync_opts *o)
     o->chunk = 4u << 20;
     o->workers = 16;
     o->progress_ms = 500;
+    o->op_timeout_s = 60;
     o->state_dir = "/var/lib/cutpoint/sync";
 }
 
 static int
-conn_open(const struct sync_site *s, const char *which, struct conn *c,
-          char *err, size_t errlen)
+conn_open(const struct sync_site *s, const char *which, int op_timeout_s,
+          struct conn *c, char *err, size_t errlen)
 {
+    char tmo[16];
     int rc;
 
     memset(c, 0, sizeof(*c));
@@ -168,6 +170,13 @@ conn_open(const struct sync_site *s, const char *which, struct conn *c,
     /* A cluster that is down should fail the run, not hang it for the
      * default five minutes. */
     rados_conf_set(c->cluster, "client_mount_timeout", "30");
+    /* librados waits forever for a request by default: an OSD that is
+     * down, stopped or full (it pauses writes) would hang the run, and
+     * with it the group's replication.  Bounded, the run fails with
+     * ETIMEDOUT and resumes from its progress record next time. */
+    snprintf(tmo, sizeof(tmo), "%d", op_timeout_s);
+    rados_conf_set(c->cluster, "rados_osd_op_timeout", tmo);
+    rados_conf_set(c->cluster, "rados_mon_op_timeout", tmo);
     /* Our own key=value lines are the log; keep librados quiet. */
     rados_conf_set(c->cluster, "log_to_stderr", "false");
     rados_conf_set(c->cluster, "err_to_stderr", "false");
@@ -1205,7 +1214,7 @@ src_prep(void *arg)
     int rc;
 
     p->ret = SYNC_ERR;
-    p->conn_rc = conn_open(&o->src, "primary", p->c, p->err, sizeof(p->err));
+    p->conn_rc = conn_open(&o->src, "primary", o->op_timeout_s, p->c, p->err, sizeof(p->err));
     if (p->conn_rc < 0)
         return NULL;
     rc = rbd_open_read_only(p->c->io, o->image, &p->img, NULL);
@@ -1279,7 +1288,7 @@ dst_prep(void *arg)
     int rc;
 
     p->ret = SYNC_ERR;
-    p->conn_rc = conn_open(&o->dst, "dr", p->c, p->err, sizeof(p->err));
+    p->conn_rc = conn_open(&o->dst, "dr", o->op_timeout_s, p->c, p->err, sizeof(p->err));
     if (p->conn_rc < 0)
         return NULL;
     if (!p->open) {

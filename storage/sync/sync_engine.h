@@ -93,6 +93,7 @@ struct sync_opts {
     uint64_t chunk;            /* work-list piece size, bytes */
     int workers;               /* concurrent extents in flight */
     int progress_ms;           /* interval of progress events */
+    int op_timeout_s;          /* bound on one mon or OSD request */
     sync_event_fn on_event;
     sync_log_fn on_log;
     void *arg;

@@ -49,6 +49,8 @@ usage(FILE *f)
 "  --chunk-kib N        extent piece size (default 4096)\n"
 "  --jobs N             groups (4 MiB chunks) in flight (default 16)\n"
 "  --progress-ms N      interval of progress events (default 500)\n"
+"  --op-timeout S       fail a Ceph request (mon or OSD) after S seconds\n"
+"                       instead of waiting forever (default 60)\n"
 "exit: 0 ok, 1 error, 2 usage, 3 base missing at DR, 4 verification\n"
 "      failed, 5 image or snapshot missing at the primary\n");
 }
@@ -123,7 +125,7 @@ main(int argc, char **argv)
     enum { O_SRC_CONF = 256, O_SRC_ID, O_SRC_KEYRING, O_SRC_POOL, O_DST_CONF,
            O_DST_ID, O_DST_KEYRING, O_DST_POOL, O_IMAGE, O_SNAP, O_BASE,
            O_FULL, O_VFULL, O_VONLY, O_RATE, O_STATE, O_CHUNK, O_JOBS,
-           O_PMS, O_EVERIFY, O_HELP };
+           O_PMS, O_EVERIFY, O_TIMEOUT, O_HELP };
     static const struct option longopts[] = {
         {"src-conf", required_argument, NULL, O_SRC_CONF},
         {"src-id", required_argument, NULL, O_SRC_ID},
@@ -145,6 +147,7 @@ main(int argc, char **argv)
         {"jobs", required_argument, NULL, O_JOBS},
         {"progress-ms", required_argument, NULL, O_PMS},
         {"extent-verify", required_argument, NULL, O_EVERIFY},
+        {"op-timeout", required_argument, NULL, O_TIMEOUT},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -199,6 +202,12 @@ main(int argc, char **argv)
                 bad = "--progress-ms wants an integer from 10 to 60000";
             else
                 o.progress_ms = (int)v;
+            break;
+        case O_TIMEOUT:
+            if (parse_num(optarg, 1, 3600, &v) < 0 || v != (int)v)
+                bad = "--op-timeout wants an integer from 1 to 3600";
+            else
+                o.op_timeout_s = (int)v;
             break;
         case O_EVERIFY:
             if (strcmp(optarg, "osd") == 0)
