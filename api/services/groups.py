@@ -145,13 +145,18 @@ def delete(session: Session, g: Group, if_match: str | None) -> None:
     session.commit()
 
 
-def _find_vm(session: Session, name: str, host: str | None) -> Vm:
+def _find_vm(session: Session, g: Group, name: str, host: str | None) -> Vm:
     stmt = select(Vm).join(Host, Host.id == Vm.host_id).where(Vm.name == name)
     if host is not None:
         stmt = stmt.where(Host.name == host)
     vms = list(session.scalars(stmt).unique())
     if not vms:
         raise NotFound(f"VM {name!r} is not in any synced inventory", code="vm_not_found")
+    target = g.policy.replication_target_id if g.policy else None
+    if len(vms) > 1 and target is not None:
+        # A DR host's agent lists the group's VMs again, as the standbys it
+        # boots on failover; the member is the copy outside the DR site.
+        vms = [v for v in vms if v.host.site_id != target] or vms
     if len(vms) > 1:
         raise Conflict(f"VM {name!r} exists on several hosts; give host", code="vm_ambiguous")
     return vms[0]
@@ -159,7 +164,7 @@ def _find_vm(session: Session, name: str, host: str | None) -> Vm:
 
 def add_member(session: Session, g: Group, data: MemberAdd) -> GroupMember:
     if data.vm is not None:
-        vm = _find_vm(session, data.vm, data.host)
+        vm = _find_vm(session, g, data.vm, data.host)
         disks = [d for d in vm.disks if d.present]
         if not disks:
             raise Conflict(f"VM {vm.name!r} has no disks", code="vm_has_no_disks")
@@ -167,7 +172,7 @@ def add_member(session: Session, g: Group, data: MemberAdd) -> GroupMember:
     else:
         assert data.disk is not None
         vm_name, _, node = data.disk.partition("/")
-        vm = _find_vm(session, vm_name, data.host)
+        vm = _find_vm(session, g, vm_name, data.host)
         disk = next((d for d in vm.disks if d.node == node), None)
         if disk is None:
             raise NotFound(f"disk {data.disk!r} does not exist", code="disk_not_found")
