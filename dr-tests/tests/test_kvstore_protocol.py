@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hostcluster import free_base
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "build/dr-tests/workloads/kvstore/cp-kvstore"
@@ -49,7 +50,7 @@ def _recv(s: socket.socket, n: int) -> bytes:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
     assert BIN.exists(), f"{BIN} is not built (ninja -C build)"
-    port = random.randrange(20000, 60000, 10)
+    port = free_base(1)     # the port and port+1, free right now
     disk = tmp_path / "d.img"
     with open(disk, "wb") as f:
         f.truncate(4 << 20)
@@ -61,11 +62,17 @@ def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
                              start_new_session=True)
     addr = ("127.0.0.1", port)
     try:
-        for _ in range(100):
+        # Generous: on a loaded 2-core machine the server can take seconds
+        # to listen; a server that exited or never listens fails here, with
+        # its log, rather than as a refused connection in the test body.
+        deadline = time.monotonic() + 30
+        while True:
             try:
                 socket.create_connection(addr, timeout=1).close()
                 break
             except OSError:
+                assert p.poll() is None and time.monotonic() < deadline, \
+                    "cp-kvstore server did not listen:\n" + (tmp_path / "log").read_text()
                 time.sleep(0.05)
         yield addr
     finally:
