@@ -196,3 +196,15 @@ if _lab is not None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "lab_config(**params): parameters of the lab the `lab` fixture brings up")
+
+
+@pytest.fixture
+def agents(lab: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    """One cutpointd per lab host, certificates from the lab's CA."""
+    from cutpoint.lab.agents import start_agents, stop_agents
+
+    recs = start_agents(lab, Path(lab["state_dir"]) / "certs")
+    try:
+        yield recs
+    finally:
+        stop_agents(lab)

@@ -3,11 +3,13 @@ project's Redis, a fresh SQLite database, and an in-process API client."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +88,28 @@ def wait_for(cond: Any, timeout: float, what: str, plane: Plane | None = None,
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}\n"
                          + (plane.tail() if plane else ""))
+
+
+def lab_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> Plane:
+    """A Plane that talks to the lab's agents with the lab's coordinator
+    certificate (`cutpoint.lab.agents` issues it under the lab's state dir)."""
+    certs = Path(lab["state_dir"]) / "certs"
+    return Plane(tmp, redis_port, {"CUTPOINT_AGENT_CA": str(certs / "ca.pem"),
+                                   "CUTPOINT_AGENT_CERT": str(certs / "coordinator.pem"),
+                                   "CUTPOINT_AGENT_KEY": str(certs / "coordinator.key")},
+                 **env)
+
+
+@contextlib.contextmanager
+def admin_client(plane: Plane) -> Iterator[Any]:
+    """An in-process API client holding a fresh admin token of the plane's database."""
+    from cutpoint.api.app import create_app
+    from cutpoint.api.models import Role
+    from cutpoint.api.services import tokens
+    from fastapi.testclient import TestClient
+
+    with plane.sf() as s:
+        _, tok = tokens.create(s, "lab-admin", Role.admin, SECRET)
+    with TestClient(create_app(plane.settings),
+                    headers={"Authorization": f"Bearer {tok}"}) as c:
+        yield c

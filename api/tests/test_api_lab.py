@@ -21,11 +21,9 @@ from typing import Any
 
 import pytest
 from cutpoint.api import services_local
-from cutpoint.api.app import create_app
-from cutpoint.api.models import GroupSnapshot, Job, Role, SnapState
-from cutpoint.api.services import tokens
+from cutpoint.api.models import GroupSnapshot, Job, SnapState
 from fastapi.testclient import TestClient
-from plane import SECRET, Plane, wait_for  # api/tests/plane.py
+from plane import Plane, admin_client, lab_plane, wait_for  # api/tests/plane.py
 from sqlalchemy import func, select, text
 
 pytestmark = [pytest.mark.lab,
@@ -33,26 +31,11 @@ pytestmark = [pytest.mark.lab,
 
 
 @pytest.fixture
-def agents(lab: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
-    from cutpoint.lab.agents import start_agents, stop_agents
-
-    recs = start_agents(lab, Path(lab["state_dir"]) / "certs")
-    try:
-        yield recs
-    finally:
-        stop_agents(lab)
-
-
-@pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           local_services: services_local.Endpoints) -> Iterator[Plane]:
-    certs = Path(lab["state_dir"]) / "certs"
-    p = Plane(tmp_path, int(local_services.redis_port or 0),
-              {"CUTPOINT_AGENT_CA": str(certs / "ca.pem"),
-               "CUTPOINT_AGENT_CERT": str(certs / "coordinator.pem"),
-               "CUTPOINT_AGENT_KEY": str(certs / "coordinator.key")},
-              CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="15",
-              CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600")
+    p = lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
+                  CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="15",
+                  CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600")
     try:
         yield p
     finally:
@@ -61,10 +44,7 @@ def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
 
 @pytest.fixture
 def client(plane: Plane) -> Iterator[TestClient]:
-    with plane.sf() as s:
-        _, tok = tokens.create(s, "lab-admin", Role.admin, SECRET)
-    with TestClient(create_app(plane.settings),
-                    headers={"Authorization": f"Bearer {tok}"}) as c:
+    with admin_client(plane) as c:
         yield c
 
 

@@ -27,14 +27,12 @@ from typing import Any
 
 import pytest
 from cutpoint.api import services_local
-from cutpoint.api.app import create_app
-from cutpoint.api.models import Job, Role
-from cutpoint.api.services import tokens
+from cutpoint.api.models import Job
 from cutpoint.bench.replication import MiB, pattern, snap_sha256, snaps, write_extents
 from fastapi.testclient import TestClient
-from plane import SECRET, Plane, wait_for  # api/tests/plane.py
+from plane import Plane, admin_client, lab_plane, wait_for  # api/tests/plane.py
 from sqlalchemy import select
-from test_api_lab import agents, register  # noqa: F401  (agents is a fixture)
+from test_api_lab import register
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")]
@@ -45,16 +43,12 @@ DELTA = {2: MiB, 3: 8 * MiB, 4: 256 * 1024, 5: 128 * 1024}  # bytes written per 
 
 
 @pytest.fixture
-def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,  # noqa: F811
+def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           local_services: services_local.Endpoints) -> Iterator[Plane]:
-    certs = Path(lab["state_dir"]) / "certs"
-    p = Plane(tmp_path, int(local_services.redis_port or 0),
-              {"CUTPOINT_AGENT_CA": str(certs / "ca.pem"),
-               "CUTPOINT_AGENT_CERT": str(certs / "coordinator.pem"),
-               "CUTPOINT_AGENT_KEY": str(certs / "coordinator.key")},
-              CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="60",
-              CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600",
-              CUTPOINT_REPLICATION_RATE_MBPS=str(RATE_MBPS))
+    p = lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
+                  CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="60",
+                  CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600",
+                  CUTPOINT_REPLICATION_RATE_MBPS=str(RATE_MBPS))
     try:
         yield p
     finally:
@@ -63,10 +57,7 @@ def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,  # 
 
 @pytest.fixture
 def client(plane: Plane) -> Iterator[TestClient]:
-    with plane.sf() as s:
-        _, tok = tokens.create(s, "lab-admin", Role.admin, SECRET)
-    with TestClient(create_app(plane.settings),
-                    headers={"Authorization": f"Bearer {tok}"}) as c:
+    with admin_client(plane) as c:
         yield c
 
 
