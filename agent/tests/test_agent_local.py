@@ -37,6 +37,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _launch_agent(d: Path, cfg: Path, port: int) -> subprocess.Popen[bytes]:
+    """Start cutpointd on `cfg` (logging to d/agent.log) and wait until it listens."""
+    with open(d / "agent.log", "wb") as log:
+        agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
+                                 stderr=log)
+    t0 = time.monotonic()
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return agent
+        except OSError:
+            assert agent.poll() is None, (d / "agent.log").read_text()
+            assert time.monotonic() - t0 < 20
+            time.sleep(0.05)
+
+
+def _stop_agent(agent: subprocess.Popen[bytes] | None, d: Path) -> str:
+    """Stop the agent; returns the sanitizer report in its log, if any
+    (CUTPOINTD=build-asan/agent/cutpointd), for the fixture to assert on."""
+    if agent is None:
+        return ""
+    stop_agent_pid(agent.pid)
+    agent.wait(timeout=10)
+    text = (d / "agent.log").read_text(errors="replace")
+    if "Sanitizer" not in text:
+        return ""
+    return text[text.index("=="):][:3000] if "==" in text else text[-3000:]
+
+
 @pytest.fixture(scope="module")
 def local_agent() -> Iterator[dict[str, Any]]:
     d = Path(tempfile.mkdtemp(prefix="cp-agent-local-"))
@@ -78,28 +107,11 @@ def local_agent() -> Iterator[dict[str, Any]]:
                        f"journal = {d / 'journal'}\nqmp_timeout_ms = 1000\n\n"
                        f"[tls]\nca = {certs / 'ca.pem'}\ncert = {certs / 'agent.pem'}\n"
                        f"key = {certs / 'agent.key'}\n\n" + "\n".join(vm_sections))
-        log = open(d / "agent.log", "wb")  # noqa: SIM115 (closed below)
-        agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
-                                 stderr=log)
-        t0 = time.monotonic()
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert agent.poll() is None, (d / "agent.log").read_text()
-                assert time.monotonic() - t0 < 20
-                time.sleep(0.05)
+        agent = _launch_agent(d, cfg, port)
         yield {"address": "127.0.0.1", "port": port, "certs": certs, "dir": d,
                "pids": [q.pid for q in qemus]}
     finally:
-        sanitizer = ""
-        if agent is not None:
-            stop_agent_pid(agent.pid)
-            agent.wait(timeout=10)
-            text = (d / "agent.log").read_text(errors="replace")
-            if "Sanitizer" in text:     # CUTPOINTD=build-asan/agent/cutpointd
-                sanitizer = text[text.index("=="):][:3000] if "==" in text else text[-3000:]
+        sanitizer = _stop_agent(agent, d)
         for q in qemus:
             q.kill()
             q.wait()
@@ -387,27 +399,10 @@ def standby_agent() -> Iterator[dict[str, Any]]:
             f"[vm never]\nqmp = {d / 'never.sock'}\nstart = /bin/true\n"
             "start_timeout_ms = 700\n\n"
             f"[vm plain]\nqmp = {d / 'plain.sock'}\n")
-        log = open(d / "agent.log", "wb")  # noqa: SIM115 (closed below)
-        agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
-                                 stderr=log)
-        t0 = time.monotonic()
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert agent.poll() is None, (d / "agent.log").read_text()
-                assert time.monotonic() - t0 < 20
-                time.sleep(0.05)
+        agent = _launch_agent(d, cfg, port)
         yield {"address": "127.0.0.1", "port": port, "certs": certs, "dir": d}
     finally:
-        sanitizer = ""
-        if agent is not None:
-            stop_agent_pid(agent.pid)
-            agent.wait(timeout=10)
-            text = (d / "agent.log").read_text(errors="replace")
-            if "Sanitizer" in text:
-                sanitizer = text[text.index("=="):][:3000] if "==" in text else text[-3000:]
+        sanitizer = _stop_agent(agent, d)
         pidfile = d / "sb1.pid"
         if pidfile.exists():
             import os
@@ -620,28 +615,11 @@ def slow_freeze_agent() -> Iterator[dict[str, Any]]:
                        f"key = {certs / 'agent.key'}\n\n"
                        f"[vm vq]\nqmp = {d / 'vq.sock'}\nqga = {d / 'vq.qga'}\n"
                        f"disk.disk0 = qcow2:{f}\n")
-        log = open(d / "agent.log", "wb")  # noqa: SIM115 (closed below)
-        agent = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
-                                 stderr=log)
-        t0 = time.monotonic()
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert agent.poll() is None, (d / "agent.log").read_text()
-                assert time.monotonic() - t0 < 20
-                time.sleep(0.05)
+        agent = _launch_agent(d, cfg, port)
         yield {"address": "127.0.0.1", "port": port, "certs": certs, "dir": d,
                "guest": guest}
     finally:
-        sanitizer = ""
-        if agent is not None:
-            stop_agent_pid(agent.pid)
-            agent.wait(timeout=10)
-            text = (d / "agent.log").read_text(errors="replace")
-            if "Sanitizer" in text:
-                sanitizer = text[-3000:]
+        sanitizer = _stop_agent(agent, d)
         if qemu is not None:
             qemu.kill()
             qemu.wait()
