@@ -108,13 +108,19 @@ def cutpoint_task(name: str, *, job: bool = True, **opts: Any) \
     return wrap
 
 
+def _open_job(s: Session, job_id: str | None) -> Job:
+    """The job to run; Skip when it is gone or already finished (a redelivery)."""
+    job = s.get(Job, job_id)
+    if job is None:
+        raise Skip(f"job {job_id} does not exist")
+    if job.state in (JobState.succeeded, JobState.failed):
+        raise Skip(f"job {job_id} is already {job.state.value}")
+    return job
+
+
 def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) -> None:
     with ctx.sf() as s:
-        job = s.get(Job, ctx.job_id)
-        if job is None:
-            raise Skip(f"job {ctx.job_id} does not exist")
-        if job.state in (JobState.succeeded, JobState.failed):
-            raise Skip(f"job {ctx.job_id} is already {job.state.value}")
+        job = _open_job(s, ctx.job_id)
         job.state = JobState.running
         job.attempts += 1
         job.started_at = job.started_at or utcnow()
@@ -365,11 +371,7 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
     becomes `running` only once it holds the lock.
     """
     with ctx.sf() as s:
-        job = s.get(Job, ctx.job_id)
-        if job is None:
-            raise Skip(f"job {ctx.job_id} does not exist")
-        if job.state in (JobState.succeeded, JobState.failed):
-            raise Skip(f"job {ctx.job_id} is already {job.state.value}")
+        job = _open_job(s, ctx.job_id)
         group_id = job.group_id
         if group_id is None and job.snapshot_id is not None:
             snap = s.get(GroupSnapshot, job.snapshot_id)
