@@ -22,6 +22,7 @@ from cutpoint.api.models import (
     utcnow,
 )
 from cutpoint.api.services import replication, retention
+from sqlalchemy.orm import Session
 
 
 def _setup(tmp_path: Path):  # type: ignore[no-untyped-def]
@@ -30,22 +31,29 @@ def _setup(tmp_path: Path):  # type: ignore[no-untyped-def]
     return get_sessionmaker(url)
 
 
+def _six_snapshots(s: Session, name: str, now: dt.datetime) -> tuple[Group, list[GroupSnapshot]]:
+    """A group whose policies at both sites would keep only the newest
+    snapshot, and six committed snapshots t0..t5 a minute apart, oldest first."""
+    g = Group(name=name)
+    g.policy = Policy(keep_last=1, keep_within_seconds=0)
+    s.add(g)
+    s.flush()
+    s.add(DrPolicy(group_id=g.id, keep_last=1, keep_within_seconds=0))
+    snaps = []
+    for i in range(6):
+        sn = GroupSnapshot(group_id=g.id, txn=f"t{i}", state=SnapState.committed,
+                           cut_at=now - dt.timedelta(seconds=600 - 60 * i))
+        s.add(sn)
+        snaps.append(sn)
+    s.flush()
+    return g, snaps
+
+
 def test_retention_never_deletes_a_replication_base_at_either_site(tmp_path: Path) -> None:
     sf = _setup(tmp_path)
     now = utcnow()
     with sf() as s:
-        g = Group(name="ret")
-        g.policy = Policy(keep_last=1, keep_within_seconds=0)
-        s.add(g)
-        s.flush()
-        s.add(DrPolicy(group_id=g.id, keep_last=1, keep_within_seconds=0))
-        snaps = []
-        for i in range(6):
-            sn = GroupSnapshot(group_id=g.id, txn=f"t{i}", state=SnapState.committed,
-                               cut_at=now - dt.timedelta(seconds=600 - 60 * i))
-            s.add(sn)
-            snaps.append(sn)
-        s.flush()
+        g, snaps = _six_snapshots(s, "ret", now)
         # t0: the base of an increment still running (the oldest point);
         # t1, t2: older DR points; t3: the newest DR point; t4, t5 not replicated.
         snaps[0].replication_base = True
@@ -93,18 +101,7 @@ def test_a_copy_in_flight_keeps_its_base_and_source_whatever_the_flag(tmp_path: 
     sf = _setup(tmp_path)
     now = utcnow()
     with sf() as s:
-        g = Group(name="fly")
-        g.policy = Policy(keep_last=1, keep_within_seconds=0)
-        s.add(g)
-        s.flush()
-        s.add(DrPolicy(group_id=g.id, keep_last=1, keep_within_seconds=0))
-        snaps = []
-        for i in range(6):
-            sn = GroupSnapshot(group_id=g.id, txn=f"t{i}", state=SnapState.committed,
-                               cut_at=now - dt.timedelta(seconds=600 - 60 * i))
-            s.add(sn)
-            snaps.append(sn)
-        s.flush()
+        g, snaps = _six_snapshots(s, "fly", now)
         for i in (0, 1, 2):
             snaps[i].dr_verified_at = snaps[i].cut_at + dt.timedelta(seconds=5)
         snaps[2].replication_base = True
