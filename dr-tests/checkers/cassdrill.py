@@ -1,19 +1,33 @@
-"""The Cassandra recovery drill on plain qcow2 files (no Ceph needed).
+"""The Cassandra recovery drill: group snapshots of two nodes on RBD,
+replicated, drilled at DR (GCVM §4.5.3, Fig. 4.12; issue 8 item 3).
 
-Flow (GCVM §4.5.3, Fig. 4.12; issue 8 item 3)::
+Flow, on the lab of the PostgreSQL drill (``pgdrill.LAB``: both Ceph
+clusters, one primary host, one DR host, no tiny guests)::
 
-    bridge cpcbr0 10.79.0.1/24 + taps cpct1, cpct2      (our own subnet)
-    node1 10.79.0.11 (writer), node2 10.79.0.12: Cassandra 5.0, RF 2,
-      each: root overlay + cpclog (commit log, group sync; + oplog on
-      node1) + cpdata
+    primary cluster: RBD images <prefix>-node1-cpclog, -node1-cpdata,
+      -node2-cpclog, -node2-cpdata                (cutpoint.checkers.rbddrill)
+    in each lab host namespace used (primary-h1, dr-h1): the drill's own
+      bridge cpcbr0 10.79.0.1/24 + taps cpct1, cpct2 for the node network
+    node1 10.79.0.11 (writer), node2 10.79.0.12: Cassandra 5.0, RF 2, QEMU
+      in netns primary-h1, each: local root overlay + cpclog (commit log,
+      group sync; + the oplog on node1) + cpdata, both RBD
     the writer inserts unique values at CL=ALL and logs each ack (O_DSYNC)
-    every <interval> s: one group snapshot of both VMs' four disks through
-      cutpointd + `cutpoint snapshot --group-file` (cutpoint.checkers.pgcoord)
-    stop both VMs; the full operation log = node1's cpclog now (debugfs)
-    for each snapshot: qemu-img convert -> copies; read the snapshot's
-      operation log from the copy (debugfs, never mounted); boot both nodes
-      from the copies (cp.mode=check); wait for node1's CPCHECK; judge
-      with cutpoint.checkers.cassandra.
+    every <interval> s: one group snapshot of both VMs' four images through
+      cutpointd (method rbd: pause both VMs, one librbd snapshot per image,
+      resume) + `cutpoint snapshot --group-file` (cutpoint.checkers.pgcoord)
+    stop both VMs; the full operation log = node1's cpclog head on the
+      primary cluster (rbd export to a temp raw file, debugfs, never mounted)
+    for each snapshot:
+      replicate_group(primary -> dr): one cutpoint-sync per image, the first
+        full, the next incremental; every member verified (invariant 5)
+      the snapshot's operation log = node1's cpclog snapshot *at DR* (rbd
+        export, debugfs)
+      DR cluster: clone each member's DR snapshot; both nodes boot from the
+        clones in netns dr-h1 (cp.mode=check); wait for node1's CPCHECK;
+        judge with cutpoint.checkers.cassandra; remove the clones
+    finally: clones, DR replicas and snapshots, primary images removed; what
+      is left with the drill's prefix on either cluster is in the report
+      (``cleanup.left``; the test wants it empty); the bridges are deleted
 
 RTO: wall time from starting the two restored VMs to both nodes' "Startup
 complete", and to a successful read at ALL (rejoined), and to the end of
@@ -25,6 +39,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -37,8 +52,9 @@ from typing import Any
 
 from cutpoint.checkers import pgcoord
 from cutpoint.checkers.cassandra import check_cluster
-from cutpoint.checkers.guestvm import DebianVM, GuestDisk
-from cutpoint.checkers.pgdrill import restore
+from cutpoint.checkers.guestvm import DebianVM, GuestDisk, RbdImage
+from cutpoint.checkers.pgdrill import LAB, LAB_MARK, _host
+from cutpoint.checkers.rbddrill import DrillImages
 from cutpoint.lab.debian_image import Image, build, cached
 
 BRIDGE, SUBNET_HOST = "cpcbr0", "10.79.0.1/24"
@@ -47,6 +63,7 @@ NODES = (("node1", "10.79.0.11", "-4611686018427387904", "cpct1"),
 GROUP = (("cpclog", 512), ("cpdata", 512))
 BOOT_TIMEOUT = 2400.0
 OPLOG = "/oplog"    # on node1's cpclog filesystem
+VM_PREFIX = "cass-"  # the agent's VM names: cass-node1, cass-node2
 
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -58,29 +75,46 @@ def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return p
 
 
-def net_up() -> None:
-    """Our own bridge and two taps; refuses if the bridge already exists
-    (another drill runs) so two drills never share a network."""
-    if _sh("ip", "link", "show", BRIDGE, check=False).returncode == 0:
-        raise RuntimeError(f"bridge {BRIDGE} exists: another Cassandra drill "
-                           f"is running (or one left it; ip link del {BRIDGE})")
-    _sh("ip", "link", "add", BRIDGE, "type", "bridge")
-    _sh("ip", "addr", "add", SUBNET_HOST, "dev", BRIDGE)
-    _sh("ip", "link", "set", BRIDGE, "up")
+def net_up_argv(netns: str) -> list[list[str]]:
+    """The ``ip`` commands that make the node network inside ``netns``."""
+    ip = ["ip", "-n", netns]
+    cmds = [ip + ["link", "add", BRIDGE, "type", "bridge"],
+            ip + ["addr", "add", SUBNET_HOST, "dev", BRIDGE],
+            ip + ["link", "set", BRIDGE, "up"]]
     for _n, _ip, _t, tap in NODES:
-        _sh("ip", "tuntap", "add", "dev", tap, "mode", "tap")
-        _sh("ip", "link", "set", tap, "master", BRIDGE)
-        _sh("ip", "link", "set", tap, "up")
+        cmds += [ip + ["tuntap", "add", "dev", tap, "mode", "tap"],
+                 ip + ["link", "set", tap, "master", BRIDGE],
+                 ip + ["link", "set", tap, "up"]]
+    return cmds
 
 
-def net_down() -> None:
+def net_up(netns: str) -> None:
+    """Our own bridge and two taps inside the lab host namespace ``netns``
+    (QEMU runs there and opens the taps by name); refuses if the bridge
+    already exists there (another drill runs, or one left it)."""
+    if _sh("ip", "-n", netns, "link", "show", BRIDGE,
+           check=False).returncode == 0:
+        raise RuntimeError(f"bridge {BRIDGE} exists in netns {netns}: another "
+                           f"Cassandra drill is running (or one left it; "
+                           f"ip -n {netns} link del {BRIDGE})")
+    try:
+        for argv in net_up_argv(netns):
+            _sh(*argv)
+    except BaseException:
+        net_down(netns)
+        raise
+
+
+def net_down(netns: str) -> None:
     for _n, _ip, _t, tap in NODES:
-        _sh("ip", "link", "del", tap, check=False)
-    _sh("ip", "link", "del", BRIDGE, check=False)
+        _sh("ip", "-n", netns, "link", "del", tap, check=False)
+    _sh("ip", "-n", netns, "link", "del", BRIDGE, check=False)
 
 
 def node_vm(image: Image, workdir: Path, idx: int, mode: str,
-            disks: list[GuestDisk], mem_mb: int, heap: str) -> DebianVM:
+            disks: list[GuestDisk], mem_mb: int, heap: str,
+            netns: str | None = None,
+            env: dict[str, str] | None = None) -> DebianVM:
     _name, ip, token, tap = NODES[idx]
     seeds = ",".join(n[1] for n in NODES)
     role = "writer" if idx == 0 else "replica"
@@ -88,25 +122,54 @@ def node_vm(image: Image, workdir: Path, idx: int, mode: str,
              f"cp.token={token} cp.heap={heap}")
     return DebianVM(image, workdir, disks, extra, mem_mb=mem_mb, extra_argv=[
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
-        "-device", f"virtio-net-pci,netdev=n0,mac=52:54:00:79:00:{idx + 11:02x}"])
+        "-device", f"virtio-net-pci,netdev=n0,mac=52:54:00:79:00:{idx + 11:02x}"],
+        netns=netns, env=env or {})
 
 
-def group_disks(workdir: Path) -> list[GuestDisk]:
-    return [GuestDisk(s, workdir / f"{s}.qcow2", mb) for s, mb in GROUP]
+def member(node: str, serial: str) -> str:
+    """The DrillImages key (and image suffix) of one node's group disk."""
+    return f"{node}-{serial}"
 
 
-def read_oplog(qcow2: Path) -> bytes:
-    """The operation log out of a cpclog disk, without mounting it:
-    qemu-img convert to raw, then debugfs ``cat``."""
+def drill_images(status: dict[str, Any], prefix: str,
+                 sync_dir: Path) -> DrillImages:
+    """The four images of the group; each member's disk id is
+    ``cass-<node>/diskN`` (the QEMU node the guest sees it on)."""
+    sizes = {member(n[0], s): mb for n in NODES for s, mb in GROUP}
+    nodes = {member(n[0], s): f"{VM_PREFIX}{n[0]}/disk{j + 1}"
+             for n in NODES for j, (s, _) in enumerate(GROUP)}
+    return DrillImages(status, prefix, sizes, "cass", nodes, sync_dir)
+
+
+def node_disks(site: dict[str, Any], images: dict[str, str],
+               node: str) -> list[GuestDisk]:
+    """One node's group disks as RBD images of ``site``; ``images`` maps a
+    member key (``node1-cpclog``) to its image there.  The serial stays
+    ``cpclog``/``cpdata``: the guest finds its disks by serial."""
+    return [GuestDisk(s, rbd=RbdImage(site, images[member(node, s)]))
+            for s, _ in GROUP]
+
+
+def read_oplog_raw(raw: Path) -> bytes:
+    """The operation log out of a raw ext4 cpclog filesystem, without
+    mounting it (debugfs ``cat``)."""
+    p = subprocess.run(["debugfs", "-R", f"cat {OPLOG}", str(raw)],
+                       capture_output=True, check=False)
+    if p.returncode != 0 or b"File not found" in p.stderr:
+        raise RuntimeError(f"debugfs cat {OPLOG} {raw}: rc={p.returncode}"
+                           f" {p.stderr.decode(errors='replace')}")
+    return p.stdout
+
+
+def read_oplog(imgs: DrillImages, site: str, image: str,
+               snap: str | None = None) -> bytes:
+    """The operation log of ``image`` (at ``snap``, or its head) on ``site``:
+    ``rbd export`` to a temp raw file, then debugfs."""
+    src = imgs.spec(site, image) + (f"@{snap}" if snap else "")
     with tempfile.TemporaryDirectory(prefix="cpoplog.") as t:
         raw = Path(t) / "clog.raw"
-        _sh("qemu-img", "convert", "-O", "raw", str(qcow2), str(raw))
-        p = subprocess.run(["debugfs", "-R", f"cat {OPLOG}", str(raw)],
-                           capture_output=True, check=False)
-        if p.returncode != 0:
-            raise RuntimeError(f"debugfs cat {OPLOG} {raw}: rc={p.returncode}"
-                               f" {p.stderr.decode(errors='replace')}")
-        return p.stdout
+        imgs.rbd(site, "export", "--no-progress", src, str(raw), timeout=300)
+        return read_oplog_raw(raw)
 
 
 @dataclass
@@ -129,13 +192,14 @@ def _mark(console: str, what: str) -> float | None:
 
 
 def start_cluster(image: Image, workdir: Path, mode: str,
-                  disks: list[list[GuestDisk]], mem_mb: int,
-                  heap: str) -> list[DebianVM]:
+                  disks: list[list[GuestDisk]], mem_mb: int, heap: str,
+                  netns: str | None = None,
+                  env: dict[str, str] | None = None) -> list[DebianVM]:
     vms: list[DebianVM] = []
     try:
         for i in range(len(NODES)):
             vm = node_vm(image, workdir / NODES[i][0], i, mode, disks[i],
-                         mem_mb, heap)
+                         mem_mb, heap, netns, env)
             vm.start()
             vms.append(vm)
     except BaseException:
@@ -155,12 +219,15 @@ def _wait_all(vms: list[DebianVM], pattern: str, t0: float,
     return round(time.monotonic() - t0, 1)
 
 
-def drill(image: Image, snap: Snap, copies: list[list[GuestDisk]],
-          full_oplog: bytes, workdir: Path, mem_mb: int,
-          heap: str) -> dict[str, Any]:
-    snap_oplog = read_oplog(copies[0][0].file)
+def drill(image: Image, snap: Snap, disks: list[list[GuestDisk]],
+          snap_oplog: bytes, full_oplog: bytes, workdir: Path, mem_mb: int,
+          heap: str, netns: str | None = None,
+          env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Boot both nodes from ``disks`` (check mode) and judge the consoles;
+    the RTO clock starts with the first restored VM."""
     t0 = time.monotonic()
-    vms = start_cluster(image, workdir, "check", copies, mem_mb, heap)
+    vms = start_cluster(image, workdir, "check", disks, mem_mb, heap, netns,
+                        env)
     try:
         t_startup = _wait_all(vms, r"Startup complete", t0, BOOT_TIMEOUT)
         t_readall = _wait_all(vms[:1], r"CPSTATE read-all-ok|CPCHECK", t0,
@@ -184,91 +251,157 @@ def drill(image: Image, snap: Snap, copies: list[list[GuestDisk]],
     }
 
 
-def run(workdir: Path, snapshots: int, interval: float, mem_mb: int = 1536,
-        heap: str = "384m", keep: bool = False) -> dict[str, Any]:
+def _take(ag: Any, writer: DebianVM) -> Snap:
+    ts = time.monotonic()
+    res = ag.snapshot()
+    if res.get("state") != "committed":
+        raise RuntimeError(f"group snapshot not committed: {res}")
+    names = set(res["snapshots"].values())
+    if len(names) != 1 or len(res["snapshots"]) != len(NODES) * len(GROUP):
+        raise RuntimeError(f"unexpected members: {res['snapshots']}")
+    return Snap(names.pop(), ts, {v["vm"]: float(v.get("paused_ms") or 0)
+                                  for v in res["vms"]}, _acks(writer), res)
+
+
+def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
+        interval: float = 20.0, mem_mb: int = 1536, heap: str = "384m",
+        verify_full: bool = True) -> dict[str, Any]:
+    """The whole drill on the lab ``status`` (both sites up); returns the
+    report, also written to ``workdir/report.json`` and ``report.html``."""
+    if snapshots < 1:
+        raise ValueError(f"need at least one snapshot, not {snapshots}")
     # cached() first: build() waits for the cache lock even when the image
     # is there, and another recipe may be building for minutes.
     image = cached("debian-cassandra") or build("debian-cassandra")
-    if workdir.exists() and not keep:
-        shutil.rmtree(workdir)
-    prim = workdir / "primary"
-    net_up()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    primary, dr = status["sites"]["primary"], status["sites"]["dr"]
+    p_host, dr_host = _host(status, "primary"), _host(status, "dr")
+    env = {LAB_MARK: str(status["state_dir"])}
+    prefix = f"cp-cassdrill-{os.getpid():x}{int(time.time()) % 65536:04x}"
+    imgs = drill_images(status, prefix, workdir / "sync")
+    keys = [member(n[0], s) for n in NODES for s, _ in GROUP]
+    clog1 = member(NODES[0][0], "cpclog")
     vms: list[DebianVM] = []
-    ag = None
     snaps: list[Snap] = []
+    results: list[dict[str, Any]] = []
+    primary_info: dict[str, Any] = {}
+    cleanup: dict[str, Any] = {}
+    nets: list[str] = []
+    full = b""
     try:
+        imgs.create()
+        for ns in (p_host, dr_host):
+            net_up(ns)
+            nets.append(ns)
+        heads = {k: imgs.image(k) for k in keys}
         t0 = time.monotonic()
-        pdisks = [group_disks(prim / n[0]) for n in NODES]
-        for d in pdisks:
-            d[0].file.parent.mkdir(parents=True, exist_ok=True)
-        vms = start_cluster(image, prim, "load", pdisks, mem_mb, heap)
-        t_startup = _wait_all(vms, r"Startup complete", t0, BOOT_TIMEOUT)
-        vms[0].wait_console(r"CPSTATE writer-start",
-                            BOOT_TIMEOUT - (time.monotonic() - t0))
-        boot_s = time.monotonic() - t0
-        ag = pgcoord.start_many(workdir / "coord", {
-            f"cass-{NODES[i][0]}": (vm.qmp_agent_path,
-                                    {vm.node_of[d.serial]: d.file
-                                     for d in vm.disks})
-            for i, vm in enumerate(vms)}, group="cass")
-        vms[0].wait_console(r"CPSTATE writer-ack", BOOT_TIMEOUT)
-        for _ in range(snapshots):
+        ag = None
+        try:
+            vms = start_cluster(image, workdir / "primary", "load",
+                                [node_disks(primary, heads, n[0])
+                                 for n in NODES], mem_mb, heap, p_host, env)
+            t_startup = _wait_all(vms, r"Startup complete", t0, BOOT_TIMEOUT)
+            vms[0].wait_console(r"CPSTATE writer-start",
+                                BOOT_TIMEOUT - (time.monotonic() - t0))
+            boot_s = time.monotonic() - t0
+            ag = pgcoord.start_many(workdir / "coord", {
+                f"{VM_PREFIX}{NODES[i][0]}": (vm.qmp_agent_path, {
+                    vm.node_of[d.serial]: f"rbd:{d.rbd.spec}"
+                    for d in vm.disks if d.rbd is not None})
+                for i, vm in enumerate(vms)}, group="cass", ceph=primary)
+            vms[0].wait_console(r"CPSTATE writer-ack", BOOT_TIMEOUT)
+            for _ in range(snapshots):
+                time.sleep(interval)
+                snaps.append(_take(ag, vms[0]))
             time.sleep(interval)
-            ts = time.monotonic()
-            res = ag.snapshot()
-            if res.get("state") != "committed":
-                raise RuntimeError(f"group snapshot not committed: {res}")
-            names = set(res["snapshots"].values())
-            if len(names) != 1 or len(res["snapshots"]) != 2 * len(GROUP):
-                raise RuntimeError(f"unexpected members: {res['snapshots']}")
-            snaps.append(Snap(names.pop(), ts,
-                              {v["vm"]: float(v.get("paused_ms") or 0)
-                               for v in res["vms"]}, _acks(vms[0]), res))
-        time.sleep(interval)
-        acks_at_end = _acks(vms[0])
-    finally:
-        if ag is not None:
-            ag.stop()
-        for vm in vms:
-            vm.kill()
-    try:
-        full = read_oplog(pdisks[0][0].file)
-        primary_consoles = {NODES[i][0]: vm.console_text()
-                            for i, vm in enumerate(vms)}
-        results = []
-        for s in snaps:
-            copies = [restore(pdisks[i], s.name,
-                              workdir / s.name / NODES[i][0] / "disks")
-                      for i in range(len(NODES))]
-            r = drill(image, s, copies, full, workdir / s.name, mem_mb, heap)
-            results.append(r)
-            print(json.dumps({k: r[k] for k in (
-                "passed", "reasons", "rto_startup_complete_s",
-                "rto_read_all_s")} | {"snapshot": s.name}), file=sys.stderr)
-    finally:
-        net_down()
-    report = {
-        "image": {"hash": image.hash, "dir": str(image.dir)},
-        "primary": {
+            acks_at_end = _acks(vms[0])
+        finally:
+            if ag is not None:
+                ag.stop()
+            for vm in vms:
+                vm.kill()
+        consoles = {NODES[i][0]: vm.console_text() for i, vm in enumerate(vms)}
+        full = read_oplog(imgs, "primary", imgs.image(clog1))
+        primary_info = {
             "boot_to_startup_complete_s": t_startup,
             "boot_to_writer_s": round(boot_s, 1),
             "acks_seen": acks_at_end, "full_oplog_bytes": len(full),
-            "full_oplog_records": len(full) // 33,
-            "guest_uptime_writer_start_s": _mark(primary_consoles["node1"],
+            "full_oplog_records": len(full) // 33, "netns": p_host,
+            "guest_uptime_writer_start_s": _mark(consoles["node1"],
                                                  r"writer-start \d+"),
+            "images": [imgs.spec("primary", heads[k]) for k in keys],
             "consoles": {NODES[i][0]: str(vm.console)
-                         for i, vm in enumerate(vms)}},
+                         for i, vm in enumerate(vms)}}
+        for k, s in enumerate(snaps):
+            rep = imgs.replicate(s.name, verify_full=verify_full)
+            snap_oplog = read_oplog(imgs, "dr", imgs.image(clog1), s.name)
+            t_clone = time.monotonic()
+            clones = imgs.clone_at_dr(s.name, f"d{k}")
+            clone_s = time.monotonic() - t_clone
+            try:
+                r = drill(image, s, [node_disks(dr, clones, n[0])
+                                     for n in NODES], snap_oplog, full,
+                          workdir / s.name, mem_mb, heap, dr_host, env)
+            finally:
+                clone_errors = imgs.remove_clones()
+            r.update(replication=rep, clone_errors=clone_errors,
+                     dr_clones=[imgs.spec("dr", clones[k2]) for k2 in keys],
+                     dr_clone_s=round(clone_s, 2), dr_netns=dr_host)
+            results.append(r)
+            print(json.dumps({k2: r[k2] for k2 in (
+                "passed", "reasons", "rto_startup_complete_s",
+                "rto_read_all_s")} | {"snapshot": s.name,
+                                      "bytes_shipped": rep["bytes_shipped"],
+                                      "replication_s": rep["seconds"]}),
+                  file=sys.stderr)
+    finally:
+        t_c = time.monotonic()
+        try:
+            cleanup["errors"] = imgs.close()
+            cleanup["left"] = imgs.leftovers()
+        except Exception as exc:  # noqa: BLE001  keep the drill's own error
+            cleanup.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
+            cleanup.setdefault("left", {"unknown": [str(exc)]})
+        for ns in nets:
+            net_down(ns)
+        cleanup["seconds"] = round(time.monotonic() - t_c, 1)
+        print(f"cassdrill cleanup: {cleanup}", file=sys.stderr)
+    report = {
+        "image": {"hash": image.hash, "dir": str(image.dir)},
+        "primary": primary_info,
         "params": {"snapshots": snapshots, "interval_s": interval,
                    "mem_mb": mem_mb, "heap": heap, "rf": 2,
-                   "commitlog_sync": "group (2ms)", "via": "coordinator"},
+                   "commitlog_sync": "group (2ms)", "via": "coordinator",
+                   "method": "rbd", "verify_full": verify_full,
+                   "prefix": prefix, "dr_netns": dr_host},
         "drills": results,
+        "cleanup": cleanup,
     }
     (workdir / "report.json").write_text(json.dumps(report, indent=2))
     (workdir / "report.html").write_text(render_html(report))
     return report
 
 
+def _replication_html(rep: dict[str, Any]) -> str:
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{e(m['disk'])} ({e(m['image'])})</td>"
+        f"<td>{'full' if m['full'] else 'incremental'}</td>"
+        f"<td>{m['bytes_shipped']:,} B</td><td>{e(m['state'])}"
+        f"{' (full SHA-256)' if m['verified_full'] else ''}</td>"
+        f"<td>{m['seconds']} s</td></tr>" for m in rep["members"])
+    return (f"<h3>Replication to DR (base {e(str(rep['base']))}): "
+            f"{e(rep['state'])}, recovery point {rep['recovery_point']}, "
+            f"{rep['bytes_shipped']:,} B ({rep['bytes_shipped'] / 1e6:.1f} MB)"
+            f" in {rep['seconds']} s</h3><table border=1><tr><th>member</th>"
+            f"<th>copy</th><th>shipped</th><th>state</th><th>time</th></tr>"
+            f"{rows}</table>")
+
+
 def render_html(report: dict[str, Any]) -> str:
+    """One self-contained page: per snapshot the verdict, the RTO, the
+    replication, the checks and Cassandra's own recovery lines."""
     e = html.escape
     rows = []
     for d in report["drills"]:
@@ -284,16 +417,22 @@ def render_html(report: dict[str, Any]) -> str:
             f"</td></tr><tr><td>{e(n['name'])} startup complete / saw UP"
             f"</td><td>{n['startup_complete']} / {e(', '.join(n['saw_up']))}"
             f"</td></tr>" for n in c["nodes"])
+        repl = _replication_html(d["replication"]) if d.get("replication") \
+            else ""
+        clones = (f"<p>Booted at DR (netns {e(str(d.get('dr_netns')))}) from "
+                  f"clones {e(', '.join(d['dr_clones']))}.</p>"
+                  if d.get("dr_clones") else "")
         rows.append(
             f"<h2>{e(s['name'])}: {verdict}</h2>"
             f"<p>RTO to both nodes' Startup complete: "
             f"{d['rto_startup_complete_s']} s; to a read at ALL: "
             f"{d['rto_read_all_s']} s; to end of check: "
             f"{d['rto_check_done_s']} s. Paused ms per VM: "
-            f"{e(json.dumps(s['paused_ms']))}.</p>"
+            f"{e(json.dumps(s['paused_ms']))}.</p>{repl}{clones}"
             f"<table border=1><tr><th>check</th><th>result</th></tr>"
             f"{node_rows}"
-            f"<tr><td>snapshot oplog is a prefix of the full oplog (cmp)</td>"
+            f"<tr><td>snapshot oplog (read from the DR copy) is a prefix of "
+            f"the full oplog (cmp)</td>"
             f"<td>{c['oplog_prefix']} ({c['oplog_snapshot_bytes']} of "
             f"{c['oplog_full_bytes']} bytes)</td></tr>"
             f"<tr><td>logged writes 1..M</td><td>{c['oplog_last']}</td></tr>"
@@ -302,29 +441,51 @@ def render_html(report: dict[str, Any]) -> str:
             f"{c['missing']} / {c['wrong_value']}</td></tr></table>"
             f"<p>{'<br>'.join(e(r) for r in d['reasons'])}</p>{logs}")
     return ("<!doctype html><meta charset=utf-8><title>cutpoint Cassandra "
-            "drill</title><h1>Cassandra drill</h1><pre>"
+            "drill</title><h1>Cassandra drill at DR</h1><pre>"
             + e(json.dumps(report["primary"], indent=1)) + "</pre><pre>"
-            + e(json.dumps(report["params"])) + "</pre>" + "".join(rows))
+            + e(json.dumps(report["params"])) + "</pre>" + "".join(rows)
+            + "<h2>Cleanup</h2><pre>"
+            + e(json.dumps(report.get("cleanup"), indent=1)) + "</pre>")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cutpoint.checkers.cassdrill")
+    ap = argparse.ArgumentParser(
+        prog="python -m cutpoint.checkers.cassdrill",
+        description="Bring up the lab (both Ceph clusters, under the lab "
+                    "lock), run the Cassandra drill at DR, take the lab down.")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/cp-cassdrill"))
     ap.add_argument("--snapshots", type=int, default=1)
     ap.add_argument("--interval", type=float, default=20.0)
     ap.add_argument("--mem-mb", type=int, default=1536)
     ap.add_argument("--heap", default="384m")
+    ap.add_argument("--no-verify-full", action="store_true",
+                    help="replicate without the full SHA-256 comparison")
+    ap.add_argument("--keep-lab", action="store_true",
+                    help="leave the lab up afterwards")
     a = ap.parse_args(argv)
     if a.snapshots < 1:
         ap.error("--snapshots must be at least 1")
-    rep = run(a.workdir, a.snapshots, a.interval, a.mem_mb, a.heap)
+    from cutpoint.lab import config as C
+    from cutpoint.lab import down as lab_down
+    from cutpoint.lab import lock
+    from cutpoint.lab import up as lab_up
+    with lock.lab_lock(wait=True):
+        status = lab_up.up(C.LabConfig(**LAB))
+        try:
+            rep = run(status, a.workdir, a.snapshots, a.interval, a.mem_mb,
+                      a.heap, not a.no_verify_full)
+        finally:
+            if not a.keep_lab:
+                lab_down.down()
     print(json.dumps([{k: d[k] for k in ("passed", "reasons",
                                          "rto_startup_complete_s",
                                          "rto_read_all_s")}
-                      | {"snapshot": d["snapshot"]["name"]}
-                      for d in rep["drills"]], indent=1))
-    return 0 if rep["drills"] and all(d["passed"] for d in rep["drills"]) \
-        else 1
+                      | {"snapshot": d["snapshot"]["name"],
+                         "bytes_shipped": d["replication"]["bytes_shipped"]}
+                      for d in rep["drills"]] + [rep["cleanup"]], indent=1))
+    left = any(rep["cleanup"]["left"].values())
+    return 0 if rep["drills"] and not left and all(
+        d["passed"] for d in rep["drills"]) else 1
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ class DrillImages:
         self.prefix = prefix
         self.disks = dict(disks)
         self.vm = vm
-        self.nodes = nodes                  # serial -> QEMU node (disk1..)
+        self.nodes = nodes                  # serial -> QEMU node (disk1..) or vm/node
         self.sync_dir = sync_dir
         self.created: list[str] = []        # primary images
         self.replicated: list[str] = []     # snapshots at DR, oldest first
@@ -65,6 +65,13 @@ class DrillImages:
     # -- names --
     def image(self, serial: str) -> str:
         return f"{self.prefix}-{serial}"
+
+    def disk_id(self, serial: str) -> str:
+        """The member's disk id in reports: ``<vm>/<node>``, or the node
+        entry itself when it already names its VM (``"cass-node1/disk1"``:
+        a drill whose group spans several VMs)."""
+        node = self.nodes[serial]
+        return node if "/" in node else f"{self.vm}/{node}"
 
     def pool(self, site: str) -> str:
         return str(self.sites[site].get("pool", "rbd"))
@@ -109,8 +116,7 @@ class DrillImages:
             replicate_group,
         )
         base = self.replicated[-1] if self.replicated else None
-        members = [MemberCopy(self.image(s), snap, base,
-                              disk=f"{self.vm}/{self.nodes[s]}")
+        members = [MemberCopy(self.image(s), snap, base, disk=self.disk_id(s))
                    for s in self.disks]
         rep = replicate_group(self.sites["primary"], self.sites["dr"], members,
                               jobs=2, verify_full=verify_full,

@@ -1,47 +1,75 @@
-"""Cassandra recovery drill on the Debian image under QEMU/TCG (issue 8
-item 3).  Runs under ``make drills`` (marker ``slow``): two Cassandra 5.0
-VMs under TCG take minutes to start, twice (primary and restored copies).
+"""Cassandra recovery drill at DR on the lab (issue 8 item 3).  The drill
+runs under ``make drills`` (marker ``slow``): two Cassandra 5.0 VMs under
+TCG take minutes to start, twice (primary and restored at DR).
 
-Real parts only: the mmdebstrap image with Cassandra's jars from Maven
-Central (built once, cached by recipe hash), QEMU, a bridge and two taps of
-the drill's own (10.79.0.0/24), Cassandra at RF 2 with the commit log on
-its own disk (group sync), the CL=ALL writer and its operation log, and
-group snapshots of both VMs through cutpointd + ``cutpoint snapshot
---group-file``.  No Ceph, so no lab lock.
+Real parts only: the lab's two Ceph clusters (the lab of the PostgreSQL
+drill, ``pgdrill.LAB``, under the lab lock), the mmdebstrap image with
+Cassandra's jars from Maven Central (built once, cached by recipe hash),
+QEMU in the lab host namespaces with a bridge and two taps of the drill's
+own (10.79.0.0/24) inside each, Cassandra at RF 2 with the commit log on its
+own RBD image (group sync), the CL=ALL writer and its operation log, group
+snapshots of both VMs' four RBD images through cutpointd (method rbd) +
+``cutpoint snapshot --group-file``, cutpoint-sync to the DR cluster, and
+both nodes booted at DR from clones of the DR snapshots.
+
+The unit tests at the end check the names, argv and report the drill
+builds, and read an operation log out of a real ext4 image with debugfs,
+without QEMU or Ceph.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cutpoint.checkers import cassdrill
+from cutpoint.checkers.cassandra import check_cluster
+from cutpoint.checkers.guestvm import DebianVM
+from cutpoint.lab.debian_image import Image
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 
-def _summary(rep: dict) -> str:
-    return json.dumps({"primary": rep["primary"], "drills": [
+def _summary(rep: dict[str, Any]) -> str:
+    return json.dumps({"primary": rep["primary"], "cleanup": rep["cleanup"],
+                       "drills": [
         {k: d[k] for k in ("passed", "reasons", "rto_startup_complete_s",
-                           "rto_read_all_s", "rto_check_done_s")}
+                           "rto_read_all_s", "rto_check_done_s", "dr_clones",
+                           "dr_clone_s")}
         | {"snap": d["snapshot"], "oplog_last": d["check"]["oplog_last"],
            "rows": d["check"]["rows"],
+           "oplog_bytes": (d["check"]["oplog_snapshot_bytes"],
+                           d["check"]["oplog_full_bytes"]),
            "replayed": {n["name"]: n["replayed_mutations"]
                         for n in d["check"]["nodes"]},
+           "replication": {
+               "bytes_shipped": d["replication"]["bytes_shipped"],
+               "seconds": d["replication"]["seconds"],
+               "members": [(m["disk"], m["full"], m["bytes_shipped"],
+                            m["state"], m["verified_full"], m["seconds"])
+                           for m in d["replication"]["members"]]},
            "recovery_log": {n["name"]: n["recovery_log"]
                             for n in d["check"]["nodes"]}}
         for d in rep["drills"]]}, indent=1)
 
 
-def test_group_snapshot_of_two_cassandra_nodes_recovers(tmp_path: Path) -> None:
-    """One group snapshot of both nodes (four disks) under CL=ALL load: the
-    copies boot, both nodes replay their commit logs and see each other UP,
-    the snapshot's operation log is a prefix of the full one, and every
-    logged write reads back at ALL with its value."""
-    rep = cassdrill.run(tmp_path / "drill", snapshots=1,
+@pytest.mark.lab
+@pytest.mark.slow
+@ROOT
+@pytest.mark.lab_config(**cassdrill.LAB)
+def test_group_snapshot_of_two_cassandra_nodes_recovers_at_dr(
+        lab: dict[str, Any], tmp_path: Path) -> None:
+    """One group snapshot of both nodes (four RBD images) under CL=ALL
+    load, replicated to the DR cluster with full verification, cloned there
+    and booted on the DR host: both nodes replay their commit logs and see
+    each other UP, the snapshot's operation log (read from the DR copy) is a
+    prefix of the full one, every logged write reads back at ALL with its
+    value; afterwards nothing the drill made is left on either cluster."""
+    rep = cassdrill.run(lab, tmp_path / "drill", snapshots=1,
                         interval=float(os.environ.get("CP_CASS_INTERVAL",
                                                       "20")))
     print(_summary(rep))     # the figures quoted in docs/drills.md (-s)
@@ -54,4 +82,120 @@ def test_group_snapshot_of_two_cassandra_nodes_recovers(tmp_path: Path) -> None:
     # The load went on after the snapshot: the cmp check compared something.
     assert c["oplog_full_bytes"] > c["oplog_snapshot_bytes"]
     assert d["snapshot"]["name"].startswith("cp.cass.")
-    assert (tmp_path / "drill" / "report.html").read_text().count("PASS") == 1
+    rp = d["replication"]
+    assert rp["recovery_point"] and rp["state"] == "verified", rp
+    assert len(rp["members"]) == 4 and rp["bytes_shipped"] > 0, rp
+    for m in rp["members"]:
+        assert m["state"] == "verified" and m["verified_full"] and m["full"], m
+    assert d["dr_netns"] != rep["primary"]["netns"]
+    assert all(c.endswith("-d0") for c in d["dr_clones"]), d["dr_clones"]
+    assert rep["cleanup"]["left"] == {"primary": [], "dr": []}, rep["cleanup"]
+    assert rep["cleanup"]["errors"] == [] and d["clone_errors"] == []
+    html = (tmp_path / "drill" / "report.html").read_text()
+    assert html.count("PASS") == 1 and "Replication to DR" in html
+
+
+# -- unit: what the drill hands ip, QEMU, rbd and debugfs (no QEMU, no Ceph) --
+
+SITE = {"ceph_conf": "/lab/ceph/dr/ceph.conf", "keyring": "/lab/ceph/dr/k",
+        "client_id": "admin", "pool": "rbd"}
+STATUS = {"sites": {"primary": SITE, "dr": SITE}}
+
+
+def _image(tmp: Path) -> Image:
+    return Image("debian-cassandra", "h", tmp, tmp / "root.raw", "raw",
+                 tmp / "vmlinuz", tmp / "initrd.img", "console=ttyS0", {})
+
+
+def test_four_images_one_group_two_vms(tmp_path: Path) -> None:
+    imgs = cassdrill.drill_images(STATUS, "cp-cassdrill-x", tmp_path)
+    assert imgs.disks == {"node1-cpclog": 512, "node1-cpdata": 512,
+                          "node2-cpclog": 512, "node2-cpdata": 512}
+    assert imgs.image("node2-cpdata") == "cp-cassdrill-x-node2-cpdata"
+    # the member disk ids name each VM (the group spans two VMs)
+    assert [imgs.disk_id(k) for k in imgs.disks] == [
+        "cass-node1/disk1", "cass-node1/disk2", "cass-node2/disk1",
+        "cass-node2/disk2"]
+
+
+def test_node_vm_on_rbd_in_a_netns(tmp_path: Path) -> None:
+    """The guest sees its disks by serial cpclog/cpdata on the node's RBD
+    images, and its NIC on the drill's tap inside the host namespace."""
+    disks = cassdrill.node_disks(
+        SITE, {k: f"p-{k}" for k in ("node2-cpclog", "node2-cpdata")}, "node2")
+    vm = cassdrill.node_vm(_image(tmp_path), tmp_path, 1, "check", disks, 1536,
+                           "384m", "dr-h1", {"CUTPOINT_LAB_MARK": "/lab"})
+    assert isinstance(vm, DebianVM) and vm.env == {"CUTPOINT_LAB_MARK": "/lab"}
+    argv = vm.argv()
+    assert argv[:4] == ["ip", "netns", "exec", "dr-h1"]
+    bds = [argv[i + 1] for i, a in enumerate(argv) if a == "-blockdev"]
+    assert bds[2:] == [f"driver=rbd,node-name=disk{i + 1},pool=rbd,"
+                       f"image=p-node2-{s},conf={SITE['ceph_conf']},user=admin"
+                       for i, s in enumerate(("cpclog", "cpdata"))]
+    assert "virtio-blk-pci,drive=disk1,serial=cpclog" in argv
+    assert "tap,id=n0,ifname=cpct2,script=no,downscript=no" in argv
+    cmdline = argv[argv.index("-append") + 1]
+    assert "cp.mode=check cp.role=replica cp.ip=10.79.0.12/24" in cmdline
+
+
+def test_net_argv_stays_in_the_namespace() -> None:
+    cmds = cassdrill.net_up_argv("primary-h1")
+    assert all(c[:3] == ["ip", "-n", "primary-h1"] for c in cmds)
+    assert ["ip", "-n", "primary-h1", "tuntap", "add", "dev", "cpct2", "mode",
+            "tap"] in cmds
+    assert ["ip", "-n", "primary-h1", "link", "set", "cpct1", "master",
+            "cpcbr0"] in cmds
+
+
+def test_read_oplog_from_a_raw_ext4_image(tmp_path: Path) -> None:
+    """The debugfs read on a real ext4 image made without mounting
+    (mkfs.ext4 -d), as rbd export leaves it; a filesystem without the
+    operation log is an error, not an empty log."""
+    src = tmp_path / "root"
+    src.mkdir()
+    log = b"".join(b"%015d %016x\n" % (i, i * 7919) for i in range(1, 40))
+    (src / "oplog").write_bytes(log)
+    raw = tmp_path / "clog.raw"
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(src), str(raw), "8M"],
+                   check=True, capture_output=True)
+    assert cassdrill.read_oplog_raw(raw) == log
+    (src / "oplog").unlink()
+    empty = tmp_path / "empty.raw"
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(src), str(empty), "8M"],
+                   check=True, capture_output=True)
+    with pytest.raises(RuntimeError, match="debugfs cat /oplog"):
+        cassdrill.read_oplog_raw(empty)
+
+
+def test_report_html_shows_recovery_checks_rto_and_replication() -> None:
+    """render_html on a check of Cassandra 5.0's own log lines and a
+    replication record in the shape DrillImages.replicate returns."""
+    from test_cassandra_checker import GOOD, IPS, _console, _oplog
+    consoles = {"node1": _console(IPS["node2"], check=GOOD),
+                "node2": _console(IPS["node1"])}
+    c = check_cluster(consoles, IPS, _oplog(50), _oplog(80), "node1")
+    rep = {"snapshot": "cp.cass.t1", "base": None, "state": "verified",
+           "recovery_point": True, "bytes_shipped": 98765432, "seconds": 12.5,
+           "members": [{"disk": f"cass-{n}/disk{j}", "image": f"p-{n}-{s}",
+                        "full": True, "state": "verified",
+                        "verified_full": True, "bytes_shipped": 1000,
+                        "bytes_changed": 0, "seconds": 3.0}
+                       for n in ("node1", "node2")
+                       for j, s in ((1, "cpclog"), (2, "cpdata"))]}
+    report = {"primary": {"boot_to_writer_s": 500.0}, "params": {},
+              "cleanup": {"left": {"primary": [], "dr": []}},
+              "drills": [{"passed": c.passed, "reasons": c.reasons,
+                          "rto_startup_complete_s": 401.2,
+                          "rto_read_all_s": 450.0, "rto_check_done_s": 470.0,
+                          "check": c.as_dict(), "replication": rep,
+                          "dr_clones": ["rbd/p-node1-cpclog-d0"],
+                          "dr_netns": "dr-h1",
+                          "snapshot": {"name": "cp.cass.t1",
+                                       "paused_ms": {"cass-node1": 30.0},
+                                       "acked_before": 40}}]}
+    page = cassdrill.render_html(report)
+    assert c.passed and page.count("PASS") == 1
+    assert "Log replay complete, 12 replayed mutations" in page
+    assert "401.2 s" in page and "98,765,432 B" in page
+    assert page.count("<td>full</td>") == 4 and "(full SHA-256)" in page
+    assert "rbd/p-node1-cpclog-d0" in page and "dr-h1" in page
