@@ -146,6 +146,14 @@ def check_cluster(consoles: dict[str, str], ips: dict[str, str],
     if last <= 0:
         reasons.append("operation log is empty: no acknowledged write was "
                        "captured by the snapshot")
+    # The cmp check is only worth something if it compared the log the
+    # restored node itself read: same number of complete records.
+    host_records = snap_oplog.count(b"\n")
+    if op.get("records") is not None and int(op["records"]) != host_records:
+        reasons.append(f"the restored node read {op['records']} operation-log "
+                       f"records, the snapshot's log read on the host has "
+                       f"{host_records}: the cmp check did not compare the "
+                       f"log the node checked")
     ra = facts.get("read_all", {})
     ok = bool(ra.get("ok"))
     missing = wrong = rows = None

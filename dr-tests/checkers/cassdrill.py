@@ -16,7 +16,8 @@ clusters, one primary host, one DR host, no tiny guests)::
       cutpointd (method rbd: pause both VMs, one librbd snapshot per image,
       resume) + `cutpoint snapshot --group-file` (cutpoint.checkers.pgcoord)
     stop both VMs; the full operation log = node1's cpclog head on the
-      primary cluster (rbd export to a temp raw file, debugfs, never mounted)
+      primary cluster (rbd export to a temp raw file, its ext4 journal
+      replayed with e2fsck -E journal_only, debugfs; never mounted)
     for each snapshot:
       replicate_group(primary -> dr): one cutpoint-sync per image, the first
         full, the next incremental; every member verified (invariant 5)
@@ -151,8 +152,18 @@ def node_disks(site: dict[str, Any], images: dict[str, str],
 
 
 def read_oplog_raw(raw: Path) -> bytes:
-    """The operation log out of a raw ext4 cpclog filesystem, without
-    mounting it (debugfs ``cat``)."""
+    """The operation log out of a raw ext4 cpclog filesystem (a private
+    copy), without mounting it: first replay its ext4 journal, as the
+    guest's mount would (``e2fsck -E journal_only``, no other repair), then
+    debugfs ``cat``.  Without the replay debugfs reads the inode as last
+    checkpointed: the oplog is appended O_DSYNC, so its size lives in the
+    journal, and a crash-consistent copy showed 57 of the 476 records the
+    restored guest itself read (run of 2026-11-22 06:12)."""
+    fsck = subprocess.run(["e2fsck", "-y", "-E", "journal_only", str(raw)],
+                          capture_output=True, text=True, check=False)
+    if fsck.returncode not in (0, 1):
+        raise RuntimeError(f"e2fsck -y -E journal_only {raw}: rc="
+                           f"{fsck.returncode} {fsck.stdout}{fsck.stderr}")
     p = subprocess.run(["debugfs", "-R", f"cat {OPLOG}", str(raw)],
                        capture_output=True, check=False)
     if p.returncode != 0 or b"File not found" in p.stderr:

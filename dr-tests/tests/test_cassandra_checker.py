@@ -68,6 +68,15 @@ def test_a_longer_snapshot_oplog_is_not_a_prefix() -> None:
     assert not cc.is_prefix(b"abcd", b"abc")
 
 
+def test_host_and_guest_oplogs_must_agree() -> None:
+    """A snapshot log read on the host that is shorter than what the
+    restored node read (an ext4 journal not replayed) fails the check."""
+    r = cc.check_cluster(_consoles(), IPS, _oplog(7), _oplog(80), "node1")
+    assert not r.passed and r.oplog_prefix
+    assert any("restored node read 50 operation-log records, the snapshot's "
+               "log read on the host has 7" in x for x in r.reasons)
+
+
 def test_missing_or_wrong_writes_fail() -> None:
     bad = json.loads(json.dumps(GOOD))
     bad["read_all"].update(missing=2, missing_first=[49, 50], wrong_value=1,
