@@ -1,20 +1,25 @@
 """The Cassandra recovery drill: group snapshots of two nodes on RBD,
 replicated, drilled at DR (GCVM §4.5.3, Fig. 4.12; issue 8 item 3).
 
-Flow, on the lab of the PostgreSQL drill (``pgdrill.LAB``: both Ceph
-clusters, one primary host, one DR host, no tiny guests)::
+Flow, on a lab of its own (``LAB``: both Ceph clusters, two primary hosts,
+two DR hosts, no tiny guests)::
 
     primary cluster: RBD images <prefix>-node1-cpclog, -node1-cpdata,
       -node2-cpclog, -node2-cpdata                (cutpoint.checkers.rbddrill)
-    in each lab host namespace used (primary-h1, dr-h1): the drill's own
-      bridge cpcbr0 10.79.0.1/24 + taps cpct1, cpct2 for the node network
-    node1 10.79.0.11 (writer), node2 10.79.0.12: Cassandra 5.0, RF 2, QEMU
-      in netns primary-h1, each: local root overlay + cpclog (commit log,
-      group sync; + the oplog on node1) + cpdata, both RBD
+    node1 on lab host primary-h1, node2 on primary-h2 (two VMs on two
+      hosts); each node's tap (cpct1, cpct2) on its host namespace's lab
+      bridge br0, addresses the lab's guest addresses 10.77.101.1/16 and
+      10.77.101.2/16: node traffic crosses hosts through cpbr0 like the tiny
+      guests'
+    node1 (writer) and node2: Cassandra 5.0, RF 2, QEMU in its host's
+      netns, each: local root overlay + cpclog (commit log, group sync; +
+      the oplog on node1) + cpdata, both RBD
     the writer inserts unique values at CL=ALL and logs each ack (O_DSYNC)
-    every <interval> s: one group snapshot of both VMs' four images through
-      cutpointd (method rbd: pause both VMs, one librbd snapshot per image,
-      resume) + `cutpoint snapshot --group-file` (cutpoint.checkers.pgcoord)
+    every <interval> s: one group snapshot of both VMs' four images: one
+      cutpointd per primary host namespace (pgcoord.start_hosts; method
+      rbd), one group file naming both agents, `cutpoint snapshot
+      --group-file` prepares (pauses) both VMs on both hosts, then commits
+      one librbd snapshot per image and resumes
     stop both VMs; the full operation log = node1's cpclog head on the
       primary cluster (rbd export to a temp raw file, its ext4 journal
       replayed with e2fsck -E journal_only, debugfs; never mounted)
@@ -24,11 +29,12 @@ clusters, one primary host, one DR host, no tiny guests)::
       the snapshot's operation log = node1's cpclog snapshot *at DR* (rbd
         export, debugfs)
       DR cluster: clone each member's DR snapshot; both nodes boot from the
-        clones in netns dr-h1 (cp.mode=check); wait for node1's CPCHECK;
+        clones, node1 in netns dr-h1 and node2 in dr-h2 (both in dr-h1 on a
+        lab of one DR host; cp.mode=check); wait for node1's CPCHECK;
         judge with cutpoint.checkers.cassandra; remove the clones
     finally: clones, DR replicas and snapshots, primary images removed; what
       is left with the drill's prefix on either cluster is in the report
-      (``cleanup.left``; the test wants it empty); the bridges are deleted
+      (``cleanup.left``; the test wants it empty); the taps are deleted
 
 RTO: wall time from starting the two restored VMs to both nodes' "Startup
 complete", and to a successful read at ALL (rejoined), and to the end of
@@ -54,13 +60,19 @@ from typing import Any
 from cutpoint.checkers import pgcoord
 from cutpoint.checkers.cassandra import check_cluster
 from cutpoint.checkers.guestvm import DebianVM, GuestDisk, RbdImage
-from cutpoint.checkers.pgdrill import LAB, LAB_MARK, _host
+from cutpoint.checkers.pgdrill import LAB_MARK
 from cutpoint.checkers.rbddrill import DrillImages
+from cutpoint.lab import config as C
 from cutpoint.lab.debian_image import Image, build, cached
 
-BRIDGE, SUBNET_HOST = "cpcbr0", "10.79.0.1/24"
-NODES = (("node1", "10.79.0.11", "-4611686018427387904", "cpct1"),
-         ("node2", "10.79.0.12", "4611686018427387904", "cpct2"))
+# Two primary hosts (node1 on primary-h1, node2 on primary-h2), two DR
+# hosts (the same split at DR), no tiny guests: the nodes take the lab's
+# guest addresses 10.77.101.1 and .2 on the lab network (taps on each host
+# namespace's br0, across hosts through cpbr0; LAB-NOTES/net.py).
+LAB = {"hosts": 2, "vms_per_host": 0, "dr_hosts": 2}
+PREFIX = C.PREFIX
+NODES = (("node1", C.vm_addr(1), "-4611686018427387904", "cpct1"),
+         ("node2", C.vm_addr(2), "4611686018427387904", "cpct2"))
 GROUP = (("cpclog", 512), ("cpdata", 512))
 BOOT_TIMEOUT = 2400.0
 OPLOG = "/oplog"    # on node1's cpclog filesystem
@@ -76,40 +88,46 @@ def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return p
 
 
-def net_up_argv(netns: str) -> list[list[str]]:
-    """The ``ip`` commands that make the node network inside ``netns``."""
+def net_up_argv(netns: str, tap: str) -> list[list[str]]:
+    """The ``ip`` commands that give one node a tap on the lab host's own
+    bridge ``br0`` inside ``netns`` (as ``cutpoint.lab.net.add_tap`` does for
+    the tiny guests): node traffic to the other host leaves through the
+    host's veth and crosses the lab bridge cpbr0."""
     ip = ["ip", "-n", netns]
-    cmds = [ip + ["link", "add", BRIDGE, "type", "bridge"],
-            ip + ["addr", "add", SUBNET_HOST, "dev", BRIDGE],
-            ip + ["link", "set", BRIDGE, "up"]]
-    for _n, _ip, _t, tap in NODES:
-        cmds += [ip + ["tuntap", "add", "dev", tap, "mode", "tap"],
-                 ip + ["link", "set", tap, "master", BRIDGE],
-                 ip + ["link", "set", tap, "up"]]
-    return cmds
+    return [ip + ["tuntap", "add", "dev", tap, "mode", "tap"],
+            ip + ["link", "set", tap, "master", "br0"],
+            ip + ["link", "set", tap, "up"]]
 
 
-def net_up(netns: str) -> None:
-    """Our own bridge and two taps inside the lab host namespace ``netns``
-    (QEMU runs there and opens the taps by name); refuses if the bridge
-    already exists there (another drill runs, or one left it)."""
-    if _sh("ip", "-n", netns, "link", "show", BRIDGE,
+def net_up(netns: str, tap: str) -> None:
+    """The node's tap in the lab host namespace ``netns`` (QEMU runs there
+    and opens it by name); refuses if the tap already exists there (another
+    drill runs, or one left it)."""
+    if _sh("ip", "-n", netns, "link", "show", tap,
            check=False).returncode == 0:
-        raise RuntimeError(f"bridge {BRIDGE} exists in netns {netns}: another "
+        raise RuntimeError(f"tap {tap} exists in netns {netns}: another "
                            f"Cassandra drill is running (or one left it; "
-                           f"ip -n {netns} link del {BRIDGE})")
+                           f"ip -n {netns} link del {tap})")
     try:
-        for argv in net_up_argv(netns):
+        for argv in net_up_argv(netns, tap):
             _sh(*argv)
     except BaseException:
-        net_down(netns)
+        net_down(netns, tap)
         raise
 
 
-def net_down(netns: str) -> None:
-    for _n, _ip, _t, tap in NODES:
-        _sh("ip", "-n", netns, "link", "del", tap, check=False)
-    _sh("ip", "-n", netns, "link", "del", BRIDGE, check=False)
+def net_down(netns: str, tap: str) -> None:
+    _sh("ip", "-n", netns, "link", "del", tap, check=False)
+
+
+def site_hosts(status: dict[str, Any], site: str) -> list[dict[str, Any]]:
+    """The lab hosts of ``site`` for node1 and node2: two distinct hosts
+    when the lab has them, else the one host twice (a lab of one DR host:
+    both restored nodes on it)."""
+    hs = [h for h in status["hosts"] if h["site"] == site]
+    if not hs:
+        raise ValueError(f"the lab has no {site} host: {status['hosts']}")
+    return [hs[0], hs[1] if len(hs) > 1 else hs[0]]
 
 
 def node_vm(image: Image, workdir: Path, idx: int, mode: str,
@@ -119,11 +137,11 @@ def node_vm(image: Image, workdir: Path, idx: int, mode: str,
     _name, ip, token, tap = NODES[idx]
     seeds = ",".join(n[1] for n in NODES)
     role = "writer" if idx == 0 else "replica"
-    extra = (f"cp.mode={mode} cp.role={role} cp.ip={ip}/24 cp.seeds={seeds} "
-             f"cp.token={token} cp.heap={heap}")
+    extra = (f"cp.mode={mode} cp.role={role} cp.ip={ip}/{PREFIX} "
+             f"cp.seeds={seeds} cp.token={token} cp.heap={heap}")
     return DebianVM(image, workdir, disks, extra, mem_mb=mem_mb, extra_argv=[
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
-        "-device", f"virtio-net-pci,netdev=n0,mac=52:54:00:79:00:{idx + 11:02x}"],
+        "-device", f"virtio-net-pci,netdev=n0,mac={C.vm_mac(idx + 1)}"],
         netns=netns, env=env or {})
 
 
@@ -204,13 +222,14 @@ def _mark(console: str, what: str) -> float | None:
 
 def start_cluster(image: Image, workdir: Path, mode: str,
                   disks: list[list[GuestDisk]], mem_mb: int, heap: str,
-                  netns: str | None = None,
+                  netns: list[str],
                   env: dict[str, str] | None = None) -> list[DebianVM]:
+    """Node i in network namespace ``netns[i]``."""
     vms: list[DebianVM] = []
     try:
         for i in range(len(NODES)):
             vm = node_vm(image, workdir / NODES[i][0], i, mode, disks[i],
-                         mem_mb, heap, netns, env)
+                         mem_mb, heap, netns[i], env)
             vm.start()
             vms.append(vm)
     except BaseException:
@@ -232,7 +251,7 @@ def _wait_all(vms: list[DebianVM], pattern: str, t0: float,
 
 def drill(image: Image, snap: Snap, disks: list[list[GuestDisk]],
           snap_oplog: bytes, full_oplog: bytes, workdir: Path, mem_mb: int,
-          heap: str, netns: str | None = None,
+          heap: str, netns: list[str],
           env: dict[str, str] | None = None) -> dict[str, Any]:
     """Boot both nodes from ``disks`` (check mode) and judge the consoles;
     the RTO clock starts with the first restored VM."""
@@ -287,7 +306,13 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     primary, dr = status["sites"]["primary"], status["sites"]["dr"]
-    p_host, dr_host = _host(status, "primary"), _host(status, "dr")
+    p_hosts = site_hosts(status, "primary")
+    dr_hosts = site_hosts(status, "dr")
+    if p_hosts[0] is p_hosts[1]:
+        raise ValueError("the Cassandra drill needs two primary lab hosts "
+                         f"(lab hosts=2): {status['hosts']}")
+    p_ns = [str(h["netns"]) for h in p_hosts]
+    dr_ns = [str(h["netns"]) for h in dr_hosts]
     env = {LAB_MARK: str(status["state_dir"])}
     prefix = f"cp-cassdrill-{os.getpid():x}{int(time.time()) % 65536:04x}"
     imgs = drill_images(status, prefix, workdir / "sync")
@@ -298,29 +323,34 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
     results: list[dict[str, Any]] = []
     primary_info: dict[str, Any] = {}
     cleanup: dict[str, Any] = {}
-    nets: list[str] = []
+    nets: list[tuple[str, str]] = []
     full = b""
     try:
         imgs.create()
-        for ns in (p_host, dr_host):
-            net_up(ns)
-            nets.append(ns)
+        for hosts in (p_ns, dr_ns):
+            for i, ns in enumerate(hosts):
+                net_up(ns, NODES[i][3])
+                nets.append((ns, NODES[i][3]))
         heads = {k: imgs.image(k) for k in keys}
         t0 = time.monotonic()
         ag = None
         try:
             vms = start_cluster(image, workdir / "primary", "load",
                                 [node_disks(primary, heads, n[0])
-                                 for n in NODES], mem_mb, heap, p_host, env)
+                                 for n in NODES], mem_mb, heap, p_ns, env)
             t_startup = _wait_all(vms, r"Startup complete", t0, BOOT_TIMEOUT)
             vms[0].wait_console(r"CPSTATE writer-start",
                                 BOOT_TIMEOUT - (time.monotonic() - t0))
             boot_s = time.monotonic() - t0
-            ag = pgcoord.start_many(workdir / "coord", {
-                f"{VM_PREFIX}{NODES[i][0]}": (vm.qmp_agent_path, {
-                    vm.node_of[d.serial]: f"rbd:{d.rbd.spec}"
-                    for d in vm.disks if d.rbd is not None})
-                for i, vm in enumerate(vms)}, group="cass", ceph=primary)
+            # One cutpointd per primary host namespace, each driving the
+            # node on its host; the group file names both agents.
+            ag = pgcoord.start_hosts(workdir / "coord", {
+                str(p_hosts[i]["name"]): (p_ns[i], str(p_hosts[i]["address"]), {
+                    f"{VM_PREFIX}{NODES[i][0]}": (vm.qmp_agent_path, {
+                        vm.node_of[d.serial]: f"rbd:{d.rbd.spec}"
+                        for d in vm.disks if d.rbd is not None})})
+                for i, vm in enumerate(vms)}, group="cass", ceph=primary,
+                env=env)
             vms[0].wait_console(r"CPSTATE writer-ack", BOOT_TIMEOUT)
             for _ in range(snapshots):
                 time.sleep(interval)
@@ -338,7 +368,8 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
             "boot_to_startup_complete_s": t_startup,
             "boot_to_writer_s": round(boot_s, 1),
             "acks_seen": acks_at_end, "full_oplog_bytes": len(full),
-            "full_oplog_records": len(full) // 33, "netns": p_host,
+            "full_oplog_records": len(full) // 33, "netns": p_ns,
+            "agents": [str(h["name"]) for h in p_hosts],
             "guest_uptime_writer_start_s": _mark(consoles["node1"],
                                                  r"writer-start \d+"),
             "images": [imgs.spec("primary", heads[k]) for k in keys],
@@ -353,12 +384,12 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
             try:
                 r = drill(image, s, [node_disks(dr, clones, n[0])
                                      for n in NODES], snap_oplog, full,
-                          workdir / s.name, mem_mb, heap, dr_host, env)
+                          workdir / s.name, mem_mb, heap, dr_ns, env)
             finally:
                 clone_errors = imgs.remove_clones()
             r.update(replication=rep, clone_errors=clone_errors,
                      dr_clones=[imgs.spec("dr", clones[k2]) for k2 in keys],
-                     dr_clone_s=round(clone_s, 2), dr_netns=dr_host)
+                     dr_clone_s=round(clone_s, 2), dr_netns=dr_ns)
             results.append(r)
             print(json.dumps({k2: r[k2] for k2 in (
                 "passed", "reasons", "rto_startup_complete_s",
@@ -374,8 +405,8 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
         except Exception as exc:  # noqa: BLE001  keep the drill's own error
             cleanup.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
             cleanup.setdefault("left", {"unknown": [str(exc)]})
-        for ns in nets:
-            net_down(ns)
+        for ns, tap in nets:
+            net_down(ns, tap)
         cleanup["seconds"] = round(time.monotonic() - t_c, 1)
         print(f"cassdrill cleanup: {cleanup}", file=sys.stderr)
     report = {
@@ -385,7 +416,8 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
                    "mem_mb": mem_mb, "heap": heap, "rf": 2,
                    "commitlog_sync": "group (2ms)", "via": "coordinator",
                    "method": "rbd", "verify_full": verify_full,
-                   "prefix": prefix, "dr_netns": dr_host},
+                   "prefix": prefix, "primary_netns": p_ns,
+                   "dr_netns": dr_ns},
         "drills": results,
         "cleanup": cleanup,
     }
@@ -430,7 +462,9 @@ def render_html(report: dict[str, Any]) -> str:
             f"</td></tr>" for n in c["nodes"])
         repl = _replication_html(d["replication"]) if d.get("replication") \
             else ""
-        clones = (f"<p>Booted at DR (netns {e(str(d.get('dr_netns')))}) from "
+        dr_ns = d.get("dr_netns")
+        dr_ns = ", ".join(dr_ns) if isinstance(dr_ns, list) else str(dr_ns)
+        clones = (f"<p>Booted at DR (netns {e(dr_ns)}) from "
                   f"clones {e(', '.join(d['dr_clones']))}.</p>"
                   if d.get("dr_clones") else "")
         rows.append(

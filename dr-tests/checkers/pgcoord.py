@@ -27,7 +27,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +104,16 @@ def _disk_line(node: str, d: Disk) -> str:
 def agent_config(workdir: Path, certs: Path, port: int,
                  vms: dict[str, tuple[Path, dict[str, Disk]]],
                  ceph: dict[str, Any] | None = None,
-                 qga: dict[str, Path] | None = None) -> str:
+                 qga: dict[str, Path] | None = None, *,
+                 host: str = "pg-host", address: str = "127.0.0.1",
+                 cert: str = "pg-agent") -> str:
     """The cutpointd INI: one ``[vm]`` per VM; ``method = rbd`` (with the
     ``[ceph]`` section) when all its disks are RBD, else ``qmp``."""
     lines = [
-        "[agent]", "host = pg-host", f"listen = 127.0.0.1:{port}",
+        "[agent]", f"host = {host}", f"listen = {address}:{port}",
         f"journal = {workdir / 'agent-journal'}", "qmp_timeout_ms = 5000",
         "", "[tls]", f"ca = {certs / 'ca.pem'}",
-        f"cert = {certs / 'pg-agent.pem'}", f"key = {certs / 'pg-agent.key'}",
+        f"cert = {certs / (cert + '.pem')}", f"key = {certs / (cert + '.key')}",
     ]
     if ceph is not None:
         lines += ["", "[ceph]", f"conf = {ceph['ceph_conf']}",
@@ -204,3 +206,110 @@ def start_many(workdir: Path, vms: dict[str, tuple[Path, dict[str, Disk]]],
     gf.write_text(yaml.safe_dump(doc))
     return AgentAndGroup(workdir, vm_name, gf,
                          f"sqlite:///{workdir / 'coordinator.db'}", proc, port)
+
+
+HostVMs = dict[str, tuple[Path, dict[str, Disk]]]
+
+
+@dataclass
+class HostAgentsAndGroup(AgentAndGroup):
+    """Several agents, one per lab host namespace, and one group file
+    naming all of them (``start_hosts``)."""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+
+    def log_tail(self) -> str:
+        out = []
+        for h in self.hosts:
+            try:
+                text = (self.workdir / h / "cutpointd.log").read_text()
+            except FileNotFoundError:
+                continue
+            out.append(f"[{h}] {text[-1500:]}")
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def start_hosts(workdir: Path, hosts: dict[str, tuple[str, str, HostVMs]],
+                group: str = "pg", *, ceph: dict[str, Any] | None = None,
+                env: dict[str, str] | None = None) -> HostAgentsAndGroup:
+    """One ``cutpointd`` per lab host: ``hosts`` maps a host name to (its
+    network namespace, its address there, its VMs as in ``start_many``).
+    Each agent runs inside its namespace (``ip netns exec``) listening on
+    the host address, with a certificate for that address; the group file
+    lists every agent, so one group snapshot spans the hosts (prepare on
+    all of them before any commit)."""
+    if not hosts:
+        raise ValueError("start_hosts needs at least one host")
+    if not CUTPOINTD.exists():
+        raise CoordinatorRunError(f"{CUTPOINTD} is not built (ninja -C build)")
+    certs = workdir / "certs"
+    port = _free_port()
+    texts = {h: agent_config(workdir / h, certs, port, vms, ceph,
+                             host=h, address=addr, cert=f"agent-{h}")
+             for h, (_ns, addr, vms) in hosts.items()}  # bad input: here
+    workdir.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(MAKE_CA), str(certs)], check=True, capture_output=True)
+    subprocess.run([str(MAKE_CA), str(certs), "issue", "coordinator"],
+                   check=True, capture_output=True)
+    res = HostAgentsAndGroup(workdir, next(iter(hosts)),
+                             workdir / "group.yaml",
+                             f"sqlite:///{workdir / 'coordinator.db'}",
+                             None, port, [], list(hosts))  # type: ignore[arg-type]
+    try:
+        for h, (ns, addr, _vms) in hosts.items():
+            subprocess.run([str(MAKE_CA), str(certs), "issue", f"agent-{h}",
+                            addr], check=True, capture_output=True)
+            (workdir / h).mkdir(parents=True, exist_ok=True)
+            conf = workdir / h / "cutpointd.conf"
+            conf.write_text(texts[h])
+            chk = subprocess.run([str(CUTPOINTD), "-n", "-c", str(conf)],
+                                 capture_output=True, text=True, check=False)
+            if chk.returncode != 0:
+                raise CoordinatorRunError(f"cutpointd -n rejected {conf}: "
+                                          f"{chk.stdout}{chk.stderr}")
+            with open(workdir / h / "cutpointd.log", "wb") as log:
+                # `ip netns exec` execs in place: the pid is cutpointd's.
+                res.procs.append(subprocess.Popen(
+                    ["ip", "netns", "exec", ns, str(CUTPOINTD), "-c",
+                     str(conf)], stdout=log, stderr=subprocess.STDOUT,
+                    env={**os.environ, **(env or {})}))
+        for (h, (ns, addr, _vms)), proc in zip(hosts.items(), res.procs):
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection((addr, port), timeout=1).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise CoordinatorRunError(
+                            f"cutpointd of {h} (netns {ns}) did not listen on "
+                            f"{addr}:{port}: "
+                            + (workdir / h / "cutpointd.log").read_text()
+                        ) from None
+                    time.sleep(0.1)
+    except BaseException:
+        res.stop()
+        raise
+    doc: dict[str, Any] = {
+        "group": group, "lease_ms": 5000, "budget_ms": 5000,
+        "tls": {"ca": str(certs / "ca.pem"),
+                "cert": str(certs / "coordinator.pem"),
+                "key": str(certs / "coordinator.key")},
+        "agents": [{"name": h, "address": addr, "port": port,
+                    "vms": [{"name": n, "disks": list(d)}
+                            for n, (_q, d) in vms.items()]}
+                   for h, (_ns, addr, vms) in hosts.items()],
+    }
+    res.group_file.write_text(yaml.safe_dump(doc))
+    return res

@@ -31,9 +31,10 @@ accepting connections after its own recovery, and to the check's end.
 Replication figures (bytes shipped, per member full/incremental and
 verified) are reported per snapshot.
 
-``group_disks`` (qcow2 files) and ``restore`` (qcow2 internal snapshot ->
-standalone copy) stay for the quiesce prototype and bench and the Cassandra
-drill, which run on local files.
+``group_disks`` (qcow2 files) stays for the quiesce prototype and bench,
+which run on local files; ``restore`` (qcow2 internal snapshot ->
+standalone copy) has no caller left.  The Cassandra drill runs on RBD at
+DR, like this one (``cassdrill``).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _acks(vm: DebianVM) -> int:
 
 def restore(src: list[GuestDisk], snap: str, dest: Path) -> list[GuestDisk]:
     """Copies of one internal snapshot of each qcow2 disk, as new standalone
-    qcow2 files (the Cassandra drill, which runs on local files)."""
+    qcow2 files (for runs on local files; no caller left)."""
     dest.mkdir(parents=True, exist_ok=True)
     out = []
     for d in src:

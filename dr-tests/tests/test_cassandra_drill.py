@@ -2,15 +2,17 @@
 runs under ``make drills`` (marker ``slow``): two Cassandra 5.0 VMs under
 TCG take minutes to start, twice (primary and restored at DR).
 
-Real parts only: the lab's two Ceph clusters (the lab of the PostgreSQL
-drill, ``pgdrill.LAB``, under the lab lock), the mmdebstrap image with
+Real parts only: the lab's two Ceph clusters (``cassdrill.LAB``: two
+primary and two DR hosts, under the lab lock), the mmdebstrap image with
 Cassandra's jars from Maven Central (built once, cached by recipe hash),
-QEMU in the lab host namespaces with a bridge and two taps of the drill's
-own (10.79.0.0/24) inside each, Cassandra at RF 2 with the commit log on its
-own RBD image (group sync), the CL=ALL writer and its operation log, group
-snapshots of both VMs' four RBD images through cutpointd (method rbd) +
-``cutpoint snapshot --group-file``, cutpoint-sync to the DR cluster, and
-both nodes booted at DR from clones of the DR snapshots.
+node1 in QEMU in netns primary-h1 and node2 in primary-h2, each on a tap of
+its host's lab bridge (the lab's guest addresses, across hosts through
+cpbr0), Cassandra at RF 2 with the commit log on its own RBD image (group
+sync), the CL=ALL writer and its operation log, group snapshots of both
+VMs' four RBD images through one cutpointd per host (method rbd) and one
+group file naming both agents (``cutpoint snapshot --group-file``),
+cutpoint-sync to the DR cluster, and the nodes booted at DR (dr-h1, dr-h2)
+from clones of the DR snapshots.
 
 The unit tests at the end check the names, argv and report the drill
 builds, and read an operation log out of a real ext4 image with debugfs,
@@ -87,7 +89,11 @@ def test_group_snapshot_of_two_cassandra_nodes_recovers_at_dr(
     assert len(rp["members"]) == 4 and rp["bytes_shipped"] > 0, rp
     for m in rp["members"]:
         assert m["state"] == "verified" and m["verified_full"] and m["full"], m
-    assert d["dr_netns"] != rep["primary"]["netns"]
+    # node1 and node2 on two primary hosts, two agents; two DR hosts
+    assert rep["primary"]["netns"] == ["primary-h1", "primary-h2"]
+    assert rep["primary"]["agents"] == ["primary-h1", "primary-h2"]
+    assert d["dr_netns"] == ["dr-h1", "dr-h2"]
+    assert set(d["snapshot"]["paused_ms"]) == {"cass-node1", "cass-node2"}
     assert all(c.endswith("-d0") for c in d["dr_clones"]), d["dr_clones"]
     assert rep["cleanup"]["left"] == {"primary": [], "dr": []}, rep["cleanup"]
     assert rep["cleanup"]["errors"] == [] and d["clone_errors"] == []
@@ -135,16 +141,33 @@ def test_node_vm_on_rbd_in_a_netns(tmp_path: Path) -> None:
     assert "virtio-blk-pci,drive=disk1,serial=cpclog" in argv
     assert "tap,id=n0,ifname=cpct2,script=no,downscript=no" in argv
     cmdline = argv[argv.index("-append") + 1]
-    assert "cp.mode=check cp.role=replica cp.ip=10.79.0.12/24" in cmdline
+    assert "cp.mode=check cp.role=replica cp.ip=10.77.101.2/16" in cmdline
+    assert "cp.seeds=10.77.101.1,10.77.101.2" in cmdline
+    assert "virtio-net-pci,netdev=n0,mac=52:54:00:77:01:02" in argv
 
 
-def test_net_argv_stays_in_the_namespace() -> None:
-    cmds = cassdrill.net_up_argv("primary-h1")
-    assert all(c[:3] == ["ip", "-n", "primary-h1"] for c in cmds)
-    assert ["ip", "-n", "primary-h1", "tuntap", "add", "dev", "cpct2", "mode",
+def test_net_argv_puts_the_tap_on_the_host_bridge() -> None:
+    cmds = cassdrill.net_up_argv("primary-h2", "cpct2")
+    assert all(c[:3] == ["ip", "-n", "primary-h2"] for c in cmds)
+    assert ["ip", "-n", "primary-h2", "tuntap", "add", "dev", "cpct2", "mode",
             "tap"] in cmds
-    assert ["ip", "-n", "primary-h1", "link", "set", "cpct1", "master",
-            "cpcbr0"] in cmds
+    assert ["ip", "-n", "primary-h2", "link", "set", "cpct2", "master",
+            "br0"] in cmds
+
+
+def test_site_hosts_two_hosts_or_one_twice() -> None:
+    hs = [{"name": n, "site": s, "netns": n, "address": a}
+          for n, s, a in (("primary-h1", "primary", "10.77.1.1"),
+                          ("primary-h2", "primary", "10.77.1.2"),
+                          ("dr-h1", "dr", "10.77.2.1"))]
+    st = {"hosts": hs}
+    assert [h["name"] for h in cassdrill.site_hosts(st, "primary")] == [
+        "primary-h1", "primary-h2"]
+    assert [h["name"] for h in cassdrill.site_hosts(st, "dr")] == [
+        "dr-h1", "dr-h1"]
+    with pytest.raises(ValueError, match="no dr host"):
+        cassdrill.site_hosts({"hosts": hs[:2]}, "dr")
+    assert cassdrill.LAB["hosts"] == 2 and cassdrill.LAB["vms_per_host"] == 0
 
 
 def test_read_oplog_from_a_raw_ext4_image(tmp_path: Path) -> None:
@@ -189,7 +212,7 @@ def test_report_html_shows_recovery_checks_rto_and_replication() -> None:
                           "rto_read_all_s": 450.0, "rto_check_done_s": 470.0,
                           "check": c.as_dict(), "replication": rep,
                           "dr_clones": ["rbd/p-node1-cpclog-d0"],
-                          "dr_netns": "dr-h1",
+                          "dr_netns": ["dr-h1", "dr-h2"],
                           "snapshot": {"name": "cp.cass.t1",
                                        "paused_ms": {"cass-node1": 30.0},
                                        "acked_before": 40}}]}
