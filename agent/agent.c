@@ -127,12 +127,18 @@ struct resume_job {
  * commit it runs in resume_one, i.e. after this VM's cont and before the
  * commit reply is built, so the reply carries thaw_ms and thaw_error; the
  * thaw never lengthens the pause, only the reply.
+ *
+ * A thaw the guest agent answered removes the VM's `frozen` journal entry
+ * of txn (any txn when NULL); a failed one keeps it, so that the next start
+ * of the agent tries once more (agent-protocol §7).  Returns 0 (thawed),
+ * -1 (failed, reason in v->thaw_error) or 1 (no guest agent open: nothing
+ * to thaw).
  */
-static void
+static int
 thaw_vm(struct agent *a, struct vm *v, const char *txn)
 {
     struct qga_conn *q;
-    char err[256] = "";
+    char err[256] = "", jerr[256];
     double t0 = mono_ms();
     int rc, nfs = 0;
 
@@ -141,7 +147,7 @@ thaw_vm(struct agent *a, struct vm *v, const char *txn)
     v->qga = NULL;
     pthread_mutex_unlock(&a->mu);
     if (!q)
-        return;
+        return 1;
     rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS, err,
                   sizeof(err));
     if (rc == 0)
@@ -158,11 +164,16 @@ thaw_vm(struct agent *a, struct vm *v, const char *txn)
     if (rc == 0) {
         log_info("event=thawed vm=%s txn=%s filesystems=%d thaw_ms=%.3f",
                  v->cfg->name, txn ? txn : "-", nfs, mono_ms() - t0);
+        if (journal_remove_kind(a->journal, JOURNAL_FROZEN, v->cfg->name, txn,
+                                jerr, sizeof(jerr)) < 0)
+            log_warnx("event=journal_error vm=%s msg=\"%s\"", v->cfg->name,
+                      jerr);
     } else {
         atomic_fetch_add(&a->n_thaw_failed, 1);
         log_warnx("event=thaw_failed vm=%s txn=%s msg=\"%s\"", v->cfg->name,
                   txn ? txn : "-", err);
     }
+    return rc == 0 ? 0 : -1;
 }
 
 static void *
@@ -343,6 +354,35 @@ reaper_main(void *arg)
 
 /* ---- start / stop -------------------------------------------------------- */
 
+/* The journal's entry of (kind, vm) among e[0..n), or NULL. */
+static const struct journal_entry *
+entry_of(const struct journal_entry *e, int n, enum journal_kind kind,
+         const char *vm)
+{
+    for (int i = 0; i < n; i++)
+        if (e[i].kind == kind && strcmp(e[i].vm, vm) == 0)
+            return &e[i];
+    return NULL;
+}
+
+/*
+ * At start, undo what a previous run left done (agent-protocol §7), per
+ * VM named in the journal:
+ *
+ *   paused + frozen:  open the guest agent, cont, then thaw (resume_one;
+ *                     a paused guest cannot answer the thaw).  If cont
+ *                     fails, the reaper's retry thaws after its cont.
+ *   paused only:      cont.
+ *   frozen only:      thaw (killed after cont, or between freeze and
+ *                     stop, or a thaw that failed before).
+ *
+ * The recovery thaw is tried once: a failure is logged (journal_thaw
+ * result=failed) and the entry dropped, since retrying a guest agent that
+ * does not answer would only repeat the log; the guest may still be frozen
+ * and needs an operator.  A thaw of a guest that is not frozen is harmless
+ * (guest-fsfreeze-thaw returns 0), so an entry left by a freeze that never
+ * happened costs one round trip.
+ */
 static void
 journal_recover(struct agent *a)
 {
@@ -352,21 +392,83 @@ journal_recover(struct agent *a)
     if (journal_entries(a->journal, &e, &n) < 0)
         return;
     for (int i = 0; i < n; i++) {
-        struct vm *v = find_vm(a, e[i].vm);
-        struct resume_job j = {.a = a, .vm = v, .why = "journal",
-                               .txn = e[i].txn};
-        char jerr[256];
+        const struct journal_entry *p, *fz;
+        struct vm *v;
+        char jerr[256], err[256] = "";
+        int deferred;
 
-        if (!v) {
-            log_warnx("event=journal_resume txn=%s vm=%s result=unknown_vm",
-                      e[i].txn, e[i].vm);
+        /* one pass per VM: at its first entry */
+        if (entry_of(e, i, JOURNAL_PAUSED, e[i].vm) ||
+            entry_of(e, i, JOURNAL_FROZEN, e[i].vm))
+            continue;
+        p = entry_of(e, n, JOURNAL_PAUSED, e[i].vm);
+        fz = entry_of(e, n, JOURNAL_FROZEN, e[i].vm);
+        if (!(v = find_vm(a, e[i].vm))) {
+            if (p)
+                log_warnx("event=journal_resume txn=%s vm=%s "
+                          "result=unknown_vm", p->txn, p->vm);
+            if (fz)
+                log_warnx("event=journal_thaw txn=%s vm=%s result=unknown_vm",
+                          fz->txn, fz->vm);
             journal_remove(a->journal, e[i].vm, jerr, sizeof(jerr));
+            journal_remove_kind(a->journal, JOURNAL_FROZEN, e[i].vm, NULL,
+                                jerr, sizeof(jerr));
             continue;
         }
-        resume_one(&j);
-        atomic_fetch_add(&a->resumed_by_journal, j.rc == 0);
-        log_info("event=journal_resume txn=%s vm=%s result=%s",
-                 e[i].txn, e[i].vm, j.rc == 0 ? "resumed" : "retrying");
+        if (fz) {
+            struct qga_conn *q = NULL;
+
+            if (!v->cfg->qga[0])
+                snprintf(err, sizeof(err), "no qga socket configured for "
+                         "vm %s", v->cfg->name);
+            else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0) {
+                pthread_mutex_lock(&a->mu);
+                v->qga = q;     /* thaw_vm takes it */
+                pthread_mutex_unlock(&a->mu);
+            }
+        }
+        pthread_mutex_lock(&a->mu);
+        v->thaw_error[0] = '\0';
+        pthread_mutex_unlock(&a->mu);
+        if (p) {
+            struct resume_job j = {.a = a, .vm = v, .why = "journal",
+                                   .txn = p->txn};
+
+            resume_one(&j);     /* cont, then thaw_vm if v->qga is open */
+            atomic_fetch_add(&a->resumed_by_journal, j.rc == 0);
+            log_info("event=journal_resume txn=%s vm=%s result=%s",
+                     p->txn, p->vm, j.rc == 0 ? "resumed" : "retrying");
+            pthread_mutex_lock(&a->mu);
+            deferred = v->qga != NULL;
+            pthread_mutex_unlock(&a->mu);
+            if (fz && deferred) {
+                /* cont failed: the reaper's retry thaws after its cont,
+                 * and the entry stays until a thaw is answered. */
+                log_warnx("event=journal_thaw txn=%s vm=%s result=deferred "
+                          "msg=\"thaw after the resume retry\"", fz->txn,
+                          fz->vm);
+                continue;
+            }
+        } else {
+            thaw_vm(a, v, fz->txn);
+        }
+        if (!fz)
+            continue;
+        pthread_mutex_lock(&a->mu);
+        if (!err[0] && v->thaw_error[0])
+            snprintf(err, sizeof(err), "%s", v->thaw_error);
+        pthread_mutex_unlock(&a->mu);
+        if (!err[0])
+            log_info("event=journal_thaw txn=%s vm=%s result=ok", fz->txn,
+                     fz->vm);
+        else
+            log_warnx("event=journal_thaw txn=%s vm=%s result=failed "
+                      "entry=dropped msg=\"%s\"", fz->txn, fz->vm, err);
+        /* thaw_vm removed it when the txns agree; this covers an entry of
+         * an older txn, and the failure that is dropped on purpose. */
+        if (journal_remove_kind(a->journal, JOURNAL_FROZEN, fz->vm, NULL,
+                                jerr, sizeof(jerr)) < 0)
+            log_warnx("event=journal_error vm=%s msg=\"%s\"", fz->vm, jerr);
     }
     free(e);
 }
@@ -893,6 +995,14 @@ freeze_one(void *arg)
              rc == 0 ? "" : err);
     v->qga = q;                 /* thawed after cont, even if freeze failed */
     pthread_mutex_unlock(&j->a->mu);
+    if (!q) {
+        /* Nothing reached the guest: it cannot be frozen by this txn. */
+        char jerr[256];
+        if (journal_remove_kind(j->a->journal, JOURNAL_FROZEN, v->cfg->name,
+                                j->txn, jerr, sizeof(jerr)) < 0)
+            log_warnx("event=journal_error vm=%s msg=\"%s\"", v->cfg->name,
+                      jerr);
+    }
     if (rc == 0)
         log_info("event=frozen vm=%s txn=%s filesystems=%d freeze_ms=%.3f",
                  v->cfg->name, j->txn, nfs, v->freeze_ms);
@@ -1023,11 +1133,30 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
 
     /* Durable before the pause (agent-protocol §7): a crash after `stop`
      * must leave a record that makes the next start resume the VM.  One
-     * write for all VMs, so that no VM's pause waits for another's fsync. */
+     * write for all VMs, so that no VM's pause waits for another's fsync.
+     * With fs-freeze the same write records `frozen` for every VM with a
+     * guest agent, before its freeze: a crash before the thaw must leave a
+     * record that makes the next start thaw the guest. */
     {
-        char jerr[256];
-        if (journal_add_many(a->journal, x->id, names, n, jerr,
-                             sizeof(jerr)) < 0) {
+        char jerr[256] = "out of memory";
+        struct journal_entry *je = calloc((size_t)(2 * n + 1), sizeof(*je));
+        int nje = 0, jrc = -1;
+
+        for (int k = 0; je && k < n; k++) {
+            je[nje].kind = JOURNAL_PAUSED;
+            snprintf(je[nje].txn, sizeof(je[nje].txn), "%s", x->id);
+            snprintf(je[nje].vm, sizeof(je[nje].vm), "%s", names[k]);
+            nje++;
+            if (freeze && vms[k]->cfg->qga[0]) {
+                je[nje] = je[nje - 1];
+                je[nje].kind = JOURNAL_FROZEN;
+                nje++;
+            }
+        }
+        if (je)
+            jrc = journal_put(a->journal, je, nje, jerr, sizeof(jerr));
+        free(je);
+        if (jrc < 0) {
             pthread_mutex_lock(&a->mu);
             txn_fail_prepare(&a->txns, x);
             pthread_cond_broadcast(&a->cond);

@@ -10,6 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
+static const char *const kind_name[] = {
+    [JOURNAL_PAUSED] = "paused",
+    [JOURNAL_FROZEN] = "frozen",
+};
+
 struct journal {
     char *path;
     pthread_mutex_t mu;
@@ -35,7 +40,8 @@ persist(struct journal *j, char *err, size_t errlen)
     fd = -1;
     err_op = "write";
     for (int i = 0; i < j->n; i++)
-        if (fprintf(f, "paused %s %s\n", j->e[i].txn, j->e[i].vm) < 0)
+        if (fprintf(f, "%s %s %s\n", kind_name[j->e[i].kind], j->e[i].txn,
+                    j->e[i].vm) < 0)
             goto cleanup;
     if (fflush(f) != 0)
         goto cleanup;
@@ -76,7 +82,7 @@ journal_open(const char *path, struct journal **out, char *err,
              size_t errlen)
 {
     struct journal *j;
-    char line[512], txn[129], vm[256];
+    char line[512], kind[16], txn[129], vm[256];
     FILE *f;
 
     j = calloc(1, sizeof(*j));
@@ -96,7 +102,15 @@ journal_open(const char *path, struct journal **out, char *err,
     while (f && fgets(line, sizeof(line), f)) {
         /* Unparseable lines are skipped: a torn line cannot exist (rename
          * is atomic), so this is only a hand-edited file. */
-        if (sscanf(line, "paused %128s %255s", txn, vm) != 2)
+        enum journal_kind k;
+
+        if (sscanf(line, "%15s %128s %255s", kind, txn, vm) != 3)
+            continue;
+        if (strcmp(kind, kind_name[JOURNAL_PAUSED]) == 0)
+            k = JOURNAL_PAUSED;
+        else if (strcmp(kind, kind_name[JOURNAL_FROZEN]) == 0)
+            k = JOURNAL_FROZEN;
+        else
             continue;
         if (j->n == j->cap) {
             int ncap = j->cap ? j->cap * 2 : 16;
@@ -107,6 +121,7 @@ journal_open(const char *path, struct journal **out, char *err,
             j->e = ne;
             j->cap = ncap;
         }
+        j->e[j->n].kind = k;
         snprintf(j->e[j->n].txn, sizeof(j->e[j->n].txn), "%s", txn);
         snprintf(j->e[j->n].vm, sizeof(j->e[j->n].vm), "%s", vm);
         j->n++;
@@ -140,15 +155,24 @@ journal_entries(struct journal *j, struct journal_entry **out, int *n)
     return *out ? 0 : -1;
 }
 
-/* Sets (txn, vm) in memory; 0 or -1 (out of memory). Caller holds mu. */
+/* Index of the (kind, vm) entry, or j->n. Caller holds mu. */
 static int
-put(struct journal *j, const char *txn, const char *vm)
+find(struct journal *j, enum journal_kind kind, const char *vm)
 {
     int i;
 
     for (i = 0; i < j->n; i++)
-        if (strcmp(j->e[i].vm, vm) == 0)
+        if (j->e[i].kind == kind && strcmp(j->e[i].vm, vm) == 0)
             break;
+    return i;
+}
+
+/* Sets one entry in memory; 0 or -1 (out of memory). Caller holds mu. */
+static int
+put(struct journal *j, const struct journal_entry *e)
+{
+    int i = find(j, e->kind, e->vm);
+
     if (i == j->n) {
         if (j->n == j->cap) {
             int ncap = j->cap ? j->cap * 2 : 16;
@@ -161,14 +185,13 @@ put(struct journal *j, const char *txn, const char *vm)
         }
         j->n++;
     }
-    snprintf(j->e[i].txn, sizeof(j->e[i].txn), "%s", txn);
-    snprintf(j->e[i].vm, sizeof(j->e[i].vm), "%s", vm);
+    j->e[i] = *e;
     return 0;
 }
 
 int
-journal_add_many(struct journal *j, const char *txn, const char *const *vms,
-                 int n, char *err, size_t errlen)
+journal_put(struct journal *j, const struct journal_entry *e, int n,
+            char *err, size_t errlen)
 {
     struct journal_entry *saved = NULL;
     int saved_n, ret = -1;
@@ -182,7 +205,7 @@ journal_add_many(struct journal *j, const char *txn, const char *const *vms,
     }
     memcpy(saved, j->e, sizeof(*saved) * (size_t)j->n);
     for (int i = 0; i < n; i++)
-        if (put(j, txn, vms[i]) < 0) {
+        if (put(j, &e[i]) < 0) {
             snprintf(err, errlen, "out of memory");
             goto restore;
         }
@@ -201,6 +224,27 @@ cleanup:
 }
 
 int
+journal_add_many(struct journal *j, const char *txn, const char *const *vms,
+                 int n, char *err, size_t errlen)
+{
+    struct journal_entry *e = malloc(sizeof(*e) * (size_t)(n ? n : 1));
+    int ret;
+
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        e[i].kind = JOURNAL_PAUSED;
+        snprintf(e[i].txn, sizeof(e[i].txn), "%s", txn);
+        snprintf(e[i].vm, sizeof(e[i].vm), "%s", vms[i]);
+    }
+    ret = journal_put(j, e, n, err, errlen);
+    free(e);
+    return ret;
+}
+
+int
 journal_add(struct journal *j, const char *txn, const char *vm, char *err,
             size_t errlen)
 {
@@ -212,13 +256,19 @@ journal_add(struct journal *j, const char *txn, const char *vm, char *err,
 int
 journal_remove(struct journal *j, const char *vm, char *err, size_t errlen)
 {
+    return journal_remove_kind(j, JOURNAL_PAUSED, vm, NULL, err, errlen);
+}
+
+int
+journal_remove_kind(struct journal *j, enum journal_kind kind,
+                    const char *vm, const char *txn, char *err,
+                    size_t errlen)
+{
     int i, ret = 0;
 
     pthread_mutex_lock(&j->mu);
-    for (i = 0; i < j->n; i++)
-        if (strcmp(j->e[i].vm, vm) == 0)
-            break;
-    if (i < j->n) {
+    i = find(j, kind, vm);
+    if (i < j->n && (!txn || strcmp(j->e[i].txn, txn) == 0)) {
         j->e[i] = j->e[j->n - 1];
         j->n--;
         ret = persist(j, err, errlen);

@@ -1,8 +1,18 @@
 /*
- * journal: the durable list of VMs this agent has paused and not yet
- * resumed (agent-protocol §7).  Every change rewrites the whole file as
- * temp file → write → fsync → rename → fsync(dir); err_op names the step
- * that failed.  Format: one line "paused <txn> <vm>" per entry.
+ * journal: the durable record of what this agent did to its VMs and has
+ * not undone yet (agent-protocol §7): the VMs it paused and not yet
+ * resumed, and the guests whose filesystems it may have frozen and not yet
+ * thawed.  Every change rewrites the whole file as temp file → write →
+ * fsync → rename → fsync(dir); err_op names the step that failed.
+ *
+ * Format, one entry per line:
+ *
+ *   paused <txn> <vm>     written before QMP stop, removed after cont
+ *   frozen <txn> <vm>     written before guest-fsfreeze-freeze, removed
+ *                         after a thaw the guest agent answered
+ *
+ * An entry is keyed by (kind, vm): a VM has at most one of each.  Files
+ * written before `frozen` existed (only `paused` lines) load unchanged.
  * Thread-safe (an internal mutex).
  */
 #ifndef CP_JOURNAL_H
@@ -12,7 +22,10 @@
 
 struct journal;
 
+enum journal_kind { JOURNAL_PAUSED, JOURNAL_FROZEN };
+
 struct journal_entry {
+    enum journal_kind kind;
     char txn[129];
     char vm[256];
 };
@@ -25,15 +38,25 @@ void journal_free(struct journal *j);
 /* Copies the entries into a malloc'd array (caller frees). */
 int journal_entries(struct journal *j, struct journal_entry **out, int *n);
 
-/* Adds (txn, vm) durably; a vm already present is replaced. */
+/* Adds the n entries in one durable write; an entry whose (kind, vm) is
+ * already present replaces it.  On failure nothing is recorded. */
+int journal_put(struct journal *j, const struct journal_entry *e, int n,
+                char *err, size_t errlen);
+/* Adds a `paused` (txn, vm) durably. */
 int journal_add(struct journal *j, const char *txn, const char *vm,
                 char *err, size_t errlen);
-/* Adds (txn, vms[i]) for all n VMs in one durable write. */
+/* Adds `paused` (txn, vms[i]) for all n VMs in one durable write. */
 int journal_add_many(struct journal *j, const char *txn,
                      const char *const *vms, int n, char *err,
                      size_t errlen);
-/* Removes vm durably (absent is fine). */
+/* Removes the `paused` entry of vm durably (absent is fine). */
 int journal_remove(struct journal *j, const char *vm, char *err,
                    size_t errlen);
+/* Removes the (kind, vm) entry durably if its txn is txn (any txn when
+ * txn is NULL); absent is fine.  The txn check keeps a late thaw of an
+ * earlier transaction from dropping the entry of a newer freeze. */
+int journal_remove_kind(struct journal *j, enum journal_kind kind,
+                        const char *vm, const char *txn, char *err,
+                        size_t errlen);
 
 #endif

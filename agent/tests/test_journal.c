@@ -68,12 +68,123 @@ test_unwritable_reports_step(void **state)
     journal_free(j);
 }
 
+/* Entries of e[0..n) as "kind txn vm" lines in order, for comparing. */
+static void
+dump(const struct journal_entry *e, int n, char *out, size_t len)
+{
+    size_t off = 0;
+
+    out[0] = '\0';
+    for (int i = 0; i < n && off < len; i++)
+        off += (size_t)snprintf(out + off, len - off, "%s %s %s;",
+                                e[i].kind == JOURNAL_FROZEN ? "frozen" :
+                                "paused", e[i].txn, e[i].vm);
+}
+
+static void
+read_file(const char *path, char *out, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    size_t got;
+
+    assert_non_null(f);
+    got = fread(out, 1, len - 1, f);
+    out[got] = '\0';
+    fclose(f);
+}
+
+static void
+test_paused_and_frozen_roundtrip(void **state)
+{
+    char dir[] = "/tmp/cp-journal-XXXXXX", path[256], err[256], text[512];
+    struct journal *j = NULL;
+    struct journal_entry *e, in[3] = {
+        {JOURNAL_PAUSED, "t1", "vm1"},
+        {JOURNAL_FROZEN, "t1", "vm1"},
+        {JOURNAL_PAUSED, "t1", "vm2"},
+    };
+    int n;
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/journal", dir);
+    assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
+    assert_int_equal(journal_put(j, in, 3, err, sizeof(err)), 0);
+    /* the file says what each line is, one line per (kind, vm) */
+    read_file(path, text, sizeof(text));
+    assert_string_equal(text, "paused t1 vm1\nfrozen t1 vm1\npaused t1 vm2\n");
+    /* resuming vm1 (journal_remove) leaves its `frozen` line */
+    assert_int_equal(journal_remove(j, "vm1", err, sizeof(err)), 0);
+    /* a thaw of another txn does not drop the entry of t1 */
+    assert_int_equal(journal_remove_kind(j, JOURNAL_FROZEN, "vm1", "t0", err,
+                                         sizeof(err)), 0);
+    journal_free(j);
+    assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
+    assert_int_equal(journal_entries(j, &e, &n), 0);
+    dump(e, n, text, sizeof(text));
+    assert_string_equal(text, "paused t1 vm2;frozen t1 vm1;");
+    free(e);
+    /* a newer freeze of vm1 replaces its entry; the t1 thaw then no
+     * longer matches, the t2 one does */
+    {
+        struct journal_entry f2 = {JOURNAL_FROZEN, "t2", "vm1"};
+        assert_int_equal(journal_put(j, &f2, 1, err, sizeof(err)), 0);
+    }
+    assert_int_equal(journal_remove_kind(j, JOURNAL_FROZEN, "vm1", "t1", err,
+                                         sizeof(err)), 0);
+    assert_int_equal(journal_entries(j, &e, &n), 0);
+    dump(e, n, text, sizeof(text));
+    assert_string_equal(text, "paused t1 vm2;frozen t2 vm1;");
+    free(e);
+    assert_int_equal(journal_remove_kind(j, JOURNAL_FROZEN, "vm1", "t2", err,
+                                         sizeof(err)), 0);
+    assert_int_equal(journal_remove_kind(j, JOURNAL_PAUSED, "vm2", NULL, err,
+                                         sizeof(err)), 0);
+    journal_free(j);
+    read_file(path, text, sizeof(text));
+    assert_string_equal(text, "");
+    unlink(path);
+    rmdir(dir);
+}
+
+static void
+test_old_format_loads(void **state)
+{
+    char dir[] = "/tmp/cp-journal-XXXXXX", path[256], err[256], text[512];
+    struct journal *j = NULL;
+    struct journal_entry *e;
+    FILE *f;
+    int n;
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/journal", dir);
+    /* as written by agents before `frozen` existed, plus a hand edit */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("paused t7 vmA\npaused t7 vmB\nthawed t7 vmA\n# note\n", f);
+    fclose(f);
+    assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
+    assert_int_equal(journal_entries(j, &e, &n), 0);
+    dump(e, n, text, sizeof(text));
+    assert_string_equal(text, "paused t7 vmA;paused t7 vmB;");
+    free(e);
+    assert_int_equal(journal_remove(j, "vmA", err, sizeof(err)), 0);
+    journal_free(j);
+    read_file(path, text, sizeof(text));
+    assert_string_equal(text, "paused t7 vmB\n");
+    unlink(path);
+    rmdir(dir);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_and_reload),
         cmocka_unit_test(test_unwritable_reports_step),
+        cmocka_unit_test(test_paused_and_frozen_roundtrip),
+        cmocka_unit_test(test_old_format_loads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
