@@ -536,13 +536,15 @@ class SlowFreezeGuestAgent(threading.Thread):
     real qemu-guest-agent sent (dr-tests/tests/data/qga_transcript.json,
     "live"): it answers guest-sync-delimited (with the id asked for) and
     guest-fsfreeze-thaw, and never answers guest-fsfreeze-freeze, like a
-    guest whose freeze hangs on a busy filesystem."""
+    guest whose freeze hangs on a busy filesystem -- unless `answer_freeze`
+    is set, then it answers that too (the recorded reply: 4 filesystems)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(daemon=True)
         live = json.loads(QGA_TRANSCRIPT.read_text())["live"][0]
         got = [b.encode("latin-1") for d, b in live if d == "received"]
-        self.sync_reply, self.thaw_reply = got[0], got[2]
+        self.sync_reply, self.freeze_reply, self.thaw_reply = got[0], got[1], got[2]
+        self.answer_freeze = False
         self.sync_id = json.loads(next(b for d, b in live if d == "sent"))["arguments"]["id"]
         self.commands: list[str] = []
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -577,6 +579,8 @@ class SlowFreezeGuestAgent(threading.Thread):
                             str(self.sync_id).encode(), str(req["arguments"]["id"]).encode()))
                     elif req["execute"] == "guest-fsfreeze-thaw":
                         conn.sendall(self.thaw_reply)
+                    elif req["execute"] == "guest-fsfreeze-freeze" and self.answer_freeze:
+                        conn.sendall(self.freeze_reply)
 
     def close(self) -> None:
         self.srv.close()
@@ -585,9 +589,11 @@ class SlowFreezeGuestAgent(threading.Thread):
 @pytest.fixture(scope="module")
 def slow_freeze_agent() -> Iterator[dict[str, Any]]:
     """One QEMU (no guest OS) whose `qga` is a SlowFreezeGuestAgent, and a
-    cutpointd with `[agent] freeze_timeout_ms = 2500`."""
+    cutpointd with `[agent] freeze_timeout_ms = 2500`.  A test that restarts
+    the agent puts the new process in the yielded "agent"."""
     d = Path(tempfile.mkdtemp(prefix="cpft.", dir="/tmp"))    # short UNIX paths
     qemu = agent = None
+    info: dict[str, Any] = {}
     guest = SlowFreezeGuestAgent(d / "vq.qga")
     guest.start()
     try:
@@ -616,10 +622,11 @@ def slow_freeze_agent() -> Iterator[dict[str, Any]]:
                        f"[vm vq]\nqmp = {d / 'vq.sock'}\nqga = {d / 'vq.qga'}\n"
                        f"disk.disk0 = qcow2:{f}\n")
         agent = _launch_agent(d, cfg, port)
-        yield {"address": "127.0.0.1", "port": port, "certs": certs, "dir": d,
-               "guest": guest}
+        info.update({"address": "127.0.0.1", "port": port, "certs": certs, "dir": d,
+                     "guest": guest, "agent": agent, "cfg": cfg})
+        yield info
     finally:
-        sanitizer = _stop_agent(agent, d)
+        sanitizer = _stop_agent(info.get("agent", agent), d)
         if qemu is not None:
             qemu.kill()
             qemu.wait()
@@ -660,3 +667,51 @@ async def test_prepare_freeze_timeout_is_min_of_request_and_config(
     assert g.commands.count("guest-fsfreeze-freeze") == 3
     assert g.commands.count("guest-fsfreeze-thaw") == 3
     assert stats["thaw_failed"] == 0
+
+
+async def test_agent_killed_while_frozen_thaws_at_restart(
+        slow_freeze_agent: dict[str, Any]) -> None:
+    """agent-protocol §7: `kill -9` of the agent between the freeze and the
+    thaw (prepared with fs-freeze, never committed) leaves the VM paused and
+    its guest frozen; the restarted agent resumes it from its journal, then
+    thaws the guest.  Also a journal holding only a `frozen` line (killed
+    after the cont, before the thaw) is thawed at start."""
+    a = slow_freeze_agent
+    g: SlowFreezeGuestAgent = a["guest"]
+    d: Path = a["dir"]
+    journal = d / "journal"
+    g.answer_freeze = True
+    try:
+        async with _client(a) as c:
+            prep = await c.prepare("kf1", ["vq"], 60000, quiesce="fs-freeze", timeout=20)
+        v = prep["vms"][0]
+        assert v["consistency"] == "fs-freeze" and v["freeze_error"] is None, v
+        thaws = g.commands.count("guest-fsfreeze-thaw")
+        a["agent"].kill()           # SIGKILL: no resume, no thaw on the way out
+        a["agent"].wait(timeout=10)
+        assert g.commands.count("guest-fsfreeze-thaw") == thaws
+        left = journal.read_text()
+        a["agent"] = _launch_agent(d, a["cfg"], a["port"])   # recovery runs before listen
+        assert g.commands.count("guest-fsfreeze-thaw") == thaws + 1, g.commands[-4:]
+        assert left == "paused kf1 vq\nfrozen kf1 vq\n"
+        log = (d / "agent.log").read_text()
+        resumed = log.index("event=journal_resume txn=kf1 vm=vq result=resumed")
+        assert log.index("event=journal_thaw txn=kf1 vm=vq result=ok") > resumed, log
+        assert journal.read_text() == ""
+        async with _client(a) as c:
+            st = {x["name"]: x["state"] for x in (await c.inventory())["vms"]}
+            assert st["vq"] == "running"
+            assert (await c.stats())["resumed_by_journal"] == 1
+
+        # Killed after the cont, before the thaw: only `frozen` is left.
+        stop_agent_pid(a["agent"].pid)
+        a["agent"].wait(timeout=10)
+        journal.write_text("frozen kf2 vq\n")
+        a["agent"] = _launch_agent(d, a["cfg"], a["port"])
+        assert g.commands.count("guest-fsfreeze-thaw") == thaws + 2, g.commands[-4:]
+        log = (d / "agent.log").read_text()
+        assert "event=journal_thaw txn=kf2 vm=vq result=ok" in log, log
+        assert "event=journal_resume" not in log, log
+        assert journal.read_text() == ""
+    finally:
+        g.answer_freeze = False
