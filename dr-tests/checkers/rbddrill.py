@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cutpoint.lab.ceph import rbd_cmd
+from cutpoint.lab.ceph import rbd_cmd, run_rbd
 
 # A guest that was killed keeps its RBD watch ~30 s at the OSD, and `rbd rm`
 # of its image is refused until then.
@@ -82,12 +82,10 @@ class DrillImages:
     # -- rbd --
     def rbd(self, site: str, *args: str, timeout: float = 120,
             check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = rbd_cmd(self.sites[site], *args)
-        p = subprocess.run(argv, capture_output=True, text=True,
-                           timeout=timeout, check=False)
+        p = run_rbd(self.sites[site], *args, timeout=timeout)
         if check and p.returncode != 0:
             raise RbdDrillError(f"rbd at {site} failed (rc={p.returncode})",
-                                argv, p.stderr)
+                                rbd_cmd(self.sites[site], *args), p.stderr)
         return p
 
     def create(self) -> None:

@@ -63,13 +63,6 @@ def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
                           env=dict(os.environ, COLUMNS="250"))
 
 
-def _sh(argv: list[str], timeout: float = 120) -> str:
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                         check=False)
-    assert res.returncode == 0, f"{argv}: {res.stderr[-2000:]}"
-    return res.stdout
-
-
 class Drill:
     """One store on the lab: snapshots, exports, restored copies."""
 
@@ -119,8 +112,12 @@ class Drill:
 
     # -- snapshots --
     def rbd(self, *args: str, timeout: float = 120, site: str = "primary") -> str:
-        from cutpoint.lab.ceph import rbd_cmd
-        return _sh(rbd_cmd(self.status["sites"][site], *args), timeout)
+        from cutpoint.lab.ceph import run_rbd
+        res = run_rbd(self.status["sites"][site], *args, timeout=timeout)
+        # the head of stderr names a crash (signal, thread); the tail the error
+        assert res.returncode == 0, (f"rbd {' '.join(args)}: rc={res.returncode}: "
+                                     f"{res.stderr[:1000]} ... {res.stderr[-1000:]}")
+        return res.stdout
 
     def image(self, vm: dict[str, Any]) -> str:
         d = vm["disks"][0]
