@@ -322,7 +322,6 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
     snaps: list[Snap] = []
     results: list[dict[str, Any]] = []
     primary_info: dict[str, Any] = {}
-    cleanup: dict[str, Any] = {}
     nets: list[tuple[str, str]] = []
     full = b""
     try:
@@ -398,16 +397,9 @@ def run(status: dict[str, Any], workdir: Path, snapshots: int = 1,
                                       "replication_s": rep["seconds"]}),
                   file=sys.stderr)
     finally:
-        t_c = time.monotonic()
-        try:
-            cleanup["errors"] = imgs.close()
-            cleanup["left"] = imgs.leftovers()
-        except Exception as exc:  # noqa: BLE001  keep the drill's own error
-            cleanup.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
-            cleanup.setdefault("left", {"unknown": [str(exc)]})
+        cleanup = imgs.cleanup()
         for ns, tap in nets:
             net_down(ns, tap)
-        cleanup["seconds"] = round(time.monotonic() - t_c, 1)
         print(f"cassdrill cleanup: {cleanup}", file=sys.stderr)
     report = {
         "image": {"hash": image.hash, "dir": str(image.dir)},

@@ -128,23 +128,6 @@ def _acks(vm: DebianVM) -> int:
     return int(found[-1]) if found else 0
 
 
-def restore(src: list[GuestDisk], snap: str, dest: Path) -> list[GuestDisk]:
-    """Copies of one internal snapshot of each qcow2 disk, as new standalone
-    qcow2 files (for runs on local files; no caller left)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    out = []
-    for d in src:
-        if d.file is None:
-            raise ValueError(f"restore: {d.serial} is not a qcow2 file")
-        f = dest / d.file.name
-        f.unlink(missing_ok=True)
-        subprocess.run(["qemu-img", "convert", "-l", f"snapshot.name={snap}",
-                        "-O", "qcow2", str(d.file), str(f)], check=True,
-                       capture_output=True)
-        out.append(GuestDisk(d.serial, f, d.size_mb))
-    return out
-
-
 def _uptime_mark(console: str, what: str) -> float | None:
     m = re.findall(rf"CPSTATE {what} ([0-9.]+)", console)
     return float(m[-1]) if m else None
@@ -229,7 +212,6 @@ def run(status: dict[str, Any], workdir: Path, coordinated: int = 1,
     snaps: list[Snap] = []
     results: list[dict[str, Any]] = []
     primary_info: dict[str, Any] = {}
-    cleanup: dict[str, Any] = {}
     try:
         imgs.create()
         t0 = time.monotonic()
@@ -285,14 +267,7 @@ def run(status: dict[str, Any], workdir: Path, coordinated: int = 1,
                               "rto_pg_ready_s": r["rto_pg_ready_s"]}),
                   file=sys.stderr)
     finally:
-        t_c = time.monotonic()
-        try:
-            cleanup["errors"] = imgs.close()
-            cleanup["left"] = imgs.leftovers()
-        except Exception as exc:  # noqa: BLE001  keep the drill's own error
-            cleanup.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
-            cleanup.setdefault("left", {"unknown": [str(exc)]})
-        cleanup["seconds"] = round(time.monotonic() - t_c, 1)
+        cleanup = imgs.cleanup()
         print(f"pgdrill cleanup: {cleanup}", file=sys.stderr)
     report = {
         "image": {"hash": image.hash, "dir": str(image.dir)},

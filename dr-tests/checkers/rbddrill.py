@@ -200,6 +200,22 @@ class DrillImages:
         self.replicated, self.created = [], []
         return errors
 
+    def cleanup(self) -> dict[str, Any]:
+        """close() then leftovers(), for a drill's ``finally``: never raises,
+        so the drill's own error is the one reported.  Returns
+        ``{"errors": [...], "left": {site: [image, ...]}, "seconds": s}``;
+        a drill passes its cleanup only when every ``left`` list is empty."""
+        t0 = time.monotonic()
+        out: dict[str, Any] = {}
+        try:
+            out["errors"] = self.close()
+            out["left"] = self.leftovers()
+        except Exception as exc:  # noqa: BLE001  keep the drill's own error
+            out.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
+            out.setdefault("left", {"unknown": [str(exc)]})
+        out["seconds"] = round(time.monotonic() - t0, 1)
+        return out
+
     def leftovers(self) -> dict[str, list[str]]:
         """Images with this drill's prefix still on either cluster."""
         out = {}
