@@ -196,8 +196,13 @@ resume_one(void *arg)
         j->vm->paused_at = 0;
     } else {
         j->vm->needs_resume = 1;
-        snprintf(j->vm->needs_resume_txn, sizeof(j->vm->needs_resume_txn),
-                 "%s", j->txn ? j->txn : "-");
+        /* A retry passes needs_resume_txn itself as txn: copying it onto
+         * itself (overlapping snprintf) emptied it, and the thaw after the
+         * retry's cont then matched no journal entry. */
+        if (j->txn != j->vm->needs_resume_txn)
+            snprintf(j->vm->needs_resume_txn,
+                     sizeof(j->vm->needs_resume_txn), "%s",
+                     j->txn ? j->txn : "-");
     }
     pthread_mutex_unlock(&a->mu);
     if (j->rc == 0) {

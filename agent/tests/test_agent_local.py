@@ -537,7 +537,8 @@ class SlowFreezeGuestAgent(threading.Thread):
     "live"): it answers guest-sync-delimited (with the id asked for) and
     guest-fsfreeze-thaw, and never answers guest-fsfreeze-freeze, like a
     guest whose freeze hangs on a busy filesystem -- unless `answer_freeze`
-    is set, then it answers that too (the recorded reply: 4 filesystems)."""
+    is set, then it answers that too (the recorded reply: 4 filesystems).
+    With `silent` set it answers nothing (a hung guest agent)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(daemon=True)
@@ -545,6 +546,7 @@ class SlowFreezeGuestAgent(threading.Thread):
         got = [b.encode("latin-1") for d, b in live if d == "received"]
         self.sync_reply, self.freeze_reply, self.thaw_reply = got[0], got[1], got[2]
         self.answer_freeze = False
+        self.silent = False
         self.sync_id = json.loads(next(b for d, b in live if d == "sent"))["arguments"]["id"]
         self.commands: list[str] = []
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -574,6 +576,8 @@ class SlowFreezeGuestAgent(threading.Thread):
                     line, buf = buf.split(b"\n", 1)
                     req = json.loads(line.lstrip(b"\xff"))
                     self.commands.append(req["execute"])
+                    if self.silent:
+                        continue
                     if req["execute"] == "guest-sync-delimited":
                         conn.sendall(self.sync_reply.replace(
                             str(self.sync_id).encode(), str(req["arguments"]["id"]).encode()))
@@ -623,7 +627,7 @@ def slow_freeze_agent() -> Iterator[dict[str, Any]]:
                        f"disk.disk0 = qcow2:{f}\n")
         agent = _launch_agent(d, cfg, port)
         info.update({"address": "127.0.0.1", "port": port, "certs": certs, "dir": d,
-                     "guest": guest, "agent": agent, "cfg": cfg})
+                     "guest": guest, "agent": agent, "cfg": cfg, "qemu_pid": qemu.pid})
         yield info
     finally:
         sanitizer = _stop_agent(info.get("agent", agent), d)
@@ -676,6 +680,9 @@ async def test_agent_killed_while_frozen_thaws_at_restart(
     its guest frozen; the restarted agent resumes it from its journal, then
     thaws the guest.  Also a journal holding only a `frozen` line (killed
     after the cont, before the thaw) is thawed at start."""
+    import os
+    import signal
+
     a = slow_freeze_agent
     g: SlowFreezeGuestAgent = a["guest"]
     d: Path = a["dir"]
@@ -713,5 +720,50 @@ async def test_agent_killed_while_frozen_thaws_at_restart(
         assert "event=journal_thaw txn=kf2 vm=vq result=ok" in log, log
         assert "event=journal_resume" not in log, log
         assert journal.read_text() == ""
+
+        # A guest agent that does not answer: the recovery thaw is tried
+        # once, logged as failed, and its entry dropped (not retried at
+        # every start); an old-format `paused` line still resumes; an
+        # entry of a VM no longer configured is dropped.
+        stop_agent_pid(a["agent"].pid)
+        a["agent"].wait(timeout=10)
+        g.silent = True
+        journal.write_text("paused kf3 vq\nfrozen kf3 vq\nfrozen kf3 ghost\n")
+        a["agent"] = _launch_agent(d, a["cfg"], a["port"])
+        log = (d / "agent.log").read_text()
+        assert "event=journal_resume txn=kf3 vm=vq result=resumed" in log, log
+        assert ('event=journal_thaw txn=kf3 vm=vq result=failed entry=dropped '
+                'msg="guest-sync-delimited: guest agent did not answer before the '
+                'deadline"') in log, log
+        assert "event=journal_thaw txn=kf3 vm=ghost result=unknown_vm" in log, log
+        assert journal.read_text() == ""
+        async with _client(a) as c:
+            assert (await c.stats())["thaw_failed"] == 1
+
+        # QEMU not answering at start: the cont fails, the thaw waits for
+        # the background retry's cont, and the entry stays until then.
+        stop_agent_pid(a["agent"].pid)
+        a["agent"].wait(timeout=10)
+        g.silent = False
+        thaws = g.commands.count("guest-fsfreeze-thaw")
+        journal.write_text("paused kf4 vq\nfrozen kf4 vq\n")
+        os.kill(a["qemu_pid"], signal.SIGSTOP)
+        try:
+            a["agent"] = _launch_agent(d, a["cfg"], a["port"])
+            log = (d / "agent.log").read_text()
+            assert "event=journal_resume txn=kf4 vm=vq result=retrying" in log, log
+            assert "event=journal_thaw txn=kf4 vm=vq result=deferred" in log, log
+            assert journal.read_text() == "paused kf4 vq\nfrozen kf4 vq\n"
+            assert g.commands.count("guest-fsfreeze-thaw") == thaws
+        finally:
+            os.kill(a["qemu_pid"], signal.SIGCONT)
+        t0 = time.monotonic()
+        while journal.read_text() != "":
+            assert time.monotonic() - t0 < 20, (d / "agent.log").read_text()
+            await asyncio.sleep(0.1)
+        assert g.commands.count("guest-fsfreeze-thaw") == thaws + 1
+        log = (d / "agent.log").read_text()
+        assert log.index("event=thawed vm=vq txn=kf4") > log.index(
+            "event=resumed vm=vq txn=kf4 why=retry"), log
     finally:
-        g.answer_freeze = False
+        g.answer_freeze = g.silent = False
