@@ -16,7 +16,7 @@ test-slow: setup
 	CUTPOINT_SLOW=1 scripts/test.sh
 
 drills: setup
-	.venv/bin/python -m pytest -m slow -s dr-tests/tests/test_postgres_drill.py dr-tests/tests/test_cassandra_drill.py
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow -s dr-tests/tests/test_postgres_drill.py dr-tests/tests/test_cassandra_drill.py
 
 test-ansible: setup ; .venv/bin/pytest -m slow -s -v dr-tests/tests/test_ansible_vms.py
 
