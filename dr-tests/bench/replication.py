@@ -15,10 +15,12 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import struct
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,31 +249,108 @@ def bench_write(site: dict[str, Any], image: str, total: int, io_size: int = 64 
 
 
 # ---- the benchmark ------------------------------------------------------
+#
+# Every round is measured as `repeats` interleaved pairs, each pair one copy
+# by each method of the same snapshots, the first method alternating from
+# pair to pair (ABBA...).  A round reports the median and the spread of each
+# method; the verdict compares medians.  Before every pair the bench waits
+# until neither cluster is doing background work left over from the bench
+# itself (snapshot trimming of removed snapshots and images, PGs not
+# active+clean): see docs/benchmarks.md "Replication" for the run where the
+# trimming of the 256 MiB images overlapped the 1 GiB full copies.
+
 
 @dataclass
-class Round:
-    size_mib: int
-    label: str
+class Pair:
+    """One copy by each method of the same snapshot (pair of timings)."""
     changed: int             # rbd diff sum (data + zero extents)
     shipped: int             # cutpoint-sync bytes_shipped
     sync_s: float
     pipe_s: float
-    identical: bool | None = None
-    first: str = "sync"      # which method ran first in this round
+    first: str = "sync"      # which method ran first in this pair
     # Where cutpoint-sync's time went (its done event's phase_ms).
     sync_phase_ms: dict[str, float] = field(default_factory=dict)
+    # Waited before the pair for the clusters to be idle, and what they
+    # were still doing when the wait began (empty: idle at once).
+    settle_s: float = 0.0
+    busy: list[str] = field(default_factory=list)
+    # CPU seconds both OSDs spent while each method ran, and the 1-minute
+    # load average when the pair began.
+    sync_osd_cpu_s: float = 0.0
+    pipe_osd_cpu_s: float = 0.0
+    load: float = 0.0
 
     @property
     def ratio(self) -> float:
         return self.shipped / self.changed if self.changed else 0.0
 
+
+def median(xs: Sequence[float]) -> float:
+    if not xs:
+        raise ValueError("median of no values")
+    return float(statistics.median(xs))
+
+
+def _rate(changed: int, seconds: float) -> float:
+    return changed / MiB / seconds if seconds > 0 else 0.0
+
+
+@dataclass
+class Round:
+    size_mib: int
+    label: str
+    pairs: list[Pair] = field(default_factory=list)
+    identical: bool | None = None
+
+    @property
+    def changed(self) -> int:
+        return sum(p.changed for p in self.pairs)
+
+    @property
+    def shipped(self) -> int:
+        return sum(p.shipped for p in self.pairs)
+
+    @property
+    def ratio(self) -> float:
+        return self.shipped / self.changed if self.changed else 0.0
+
+    @property
+    def sync_s(self) -> float:
+        """Median over the pairs."""
+        return median([p.sync_s for p in self.pairs])
+
+    @property
+    def pipe_s(self) -> float:
+        return median([p.pipe_s for p in self.pairs])
+
     def row(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ratio"] = round(self.ratio, 4)
-        d["sync_mbps"] = round(self.changed / MiB / self.sync_s, 1) if self.sync_s else 0.0
-        d["pipe_mbps"] = round(self.changed / MiB / self.pipe_s, 1) if self.pipe_s else 0.0
-        d["speedup"] = round(self.pipe_s / self.sync_s, 2) if self.sync_s else 0.0
-        return d
+        ps = self.pairs
+        phase_keys = sorted({k for p in ps for k in p.sync_phase_ms})
+        return {
+            "size_mib": self.size_mib,
+            "label": self.label,
+            "n": len(ps),
+            "changed": self.changed,
+            "changed_median": int(median([p.changed for p in ps])),
+            "shipped": self.shipped,
+            "ratio": round(self.ratio, 4),
+            "max_pair_ratio": round(max(p.ratio for p in ps), 4),
+            "sync_s": round(self.sync_s, 4),
+            "sync_min_s": round(min(p.sync_s for p in ps), 4),
+            "sync_max_s": round(max(p.sync_s for p in ps), 4),
+            "pipe_s": round(self.pipe_s, 4),
+            "pipe_min_s": round(min(p.pipe_s for p in ps), 4),
+            "pipe_max_s": round(max(p.pipe_s for p in ps), 4),
+            # MiB/s: the median of the pairs' rates (changed / time).
+            "sync_mbps": round(median([_rate(p.changed, p.sync_s) for p in ps]), 1),
+            "pipe_mbps": round(median([_rate(p.changed, p.pipe_s) for p in ps]), 1),
+            "speedup": round(self.pipe_s / self.sync_s, 3) if self.sync_s else 0.0,
+            "sync_wins": sum(1 for p in ps if p.sync_s <= p.pipe_s),
+            "identical": self.identical,
+            "sync_phase_ms": {k: round(median([p.sync_phase_ms.get(k, 0.0) for p in ps]), 2)
+                              for k in phase_keys},
+            "pairs": [asdict(p) for p in ps],
+        }
 
 
 @dataclass
@@ -280,10 +359,16 @@ class BenchConfig:
     # Incremental rounds: (MiB changed by random writes, write size KiB).
     # 64 KiB writes give many small extents; 1 MiB writes fewer, larger
     # ones.  Memstore clones a whole 4 MiB object on the first write after
-    # a snapshot, so these sizes keep the lab's 4 GiB OSDs from filling.
+    # a snapshot, so these sizes keep the lab's 4 GiB OSDs from filling
+    # (and the bench drops each snapshot once it is no longer a base).
     changes: list[tuple[int, int]] = field(
         default_factory=lambda: [(4, 64), (4, 1024), (16, 1024), (64, 1024)])
     jobs: int = 16
+    # Interleaved pairs per round; the verdict compares the medians.
+    repeats: int = 3
+    # Wait before every pair until both clusters are idle (see settle()).
+    settle: bool = True
+    settle_timeout: float = 300.0
     state_dir: str = "/var/lib/cutpoint/bench-sync"
 
 
@@ -313,26 +398,152 @@ def _pipeline(status: dict[str, Any], image: str, dst_image: str, snap: str,
     return dt
 
 
+def ceph(site: dict[str, Any], *args: str, timeout: float = 60) -> str:
+    argv = ["ceph", "-c", site["ceph_conf"], "--id", site.get("client_id", "admin"),
+            "--keyring", site["keyring"], *args]
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if cp.returncode != 0:
+        raise ReplicationError(argv, cp.returncode, cp.stdout, cp.stderr)
+    return cp.stdout
+
+
+def busy_reasons(pg_ls: Any) -> list[str]:
+    """What a cluster is still doing in the background, from the JSON of
+    `ceph pg ls`; empty when idle.  A PG that is not exactly active+clean
+    (snaptrim, snaptrim_wait, peering, ...) or still has snapshots queued
+    for trimming is busy."""
+    stats = pg_ls.get("pg_stats", []) if isinstance(pg_ls, dict) else pg_ls
+    states: dict[str, int] = {}
+    queued = 0
+    for pg in stats:
+        st = str(pg.get("state", "?"))
+        if st != "active+clean":
+            states[st] = states.get(st, 0) + 1
+        queued += int(pg.get("snaptrimq_len", 0) or 0)
+    out = [f"{n} pg {st}" for st, n in sorted(states.items())]
+    if queued:
+        out.append(f"{queued} snapshots queued for trimming")
+    return out
+
+
+def _osd_ids(site: dict[str, Any]) -> list[int]:
+    return [int(i) for i in json.loads(ceph(site, "osd", "ls", "--format", "json"))]
+
+
+def cluster_busy(site: dict[str, Any]) -> list[str]:
+    """busy_reasons() of one site, on PG stats the OSDs have just sent.
+
+    The mgr hears from the OSDs only every few seconds, so right after a
+    snapshot or image removal `ceph pg ls` can still say active+clean
+    (seen: idle for 3 s after the 256 MiB images were removed, then
+    snaptrim for minutes).  Each OSD is asked to flush its PG stats first,
+    and the mgr's copy is read once it has that report (the way Ceph's own
+    tests wait: flush_pg_stats, then `ceph osd last-stat-seq`)."""
+    seqs = {i: int(ceph(site, "tell", f"osd.{i}", "flush_pg_stats").strip() or 0)
+            for i in _osd_ids(site)}
+    deadline = time.monotonic() + 30
+    for i, seq in seqs.items():
+        while int(ceph(site, "osd", "last-stat-seq", f"osd.{i}").strip()) < seq:
+            if time.monotonic() > deadline:
+                return [f"osd.{i} stats not reported within 30 s"]
+            time.sleep(0.1)
+    return busy_reasons(json.loads(ceph(site, "pg", "ls", "--format", "json")))
+
+
+def _both_sites(status: dict[str, Any]) -> list[str]:
+    names = ("primary", "dr")
+    with ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(lambda n: cluster_busy(status["sites"][n]), names))
+    return [f"{n}: {r}" for n, why in zip(names, got) for r in why]
+
+
+def settle(status: dict[str, Any], timeout: float, log: Any = print,
+           interval: float = 0.3) -> tuple[float, list[str]]:
+    """Wait until both clusters have no background work; returns (seconds
+    waited, what they were doing when the wait began)."""
+    t0 = time.monotonic()
+    first = why = _both_sites(status)
+    while why:
+        if time.monotonic() - t0 > timeout:
+            log(f"  clusters still busy after {timeout:.0f} s, timing anyway: {why}")
+            return time.monotonic() - t0, first + ["TIMEOUT"]
+        time.sleep(interval)
+        why = _both_sites(status)
+    return time.monotonic() - t0, first
+
+
+# osd_snap_trim_sleep while the bench runs.  0 would mean "the device
+# class default", which is osd_snap_trim_sleep_hdd = 5 s per batch for
+# memstore: the trimming of one removed 256 MiB image with 5 snapshots
+# then lasted over 80 s (and the old bench timed its 1 GiB copies inside
+# it); at 1 ms it took under 6 s.  Trimming is waited out before every
+# timed pair either way; this only shortens the wait.
+TRIM_SLEEP = "0.001"
+
+
+def _trim_sleep(status: dict[str, Any],
+                want: dict[str, str | None]) -> dict[str, str | None]:
+    """Set osd_snap_trim_sleep per site (None: remove the setting);
+    returns what each site's config database held before."""
+    before: dict[str, str | None] = {}
+    for name, value in want.items():
+        site = status["sites"][name]
+        dump = json.loads(ceph(site, "config", "dump", "--format", "json"))
+        before[name] = next((str(e["value"]) for e in dump
+                             if e.get("name") == "osd_snap_trim_sleep"
+                             and e.get("section") == "osd"), None)
+        if value is None:
+            ceph(site, "config", "rm", "osd", "osd_snap_trim_sleep")
+        else:
+            ceph(site, "config", "set", "osd", "osd_snap_trim_sleep", value)
+    return before
+
+
+def _osd_cpu(status: dict[str, Any]) -> float:
+    """CPU seconds (user + system) used so far by both sites' OSDs."""
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for name in ("primary", "dr"):
+        pid = status["sites"][name].get("pids", {}).get("osd.0")
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tck
+        except (OSError, IndexError, ValueError):
+            return float("nan")
+    return total
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
 def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any) -> None:
-    """One untimed 16 MiB copy by each method before the timed rounds.
+    """One untimed full copy by each method, of the largest image size,
+    before the timed rounds; its images are removed and their removal
+    waited out.
 
     Whatever runs first against a freshly started lab pays first-use costs
-    (the pool's first images, the daemons' first sessions): in the runs of
-    2026-11-22 the first full copy, always cutpoint-sync's, took 1.4 s where
-    the same copy took 0.5 s later on.  Neither method should pay that."""
+    (the pool's first images, the daemons' first sessions), and above all
+    memstore's first growth: on 2026-11-22 at 07:57 the first 1 GiB full
+    copies after `lab up` took 5.77 s (cutpoint-sync) and 5.24 s (the
+    pipeline) with 8.6 and 7.0 s of OSD CPU, the next pair 1.57 s each with
+    1.6 and 1.3 s, once the OSDs had held that much data before.  Neither
+    method should pay that inside a timed pair."""
     p, d = status["sites"]["primary"], status["sites"]["dr"]
+    size = max(cfg.sizes_mib) * MiB
     img, ed = "bench-warm", "bench-warm-ed"
     for site, name in ((p, img), (d, img), (d, ed)):
         remove_image(site, name)
     try:
-        create_image(p, img, 16 * MiB)
-        create_image(d, img, 16 * MiB)
-        create_image(d, ed, 16 * MiB)
-        bench_write(p, img, 16 * MiB, io_size=4 * MiB, pattern_kind="seq")
+        create_image(p, img, size)
+        create_image(d, img, size)
+        create_image(d, ed, size)
+        bench_write(p, img, size, io_size=4 * MiB, pattern_kind="seq")
         snap_create(p, img, "w0")
         run_sync(status, img, "w0", None, ["--jobs", str(cfg.jobs)], cfg.state_dir)
         _pipeline(status, img, ed, "w0", None)
-        log("warm-up copy done (untimed)")
+        log(f"warm-up copy of {size // MiB} MiB done (untimed)")
     finally:
         for site, name in ((p, img), (d, img), (d, ed)):
             try:
@@ -341,130 +552,206 @@ def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any) -> None:
                 log(f"cleanup: {exc}")
 
 
-def _both(status: dict[str, Any], img: str, ed: str, snap: str, prev: str | None,
-          extra: Sequence[str], state_dir: str, sync_first: bool) -> tuple[SyncRun, float]:
-    """Replicate one round by both methods; which goes first alternates
-    from round to round so neither always meets the other's leftovers
-    (snapshot trimming, clones) or a cold start."""
-    if sync_first:
-        run = run_sync(status, img, snap, prev, extra, state_dir)
-        return run, _pipeline(status, img, ed, snap, prev)
-    pipe_s = _pipeline(status, img, ed, snap, prev)
-    return run_sync(status, img, snap, prev, extra, state_dir), pipe_s
+class _Bench:
+    """The state of one benchmark run: the turn counter that alternates
+    the first method over all pairs, and the settle policy."""
+
+    def __init__(self, status: dict[str, Any], cfg: BenchConfig, log: Any):
+        self.status, self.cfg, self.log = status, cfg, log
+        self.turn = 0
+        self.extra = ["--jobs", str(cfg.jobs)]
+
+    def pair(self, img: str, ed: str, snap: str, prev: str | None) -> Pair:
+        """Replicate one snapshot by both methods, once the clusters are
+        idle; which goes first alternates from pair to pair so neither
+        always meets the other's leftovers or a cold start."""
+        p = self.status["sites"]["primary"]
+        data, zero = diff_bytes(p, img, snap, prev)
+        settle_s, busy = 0.0, []
+        if self.cfg.settle:
+            settle_s, busy = settle(self.status, self.cfg.settle_timeout, self.log)
+        else:
+            busy = _both_sites(self.status)
+        sync_first = self.turn % 2 == 0
+        self.turn += 1
+        load = _load()
+        run: SyncRun | None = None
+        pipe_s = sync_cpu = pipe_cpu = 0.0
+        for method in (("sync", "pipe") if sync_first else ("pipe", "sync")):
+            c0 = _osd_cpu(self.status)
+            if method == "sync":
+                run = run_sync(self.status, img, snap, prev, self.extra, self.cfg.state_dir)
+                sync_cpu = _osd_cpu(self.status) - c0
+            else:
+                pipe_s = _pipeline(self.status, img, ed, snap, prev)
+                pipe_cpu = _osd_cpu(self.status) - c0
+        assert run is not None
+        # Both sides are timed as whole processes (start, connect, copy).
+        return Pair(data + zero, int(run.done["bytes_shipped"]), run.seconds, pipe_s,
+                    "sync" if sync_first else "pipeline", run.done.get("phase_ms", {}),
+                    round(settle_s, 3), busy, round(sync_cpu, 3), round(pipe_cpu, 3),
+                    round(load, 2))
+
+    def size(self, size_mib: int, rounds: list[Round]) -> None:
+        p, d = self.status["sites"]["primary"], self.status["sites"]["dr"]
+        cfg, log = self.cfg, self.log
+        size = size_mib * MiB
+        img, ed = f"bench-sync-{size_mib}", f"bench-ed-{size_mib}"
+        for site, name in ((p, img), (d, img), (d, ed)):
+            remove_image(site, name)
+        create_image(p, img, size)
+        log(f"size {size_mib} MiB: filling the image")
+        bench_write(p, img, size, io_size=4 * MiB, pattern_kind="seq")
+        snap_create(p, img, "b0")
+        full = Round(size_mib, "full")
+        for k in range(cfg.repeats):
+            # Both DR images exist, empty, before every full copy:
+            # import-diff needs one, and cutpoint-sync (which would create
+            # its own) then does the same work, timed the same way.  The
+            # previous pair's copies are removed first; settle() waits for
+            # their removal to finish in the OSD.
+            if k:
+                for name in (img, ed):
+                    remove_image(d, name)
+            create_image(d, img, size)
+            create_image(d, ed, size)
+            full.pairs.append(self.pair(img, ed, "b0", None))
+            log(_fmt(full, full.pairs[-1]))
+        rounds.append(full)
+        mine = [full]
+        prev, n = "b0", 0
+        for ch, io_kib in cfg.changes:
+            r = Round(size_mib, f"+{ch} MiB/{io_kib}K")
+            for _ in range(cfg.repeats):
+                n += 1
+                snap = f"b{n}"
+                bench_write(p, img, ch * MiB, io_size=io_kib * 1024)
+                snap_create(p, img, snap)
+                r.pairs.append(self.pair(img, ed, snap, prev))
+                log(_fmt(r, r.pairs[-1]))
+                # The old base is no longer needed by anyone: dropping it
+                # bounds memstore's clones (4 GiB per OSD); its trimming
+                # is waited out before the next pair.
+                for site, name in ((p, img), (d, img), (d, ed)):
+                    rbd(site, "snap", "rm", "--no-progress", spec(site, name, prev))
+                prev = snap
+            rounds.append(r)
+            mine.append(r)
+        # Both copies must be right, or their speed means nothing.
+        want = snap_sha256(p, img, prev)
+        ok = want == snap_sha256(d, img, prev) == snap_sha256(d, ed, prev)
+        for r in mine:
+            r.identical = ok
 
 
 def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
                   log: Any = print) -> dict[str, Any]:
     """Measure every (size, change) round; returns the JSON document."""
+    if cfg.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {cfg.repeats}")
     p, d = status["sites"]["primary"], status["sites"]["dr"]
     os.makedirs(cfg.state_dir, exist_ok=True)
     rounds: list[Round] = []
-    extra = ["--jobs", str(cfg.jobs)]
-    _warm_up(status, cfg, log)
-    turn = 0
-    for size_mib in cfg.sizes_mib:
-        size = size_mib * MiB
-        img, ed = f"bench-sync-{size_mib}", f"bench-ed-{size_mib}"
-        for site, name in ((p, img), (d, img), (d, ed)):
-            remove_image(site, name)
-        try:
-            create_image(p, img, size)
-            # Both DR images exist, empty, before the first copy:
-            # import-diff needs one, and cutpoint-sync (which would create
-            # its own) then does the same work, timed the same way.
-            create_image(d, img, size)
-            create_image(d, ed, size)
-            log(f"size {size_mib} MiB: filling the image")
-            bench_write(p, img, size, io_size=4 * MiB, pattern_kind="seq")
-            snap_create(p, img, "b0")
-            data, zero = diff_bytes(p, img, "b0")
-            first = "sync" if turn % 2 == 0 else "pipeline"
-            run, pipe_s = _both(status, img, ed, "b0", None, extra, cfg.state_dir,
-                                first == "sync")
-            turn += 1
-            # Both sides are timed as whole processes (start, connect, copy).
-            rounds.append(Round(size_mib, "full", data + zero, int(run.done["bytes_shipped"]),
-                                run.seconds, pipe_s, first=first,
-                                sync_phase_ms=run.done.get("phase_ms", {})))
-            log(_fmt(rounds[-1]))
-            prev = "b0"
-            for k, (ch, io_kib) in enumerate(cfg.changes, start=1):
-                snap = f"b{k}"
-                bench_write(p, img, ch * MiB, io_size=io_kib * 1024)
-                snap_create(p, img, snap)
-                data, zero = diff_bytes(p, img, snap, prev)
-                first = "sync" if turn % 2 == 0 else "pipeline"
-                run, pipe_s = _both(status, img, ed, snap, prev, extra, cfg.state_dir,
-                                    first == "sync")
-                turn += 1
-                rounds.append(Round(size_mib, f"+{ch} MiB/{io_kib}K", data + zero,
-                                    int(run.done["bytes_shipped"]), run.seconds, pipe_s,
-                                    first=first, sync_phase_ms=run.done.get("phase_ms", {})))
-                prev = snap
-                log(_fmt(rounds[-1]))
-            # Both copies must be right, or their speed means nothing.
-            want = snap_sha256(p, img, prev)
-            ok = want == snap_sha256(d, img, prev) == snap_sha256(d, ed, prev)
-            for r in rounds:
-                if r.size_mib == size_mib:
-                    r.identical = ok
-        finally:
-            for site, name in ((p, img), (d, img), (d, ed)):
-                try:
-                    remove_image(site, name)
-                except ReplicationError as exc:
-                    log(f"cleanup: {exc}")
-    rows = [r.row() for r in rounds]
-    incr = [r for r in rounds if r.label != "full"]
-    tot_changed = sum(r.changed for r in incr)
-    tot_shipped = sum(r.shipped for r in incr)
-    tot_sync = sum(r.sync_s for r in rounds)
-    tot_pipe = sum(r.pipe_s for r in rounds)
-    summary = {
-        "shipped_over_changed": round(tot_shipped / tot_changed, 4) if tot_changed else None,
-        "max_round_ratio": round(max((r.ratio for r in incr), default=0.0), 4),
-        "throughput_ratio_sync_over_pipeline": round(tot_pipe / tot_sync, 3) if tot_sync else None,
-        "all_identical": all(r.identical for r in rounds),
-        "target_ratio_met": bool(incr) and max(r.ratio for r in incr) <= 1.05,
-        "target_throughput_met": tot_sync <= tot_pipe,
-    }
+    t0, load0 = time.monotonic(), _load()
+    bench = _Bench(status, cfg, log)
+    names: list[tuple[dict[str, Any], str]] = []
+    before = _trim_sleep(status, {"primary": TRIM_SLEEP, "dr": TRIM_SLEEP})
+    try:
+        _warm_up(status, cfg, log)
+        for size_mib in cfg.sizes_mib:
+            names += [(p, f"bench-sync-{size_mib}"), (d, f"bench-sync-{size_mib}"),
+                      (d, f"bench-ed-{size_mib}")]
+            bench.size(size_mib, rounds)
+    finally:
+        # A size's images are removed only at the end, so their trimming
+        # never overlaps a timed copy of this run.
+        for site, name in names:
+            try:
+                remove_image(site, name)
+            except ReplicationError as exc:
+                log(f"cleanup: {exc}")
+        _trim_sleep(status, before)
     return {
         "benchmark": "replication",
         "config": asdict(cfg),
         "sync_binary": sync_binary(),
         "osd": "memstore (lab)",
-        "rounds": rows,
-        "summary": summary,
+        "rounds": [r.row() for r in rounds],
+        "summary": summarize(rounds),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "load": [round(load0, 2), round(_load(), 2)],
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def _fmt(r: Round) -> str:
-    x = r.row()
-    return (f"  {r.size_mib:>5} MiB {r.label:>9}: changed {r.changed / MiB:8.1f} MiB "
-            f"shipped/changed {x['ratio']:.3f}  sync {r.sync_s:6.2f}s "
-            f"pipeline {r.pipe_s:6.2f}s ({r.first} first)")
+def _ratio(rounds: Sequence[Round]) -> float | None:
+    """Sum of the pipeline's medians over the sum of cutpoint-sync's."""
+    s = sum(r.sync_s for r in rounds)
+    return round(sum(r.pipe_s for r in rounds) / s, 3) if s else None
 
 
-HEADER = ("| image MiB | round | changed MiB | shipped/changed | cutpoint-sync s | MiB/s "
-          "| export-diff\\|import-diff s | MiB/s | speedup | first | identical |")
+def summarize(rounds: Sequence[Round]) -> dict[str, Any]:
+    """The verdicts, from the per-round medians (never from one sample)."""
+    incr = [r for r in rounds if r.label != "full"]
+    full = [r for r in rounds if r.label == "full"]
+    pairs = [p for r in rounds for p in r.pairs]
+    tot_changed = sum(r.changed for r in incr)
+    max_pair = max((p.ratio for r in incr for p in r.pairs), default=0.0)
+    ratio = _ratio(rounds)
+    return {
+        "shipped_over_changed": round(sum(r.shipped for r in incr) / tot_changed, 4)
+        if tot_changed else None,
+        "max_pair_ratio": round(max_pair, 4),
+        # pipeline time / cutpoint-sync time, both sums of per-round medians
+        "throughput_ratio_sync_over_pipeline": ratio,
+        "full_ratio": _ratio(full),
+        "incremental_ratio": _ratio(incr),
+        "rounds_sync_not_slower": sum(1 for r in rounds if r.sync_s <= r.pipe_s),
+        "rounds": len(rounds),
+        "pairs_sync_not_slower": sum(1 for p in pairs if p.sync_s <= p.pipe_s),
+        "pairs": len(pairs),
+        "settle_s_total": round(sum(p.settle_s for p in pairs), 1),
+        "pairs_busy_before": sum(1 for p in pairs if p.busy),
+        "all_identical": bool(rounds) and all(r.identical for r in rounds),
+        "target_ratio_met": bool(incr) and max_pair <= 1.05,
+        "target_throughput_met": ratio is not None and ratio >= 1.0,
+    }
+
+
+def _fmt(r: Round, x: Pair) -> str:
+    busy = f" (waited {x.settle_s:.1f} s for: {'; '.join(x.busy)})" if x.busy else ""
+    return (f"  {r.size_mib:>5} MiB {r.label:>9} #{len(r.pairs)}: changed "
+            f"{x.changed / MiB:8.1f} MiB shipped/changed {x.ratio:.3f}  sync "
+            f"{x.sync_s:6.2f}s pipeline {x.pipe_s:6.2f}s ({x.first} first){busy}")
+
+
+HEADER = ("| image MiB | round | n | changed MiB | shipped/changed | cutpoint-sync s "
+          "median (min–max) | MiB/s | export-diff\\|import-diff s median (min–max) | MiB/s "
+          "| speedup | sync not slower | identical |")
 
 
 def table(doc: dict[str, Any]) -> str:
-    lines = [HEADER, "|" + "---|" * 11]
+    lines = [HEADER, "|" + "---|" * 12]
     for r in doc["rounds"]:
         lines.append(
-            f"| {r['size_mib']} | {r['label']} | {r['changed'] / MiB:.1f} | {r['ratio']:.3f} "
-            f"| {r['sync_s']:.2f} | {r['sync_mbps']:.1f} | {r['pipe_s']:.2f} "
-            f"| {r['pipe_mbps']:.1f} | {r['speedup']:.2f}x | {r.get('first', 'sync')} "
-            f"| {r['identical']} |")
+            f"| {r['size_mib']} | {r['label']} | {r['n']} | {r['changed_median'] / MiB:.1f} "
+            f"| {r['ratio']:.3f} | {r['sync_s']:.2f} ({r['sync_min_s']:.2f}–{r['sync_max_s']:.2f}) "
+            f"| {r['sync_mbps']:.1f} | {r['pipe_s']:.2f} ({r['pipe_min_s']:.2f}–"
+            f"{r['pipe_max_s']:.2f}) | {r['pipe_mbps']:.1f} | {r['speedup']:.2f}x "
+            f"| {r['sync_wins']}/{r['n']} | {r['identical']} |")
     s = doc["summary"]
     lines.append("")
-    lines.append(f"shipped/changed over all incremental rounds: {s['shipped_over_changed']} "
-                 f"(max per round {s['max_round_ratio']}; target <= 1.05: "
+    lines.append(f"shipped/changed over all incremental pairs: {s['shipped_over_changed']} "
+                 f"(max per pair {s['max_pair_ratio']}; target <= 1.05: "
                  f"{'met' if s['target_ratio_met'] else 'NOT met'})")
-    lines.append(f"throughput cutpoint-sync / pipeline (total time ratio): "
-                 f"{s['throughput_ratio_sync_over_pipeline']} (target >= 1: "
+    lines.append(f"throughput cutpoint-sync / pipeline (sum of per-round median times): "
+                 f"{s['throughput_ratio_sync_over_pipeline']} (full copies "
+                 f"{s['full_ratio']}, incremental {s['incremental_ratio']}; target >= 1: "
                  f"{'met' if s['target_throughput_met'] else 'NOT met'})")
+    lines.append(f"rounds where cutpoint-sync's median is not slower: "
+                 f"{s['rounds_sync_not_slower']}/{s['rounds']}; pairs: "
+                 f"{s['pairs_sync_not_slower']}/{s['pairs']}")
+    lines.append(f"waited for idle clusters: {s['settle_s_total']} s in all, "
+                 f"{s['pairs_busy_before']} pairs found leftover work")
     lines.append(f"every DR snapshot identical to the primary by full hash: {s['all_identical']}")
     return "\n".join(lines)

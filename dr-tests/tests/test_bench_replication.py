@@ -1,0 +1,113 @@
+"""Unit tests of the replication benchmark's bookkeeping (no lab): the
+per-round medians and spreads, the verdict taken from medians, the idle
+check on recorded `ceph` replies, and the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cutpoint.bench import replication as rb
+
+MiB = rb.MiB
+DATA = Path(__file__).parent / "data" / "ceph_replies"
+
+
+def pair(sync_s: float, pipe_s: float, changed: int = 4 * MiB, shipped: int | None = None,
+         first: str = "sync", busy: list[str] | None = None) -> rb.Pair:
+    return rb.Pair(changed, changed if shipped is None else shipped, sync_s, pipe_s, first,
+                   {"copy": sync_s * 500, "plan": 5.0}, busy=busy or [])
+
+
+def test_round_reports_medians_and_spread() -> None:
+    r = rb.Round(1024, "full", [pair(2.0, 7.0), pair(2.2, 2.1, first="pipeline"),
+                                pair(9.0, 2.5)])
+    row = r.row()
+    assert (row["sync_s"], row["sync_min_s"], row["sync_max_s"]) == (2.2, 2.0, 9.0)
+    assert (row["pipe_s"], row["pipe_min_s"], row["pipe_max_s"]) == (2.5, 2.1, 7.0)
+    # one outlier each way does not decide: medians 2.2 vs 2.5
+    assert row["speedup"] == pytest.approx(2.5 / 2.2, abs=1e-3)
+    assert row["sync_wins"] == 1 and row["n"] == 3
+    assert row["sync_phase_ms"] == {"copy": 1100.0, "plan": 5.0}
+    assert [p["first"] for p in row["pairs"]] == ["sync", "pipeline", "sync"]
+    assert row["sync_mbps"] == pytest.approx(4 / 2.2, abs=0.1)
+
+
+def test_verdict_uses_medians_not_totals() -> None:
+    # cutpoint-sync loses one full copy badly (a disturbed sample) but its
+    # median is faster: the old sum-of-samples verdict would say not met.
+    full = rb.Round(1024, "full", [pair(7.0, 2.0, 1024 * MiB), pair(2.0, 2.4, 1024 * MiB),
+                                   pair(1.9, 2.3, 1024 * MiB)], identical=True)
+    inc = rb.Round(1024, "+4 MiB/64K", [pair(0.08, 0.09), pair(0.09, 0.08),
+                                         pair(0.08, 0.10)], identical=True)
+    s = rb.summarize([full, inc])
+    assert sum(p.sync_s for p in full.pairs) > sum(p.pipe_s for p in full.pairs)
+    assert s["throughput_ratio_sync_over_pipeline"] == pytest.approx((2.3 + 0.09) / 2.08, 1e-3)
+    assert s["target_throughput_met"] is True
+    assert (s["rounds_sync_not_slower"], s["rounds"]) == (2, 2)
+    assert (s["pairs_sync_not_slower"], s["pairs"]) == (4, 6)
+    assert s["full_ratio"] == pytest.approx(2.3 / 2.0, 1e-3)
+    assert s["all_identical"] is True and s["target_ratio_met"] is True
+
+
+def test_verdict_not_met_when_median_slower() -> None:
+    full = rb.Round(256, "full", [pair(1.0, 0.6), pair(0.5, 0.6), pair(1.1, 0.55)],
+                    identical=True)
+    s = rb.summarize([full])
+    assert s["target_throughput_met"] is False
+    assert s["throughput_ratio_sync_over_pipeline"] == pytest.approx(0.6, 1e-3)
+    # no incremental round: the shipped/changed target cannot be claimed
+    assert s["target_ratio_met"] is False and s["shipped_over_changed"] is None
+
+
+def test_shipped_ratio_is_checked_per_pair() -> None:
+    ok = rb.Round(256, "+4 MiB/64K", [pair(0.1, 0.1), pair(0.1, 0.1)], identical=True)
+    bad = rb.Round(256, "+16 MiB/1024K",
+                   [pair(0.1, 0.1, 16 * MiB), pair(0.1, 0.1, 16 * MiB, shipped=18 * MiB)],
+                   identical=False)
+    s = rb.summarize([ok, bad])
+    assert s["max_pair_ratio"] == pytest.approx(18 / 16, 1e-3)
+    assert s["target_ratio_met"] is False
+    assert s["all_identical"] is False
+
+
+def test_median_refuses_nothing() -> None:
+    with pytest.raises(ValueError):
+        rb.median([])
+
+
+def _reply(name: str) -> Any:
+    return json.loads((DATA / name).read_text())
+
+
+def test_busy_reasons_idle_cluster() -> None:
+    # `ceph pg ls --format json` of a lab site (Pacific), idle
+    assert rb.busy_reasons(_reply("pg_ls_idle.json")) == []
+
+
+def test_busy_reasons_while_trimming() -> None:
+    # the same, recorded while the OSD trimmed the bench's removed snapshots
+    why = rb.busy_reasons(_reply("pg_ls_snaptrim.json"))
+    assert why and any("snaptrim" in w for w in why), why
+
+
+def test_busy_reasons_counts_queued_trims_of_clean_pgs() -> None:
+    # A PG whose state still reads active+clean but has snapshots queued
+    # (the state is reported a moment later) is busy.
+    reply = _reply("pg_ls_idle.json")
+    reply["pg_stats"][0]["snaptrimq_len"] = 3
+    assert rb.busy_reasons(reply) == ["3 snapshots queued for trimming"]
+    reply["pg_stats"][1]["state"] = "active+clean+snaptrim_wait"
+    assert rb.busy_reasons(reply)[0] == "1 pg active+clean+snaptrim_wait"
+
+
+def test_table_shows_median_and_spread() -> None:
+    r = rb.Round(1024, "full", [pair(2.0, 7.0, 1024 * MiB), pair(2.2, 2.1, 1024 * MiB),
+                                pair(9.0, 2.5, 1024 * MiB)], identical=True)
+    doc = {"rounds": [r.row()], "summary": rb.summarize([r])}
+    text = rb.table(doc)
+    assert "| 1024 | full | 3 | 1024.0 | 1.000 | 2.20 (2.00–9.00) |" in text
+    assert "2.50 (2.10–7.00)" in text and "1/3" in text
+    assert "target >= 1: met" in text
