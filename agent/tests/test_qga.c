@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <jansson.h>
 
+#include "fakepeer.h"
 #include "qga.h"
 
 struct peer {
@@ -65,23 +66,6 @@ to_bytes(const char *s, char *out, size_t cap)
     return n;
 }
 
-static int
-read_line(int fd, char *buf, size_t cap)
-{
-    size_t n = 0;
-
-    while (n + 1 < cap) {
-        ssize_t k = read(fd, buf + n, 1);
-        if (k <= 0)
-            return -1;
-        if (buf[n] == '\n')
-            break;
-        n++;
-    }
-    buf[n] = '\0';
-    return 0;
-}
-
 static void *
 peer_main(void *arg)
 {
@@ -98,15 +82,13 @@ peer_main(void *arg)
 
         if (strcmp(dir, "sent") == 0) {
             json_t *got, *exp;
-            if (read_line(p->fd, line, sizeof(line)) < 0)
+            if (fakepeer_read_line(p->fd, line, sizeof(line)) < 0)
                 return NULL;
             p->requests++;
             got = json_loads(line, 0, NULL);
             snprintf(want, sizeof(want), "%s", text);
             exp = json_loads(want, 0, NULL);
-            if (!got || !exp || strcmp(
-                    json_string_value(json_object_get(got, "execute")),
-                    json_string_value(json_object_get(exp, "execute"))) != 0)
+            if (!fakepeer_same_execute(got, exp))
                 p->mismatches++;
             else if (json_object_get(json_object_get(got, "arguments"), "id"))
                 id = json_integer_value(json_object_get(
@@ -132,7 +114,7 @@ peer_main(void *arg)
     /* then read (and never answer) until the client goes away */
     {
         char line[4096];
-        while (read_line(p->fd, line, sizeof(line)) == 0)
+        while (fakepeer_read_line(p->fd, line, sizeof(line)) == 0)
             p->requests++;
     }
     return NULL;

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fakepeer.h"
 #include "mono.h"
 #include "qmp.h"
 
@@ -49,23 +50,6 @@ load(struct replay *r, const char *name)
     fclose(f);
 }
 
-static int
-read_req(int fd, char *buf, size_t cap)
-{
-    size_t n = 0;
-
-    while (n + 1 < cap) {
-        ssize_t k = read(fd, buf + n, 1);
-        if (k <= 0)
-            return -1;
-        if (buf[n] == '\n')
-            break;
-        n++;
-    }
-    buf[n] = '\0';
-    return 0;
-}
-
 static void *
 serve(void *arg)
 {
@@ -78,13 +62,12 @@ serve(void *arg)
         const char *l = r->lines[i] + 2;
         if (r->lines[i][0] == '>') {
             json_t *want = json_loads(l, 0, NULL), *got;
-            if (read_req(r->fd, buf, sizeof(buf)) < 0) {
+            if (fakepeer_read_line(r->fd, buf, sizeof(buf)) < 0) {
                 json_decref(want);
                 break;
             }
             got = json_loads(buf, 0, NULL);
-            if (!got || strcmp(json_string_value(json_object_get(got, "execute")),
-                               json_string_value(json_object_get(want, "execute"))))
+            if (!fakepeer_same_execute(got, want))
                 r->mismatches++;
             last_id = json_integer_value(json_object_get(got, "id"));
             json_decref(want);
