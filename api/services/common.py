@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from cutpoint.api.errors import ApiError, NotFound, PreconditionFailed
-from sqlalchemy import Select
+from cutpoint.api.errors import ApiError, Conflict, NotFound, PreconditionFailed
+from sqlalchemy import Select, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 M = TypeVar("M")
@@ -13,6 +14,27 @@ def get_or_404(session: Session, model: type[M], ident: Any, what: str) -> M:
     obj = session.get(model, ident)
     if obj is None:
         raise NotFound(f"{what} {ident} does not exist", code=f"{what}_not_found")
+    return obj
+
+
+def get_by_name_or_404(session: Session, model: type[M], name: str, what: str) -> M:
+    """The row of `model` whose unique `name` column is `name`; 404 `<what>_not_found`."""
+    obj = session.scalar(select(model).where(model.name == name))  # type: ignore[attr-defined]
+    if obj is None:
+        raise NotFound(f"{what} {name!r} does not exist", code=f"{what}_not_found")
+    return obj
+
+
+def add_unique(session: Session, obj: M, what: str, name: str) -> M:
+    """Add and commit a new row; a unique-constraint clash (the name is taken,
+    possibly by a concurrent request) is rolled back and becomes 409
+    `<what>_exists`."""
+    session.add(obj)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(f"{what} {name!r} already exists", code=f"{what}_exists") from None
     return obj
 
 

@@ -22,7 +22,12 @@ from cutpoint.api.schemas.groups import (
 )
 from cutpoint.api.schemas.policy import PolicyPublic, PolicyUpdate
 from cutpoint.api.services import sites
-from cutpoint.api.services.common import check_if_match, etag, get_or_404
+from cutpoint.api.services.common import (
+    check_if_match,
+    etag,
+    get_by_name_or_404,
+    get_or_404,
+)
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -37,10 +42,7 @@ def policy_etag(p: Policy) -> str:
 
 
 def by_name(session: Session, name: str) -> Group:
-    g = session.scalar(select(Group).where(Group.name == name))
-    if g is None:
-        raise NotFound(f"group {name!r} does not exist", code="group_not_found")
-    return g
+    return get_by_name_or_404(session, Group, name, "group")
 
 
 def resolve(session: Session, ident: str) -> Group:

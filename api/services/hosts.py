@@ -1,12 +1,17 @@
 from __future__ import annotations
 
-from cutpoint.api.errors import Conflict, NotFound
+from cutpoint.api.errors import Conflict
 from cutpoint.api.models import GroupDisk, Host
 from cutpoint.api.schemas.hosts import HostCreate, HostPublic, HostUpdate
 from cutpoint.api.services import sites
-from cutpoint.api.services.common import check_if_match, etag, get_or_404
+from cutpoint.api.services.common import (
+    add_unique,
+    check_if_match,
+    etag,
+    get_by_name_or_404,
+    get_or_404,
+)
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 
@@ -21,10 +26,7 @@ def public(host: Host) -> HostPublic:
 
 
 def by_name(session: Session, name: str) -> Host:
-    host = session.scalar(select(Host).where(Host.name == name))
-    if host is None:
-        raise NotFound(f"host {name!r} does not exist", code="host_not_found")
-    return host
+    return get_by_name_or_404(session, Host, name, "host")
 
 
 def _norm_fp(fp: str | None) -> str | None:
@@ -35,13 +37,7 @@ def create(session: Session, data: HostCreate) -> Host:
     site = sites.by_name(session, data.site)
     host = Host(name=data.name, site_id=site.id, address=data.address, port=data.port,
                 cert_fingerprint=_norm_fp(data.cert_fingerprint))
-    session.add(host)
-    try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        raise Conflict(f"host {data.name!r} already exists", code="host_exists") from None
-    return host
+    return add_unique(session, host, "host", data.name)
 
 
 def update(session: Session, host_id: int, data: HostUpdate, if_match: str | None) -> Host:

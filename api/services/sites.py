@@ -1,11 +1,16 @@
 from __future__ import annotations
 
-from cutpoint.api.errors import Conflict, NotFound
+from cutpoint.api.errors import Conflict
 from cutpoint.api.models import Host, Site
 from cutpoint.api.schemas.sites import SiteCreate, SiteUpdate
-from cutpoint.api.services.common import check_if_match, etag, get_or_404
+from cutpoint.api.services.common import (
+    add_unique,
+    check_if_match,
+    etag,
+    get_by_name_or_404,
+    get_or_404,
+)
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 
@@ -14,21 +19,12 @@ def site_etag(site: Site) -> str:
 
 
 def by_name(session: Session, name: str) -> Site:
-    site = session.scalar(select(Site).where(Site.name == name))
-    if site is None:
-        raise NotFound(f"site {name!r} does not exist", code="site_not_found")
-    return site
+    return get_by_name_or_404(session, Site, name, "site")
 
 
 def create(session: Session, data: SiteCreate) -> Site:
-    site = Site(name=data.name, description=data.description)
-    session.add(site)
-    try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        raise Conflict(f"site {data.name!r} already exists", code="site_exists") from None
-    return site
+    return add_unique(session, Site(name=data.name, description=data.description), "site",
+                      data.name)
 
 
 def update(session: Session, site_id: int, data: SiteUpdate, if_match: str | None) -> Site:

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-from cutpoint.api.errors import Conflict
 from cutpoint.api.models import ApiToken, Role, utcnow
 from cutpoint.api.security import hash_token, new_token
-from cutpoint.api.services.common import get_or_404
+from cutpoint.api.services.common import add_unique, get_or_404
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 
@@ -13,13 +11,7 @@ def create(session: Session, name: str, role: Role, secret: str) -> tuple[ApiTok
     """Returns the row and the token itself, which is shown once and never stored."""
     token = new_token()
     row = ApiToken(name=name, role=role, token_hash=hash_token(token, secret), prefix=token[:8])
-    session.add(row)
-    try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        raise Conflict(f"token {name!r} already exists", code="token_exists") from None
-    return row, token
+    return add_unique(session, row, "token", name), token
 
 
 def lookup(session: Session, token: str, secret: str) -> ApiToken | None:

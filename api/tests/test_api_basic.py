@@ -92,3 +92,27 @@ def test_audit_records_mutations(api: Any) -> None:
     assert got == [("POST", "/v1/sites", 403, "test-viewer"),
                    ("POST", "/v1/sites", 401, None),
                    ("POST", "/v1/sites", 201, "test-admin")]
+
+
+def test_taken_and_unknown_names(api: Any) -> None:
+    """A name already taken is 409 `<kind>_exists` (the unique constraint,
+    rolled back), an unknown one 404 `<kind>_not_found`, for every kind that
+    looks rows up or creates them by name."""
+    def problem(r: Any, status: int, code: str, detail: str) -> None:
+        assert r.status_code == status, r.text
+        assert r.json()["code"] == code and r.json()["detail"] == detail, r.text
+
+    assert api.post("/v1/sites", json={"name": "s"}).status_code == 201
+    problem(api.post("/v1/sites", json={"name": "s"}), 409, "site_exists",
+            "site 's' already exists")
+    host = {"name": "h", "site": "s", "address": "10.0.0.1", "port": 7443}
+    problem(api.post("/v1/hosts", json={**host, "site": "nowhere"}), 404, "site_not_found",
+            "site 'nowhere' does not exist")
+    assert api.post("/v1/hosts", json=host).status_code == 201
+    problem(api.post("/v1/hosts", json=host), 409, "host_exists", "host 'h' already exists")
+    assert api.post("/v1/tokens", json={"name": "t", "role": "viewer"}).status_code == 201
+    problem(api.post("/v1/tokens", json={"name": "t", "role": "admin"}), 409, "token_exists",
+            "token 't' already exists")
+    problem(api.get("/v1/groups/nope"), 404, "group_not_found", "group 'nope' does not exist")
+    # the clash rolled back only itself: the site list is as before
+    assert [s["name"] for s in api.get("/v1/sites").json()["items"]] == ["s"]
