@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from cutpoint.api.migrate import upgrade
 from cutpoint.api.models import Role
 from cutpoint.api.services import tokens
 from fastapi.testclient import TestClient
-from sqlalchemy import Connection
+from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 SECRET = "test-secret-0123456789abcdef"
@@ -53,6 +54,23 @@ def pg_url(local_services: services_local.Endpoints) -> str:
     url = local_services.database_url
     upgrade(url)
     return url
+
+
+@pytest.fixture
+def empty_db(local_services: services_local.Endpoints, tmp_path: Path) -> Callable[[str], str]:
+    """A factory of empty, unmigrated databases of their own: empty_db("sqlite")
+    is a new file under tmp_path, empty_db("postgresql") a new database on the
+    test PostgreSQL server."""
+    def make(kind: str) -> str:
+        name = "empty_" + uuid.uuid4().hex[:8]
+        if kind == "sqlite":
+            return f"sqlite:///{tmp_path}/{name}.db"
+        eng = create_engine(local_services.admin_url(), isolation_level="AUTOCOMMIT")
+        with eng.connect() as c:
+            c.execute(text(f"CREATE DATABASE {name}"))
+        eng.dispose()
+        return local_services.admin_url(name)
+    return make
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

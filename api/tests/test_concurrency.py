@@ -5,8 +5,7 @@ PostgreSQL, through real engines and real threads (no shared savepoint)."""
 from __future__ import annotations
 
 import threading
-import uuid
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,26 +18,15 @@ from cutpoint.api.models import GroupSnapshot, Host, Job, Role, Site
 from cutpoint.api.schemas.groups import GroupCreate, MemberAdd
 from cutpoint.api.services import groups, inventory, tokens
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import func, select
 
 SECRET = "concurrency-secret-0123456789"
 
 
-def fresh_db(kind: str, eps: services_local.Endpoints, tmp: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp}/c.db"
-    name = "conc_" + uuid.uuid4().hex[:8]
-    eng = create_engine(eps.admin_url(), isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    eng.dispose()
-    return eps.admin_url(name)
-
-
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_concurrent_snapshot_requests(kind: str, local_services: services_local.Endpoints,
-                                      tmp_path: Path) -> None:
-    url = fresh_db(kind, local_services, tmp_path)
+                                      empty_db: Callable[[str], str]) -> None:
+    url = empty_db(kind)
     upgrade(url)
     sf = get_sessionmaker(url)
     with sf() as s:

@@ -3,34 +3,21 @@ migrated schema equals the models (compare_type=True): no drift."""
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from cutpoint.api import services_local
 from cutpoint.api.migrate import current_heads, downgrade, upgrade
 from cutpoint.api.models import Base
 from cutpoint.coordinator.txlog import METADATA as TXLOG
 from sqlalchemy import create_engine, inspect, text
 
 
-def _fresh_url(kind: str, eps: services_local.Endpoints, tmp: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp}/m.db"
-    name = "mig_" + uuid.uuid4().hex[:8]
-    eng = create_engine(eps.admin_url(), isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    eng.dispose()
-    return eps.admin_url(name)
-
-
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_upgrade_from_empty_matches_models(kind: str, local_services: services_local.Endpoints,
-                                           tmp_path: Path) -> None:
-    url = _fresh_url(kind, local_services, tmp_path)
+def test_upgrade_from_empty_matches_models(kind: str,
+                                           empty_db: Callable[[str], str]) -> None:
+    url = empty_db(kind)
     upgrade(url)
     eng = create_engine(url)
     with eng.connect() as c:
