@@ -65,13 +65,14 @@ def _summary(rep: dict[str, Any]) -> str:
 @pytest.mark.lab_config(**cassdrill.LAB)
 def test_group_snapshot_of_two_cassandra_nodes_recovers_at_dr(
         lab: dict[str, Any], tmp_path: Path) -> None:
-    """One group snapshot of both nodes (four RBD images) under CL=ALL
-    load, replicated to the DR cluster with full verification, cloned there
-    and booted on the DR host: both nodes replay their commit logs and see
+    """Two group snapshots of both nodes (four RBD images) under CL=ALL
+    load, replicated to the DR cluster with full verification (the first a
+    full copy, the second incremental on it); the newest is cloned there
+    and booted on the DR hosts: both nodes replay their commit logs and see
     each other UP, the snapshot's operation log (read from the DR copy) is a
     prefix of the full one, every logged write reads back at ALL with its
     value; afterwards nothing the drill made is left on either cluster."""
-    rep = cassdrill.run(lab, tmp_path / "drill", snapshots=1,
+    rep = cassdrill.run(lab, tmp_path / "drill", snapshots=2,
                         interval=float(os.environ.get("CP_CASS_INTERVAL",
                                                       "20")))
     print(_summary(rep))     # the figures quoted in docs/drills.md (-s)
@@ -84,21 +85,28 @@ def test_group_snapshot_of_two_cassandra_nodes_recovers_at_dr(
     # The load went on after the snapshot: the cmp check compared something.
     assert c["oplog_full_bytes"] > c["oplog_snapshot_bytes"]
     assert d["snapshot"]["name"].startswith("cp.cass.")
+    assert len(rep["drills"]) == 1, "only the newest snapshot is drilled"
+    (base,) = rep["replicated_not_drilled"]
+    for m in base["members"]:
+        assert m["state"] == "verified" and m["verified_full"] and m["full"], m
     rp = d["replication"]
     assert rp["recovery_point"] and rp["state"] == "verified", rp
+    assert rp["base"] == base["snapshot"] != d["snapshot"]["name"], rp
     assert len(rp["members"]) == 4 and rp["bytes_shipped"] > 0, rp
-    for m in rp["members"]:
-        assert m["state"] == "verified" and m["verified_full"] and m["full"], m
+    for m in rp["members"]:    # incremental, still equal by full SHA-256
+        assert m["state"] == "verified" and m["verified_full"] and not m["full"], m
+    assert rp["bytes_shipped"] < base["bytes_shipped"], (rp, base)
     # node1 and node2 on two primary hosts, two agents; two DR hosts
     assert rep["primary"]["netns"] == ["primary-h1", "primary-h2"]
     assert rep["primary"]["agents"] == ["primary-h1", "primary-h2"]
     assert d["dr_netns"] == ["dr-h1", "dr-h2"]
     assert set(d["snapshot"]["paused_ms"]) == {"cass-node1", "cass-node2"}
-    assert all(c.endswith("-d0") for c in d["dr_clones"]), d["dr_clones"]
+    assert all(c.endswith("-d1") for c in d["dr_clones"]), d["dr_clones"]  # snapshot 1
     assert rep["cleanup"]["left"] == {"primary": [], "dr": []}, rep["cleanup"]
     assert rep["cleanup"]["errors"] == [] and d["clone_errors"] == []
     html = (tmp_path / "drill" / "report.html").read_text()
     assert html.count("PASS") == 1 and "Replication to DR" in html
+    assert "Replicated, not drilled" in html
 
 
 # -- unit: what the drill hands ip, QEMU, rbd and debugfs (no QEMU, no Ceph) --
