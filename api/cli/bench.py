@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -20,6 +21,35 @@ app = typer.Typer(help="Benchmarks on the lab: print a table, write JSON.",
 def _log(msg: str) -> None:
     typer.echo(msg)
     sys.stdout.flush()
+
+
+def _with_lab(params: dict[str, Any] | None,
+              body: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Run body(status) on a lab: a fresh one with params, or (params None)
+    the running healthy lab or else a VM-less one."""
+    from cutpoint.lab import config as C
+    from cutpoint.lab import down as lab_down
+    from cutpoint.lab import lock
+    from cutpoint.lab import up as lab_up
+    from cutpoint.lab.errors import LabNotUp
+    from cutpoint.lab.status import health, load_status
+    with ExitStack() as stack:
+        stack.enter_context(lock.lab_lock(wait=True, log=_log))
+        if params is None:
+            try:
+                status = load_status()
+                if not health(status)["ok"]:
+                    raise LabNotUp("lab not healthy")
+                _log("using the running lab")
+            except LabNotUp:
+                _log("bringing up a VM-less lab (two Ceph sites)")
+                status = lab_up.up(C.LabConfig(hosts=1, vms_per_host=0), log=_log)
+                stack.callback(lab_down.down, log=_log)
+        else:
+            _log(f"bringing up a lab: {params}")
+            stack.callback(lab_down.down, log=_log)
+            status = lab_up.up(C.LabConfig(**params), log=_log)
+        return body(status)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -59,12 +89,7 @@ def replication(
     Uses the running lab if it is healthy; otherwise brings up a VM-less lab
     (two Ceph sites) under the lab lock and tears it down afterwards."""
     from cutpoint.bench import replication as rb
-    from cutpoint.lab import config as C
-    from cutpoint.lab import down as lab_down
-    from cutpoint.lab import lock
-    from cutpoint.lab import up as lab_up
-    from cutpoint.lab.errors import LabError, LabNotUp
-    from cutpoint.lab.status import health, load_status
+    from cutpoint.lab.errors import LabError
 
     cfg = rb.BenchConfig(sizes_mib=_ints(sizes_mib, "--sizes-mib"),
                          changes=_rounds(changes), jobs=jobs)
@@ -75,20 +100,8 @@ def replication(
     except FileNotFoundError as exc:
         typer.echo(f"cutpoint bench: error: {exc}", err=True)
         raise typer.Exit(2) from None
-    doc: dict[str, Any]
     try:
-        with ExitStack() as stack:
-            stack.enter_context(lock.lab_lock(wait=True, log=_log))
-            try:
-                status = load_status()
-                if not health(status)["ok"]:
-                    raise LabNotUp("lab not healthy")
-                _log("using the running lab")
-            except LabNotUp:
-                _log("bringing up a VM-less lab (two Ceph sites)")
-                status = lab_up.up(C.LabConfig(hosts=1, vms_per_host=0), log=_log)
-                stack.callback(lab_down.down, log=_log)
-            doc = rb.run_benchmark(status, cfg, log=_log)
+        doc = _with_lab(None, lambda status: rb.run_benchmark(status, cfg, log=_log))
     except (LabError, rb.ReplicationError) as exc:
         typer.echo(f"cutpoint bench: error: {exc}", err=True)
         raise typer.Exit(1) from None

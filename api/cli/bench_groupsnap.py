@@ -10,48 +10,11 @@ down afterwards); snapsize uses a running healthy lab, or a VM-less one.
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from cutpoint.api.cli.bench import _ints, app
-
-
-def _log(msg: str) -> None:
-    typer.echo(msg)
-    sys.stdout.flush()
-
-
-def _with_lab(params: dict[str, Any] | None,
-              body: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-    """Run body(status) on a lab: a fresh one with params, or (params None)
-    the running healthy lab or else a VM-less one."""
-    from cutpoint.lab import config as C
-    from cutpoint.lab import down as lab_down
-    from cutpoint.lab import lock
-    from cutpoint.lab import up as lab_up
-    from cutpoint.lab.errors import LabNotUp
-    from cutpoint.lab.status import health, load_status
-    with ExitStack() as stack:
-        stack.enter_context(lock.lab_lock(wait=True, log=_log))
-        if params is None:
-            try:
-                status = load_status()
-                if not health(status)["ok"]:
-                    raise LabNotUp("lab not healthy")
-                _log("using the running lab")
-            except LabNotUp:
-                _log("bringing up a VM-less lab (two Ceph sites)")
-                status = lab_up.up(C.LabConfig(hosts=1, vms_per_host=0), log=_log)
-                stack.callback(lab_down.down, log=_log)
-        else:
-            _log(f"bringing up a lab: {params}")
-            stack.callback(lab_down.down, log=_log)
-            status = lab_up.up(C.LabConfig(**params), log=_log)
-        return body(status)
+from cutpoint.api.cli.bench import _ints, _log, _with_lab, app
 
 
 def _finish(doc: dict[str, Any], table: str, json_out: str | None) -> None:
