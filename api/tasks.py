@@ -118,6 +118,16 @@ def _open_job(s: Session, job_id: str | None) -> Job:
     return job
 
 
+def _snapshot_of_job(s: Session, job_id: str | None) -> tuple[Job, int]:
+    """The job (which exists: it is running) and the group snapshot it is
+    about; JobFailed no_snapshot when it names none."""
+    job = s.get(Job, job_id)
+    assert job is not None
+    if job.snapshot_id is None:
+        raise JobFailed("no_snapshot", "the job names no snapshot")
+    return job, job.snapshot_id
+
+
 def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) -> None:
     with ctx.sf() as s:
         job = _open_job(s, ctx.job_id)
@@ -200,11 +210,8 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
     from cutpoint.api.services import capture
 
     with ctx.sf() as s:
-        job = s.get(Job, ctx.job_id)
-        assert job is not None
-        if job.snapshot_id is None:
-            raise JobFailed("no_snapshot", "the job names no snapshot")
-        snap = s.get(GroupSnapshot, job.snapshot_id)
+        _, snapshot_id = _snapshot_of_job(s, ctx.job_id)
+        snap = s.get(GroupSnapshot, snapshot_id)
         assert snap is not None
         snap_id, group_id = snap.id, snap.group_id
         if snap.state in (SnapState.committed, SnapState.aborted, SnapState.failed):
@@ -394,11 +401,7 @@ def _replicate(ctx: Ctx) -> dict[str, Any] | None:
     from cutpoint.api.services import replication
 
     with ctx.sf() as s:
-        job = s.get(Job, ctx.job_id)
-        assert job is not None
-        if job.snapshot_id is None:
-            raise JobFailed("no_snapshot", "the job names no snapshot")
-        snap_id = job.snapshot_id
+        job, snap_id = _snapshot_of_job(s, ctx.job_id)
         params = dict(job.params or {})
         if job.message.startswith("waiting"):
             job.message = "running"
