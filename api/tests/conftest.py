@@ -184,6 +184,51 @@ def inventory(session_factory: sessionmaker[Session]) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture
+def dr_snapshot(api: Api, session_factory: sessionmaker[Session],
+                inventory: dict[str, Any]) -> Callable[..., int]:
+    """Makes site "dr", group "app" replicating to it with primary-h1-vm1 (of
+    `inventory`) as its member, and one committed group snapshot, txn "t1",
+    cut 30 s ago, with a present member snapshot "cp.app.t1" of each disk
+    number given; `dr_verified_after_s` marks it verified at DR that long after
+    the cut.  Returns the snapshot's id."""
+    import datetime as dt
+
+    from cutpoint.api.models import (
+        Group,
+        GroupSnapshot,
+        MemberSnapshot,
+        SnapState,
+        utcnow,
+    )
+    from sqlalchemy import select
+
+    def make(disks: tuple[int, ...] = (0, 1), dr_verified_after_s: float | None = None) -> int:
+        assert api.post("/v1/sites", json={"name": "dr"}).status_code == 201
+        r = api.post("/v1/groups", json={"name": "app",
+                                         "policy": {"replication_target": "dr"}})
+        assert r.status_code == 201, r.text
+        r = api.post("/v1/groups/app/members", json={"vm": "primary-h1-vm1"})
+        assert r.status_code == 201, r.text
+        with session_factory() as s:
+            g = s.scalar(select(Group).where(Group.name == "app"))
+            assert g is not None
+            cut = utcnow() - dt.timedelta(seconds=30)
+            verified = None if dr_verified_after_s is None \
+                else cut + dt.timedelta(seconds=dr_verified_after_s)
+            snap = GroupSnapshot(group_id=g.id, txn="t1", state=SnapState.committed,
+                                 cut_at=cut, dr_verified_at=verified)
+            s.add(snap)
+            s.flush()
+            for d in disks:
+                s.add(MemberSnapshot(group_snapshot_id=snap.id, host="primary-h1",
+                                     vm="primary-h1-vm1", disk=f"primary-h1-vm1/disk{d}",
+                                     name="cp.app.t1", state="present"))
+            s.commit()
+            return int(snap.id)
+    return make
+
+
 os.environ.setdefault("CUTPOINT_TOKEN_SECRET", SECRET)
 
 

@@ -5,41 +5,15 @@ and failover.  The lab runs of the same paths are dr-tests/tests/test_dr_*.py.""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
-from cutpoint.api.models import (
-    Group,
-    GroupSnapshot,
-    MemberReplication,
-    MemberSnapshot,
-    SnapState,
-    utcnow,
-)
-from sqlalchemy import select
+from cutpoint.api.models import GroupSnapshot, MemberReplication
 
 
-def _group_with_snapshot(api: Any, session_factory: Any) -> tuple[int, str]:
-    assert api.post("/v1/sites", json={"name": "dr"}).status_code == 201
-    r = api.post("/v1/groups", json={"name": "app", "policy": {"replication_target": "dr"}})
-    assert r.status_code == 201, r.text
-    assert api.post("/v1/groups/app/members", json={"vm": "primary-h1-vm1"}).status_code == 201
-    with session_factory() as s:
-        g = s.scalar(select(Group).where(Group.name == "app"))
-        cut = utcnow() - dt.timedelta(seconds=30)
-        snap = GroupSnapshot(group_id=g.id, txn="t1", state=SnapState.committed, cut_at=cut)
-        s.add(snap)
-        s.flush()
-        for d in (0, 1):
-            s.add(MemberSnapshot(group_snapshot_id=snap.id, host="primary-h1",
-                                 vm="primary-h1-vm1", disk=f"primary-h1-vm1/disk{d}",
-                                 name="cp.app.t1", state="present"))
-        s.commit()
-        return snap.id, "t1"
-
-
-def test_replication_state_per_snapshot_and_member(api: Any, inventory: dict[str, Any],
-                                                   session_factory: Any) -> None:
-    snap_id, txn = _group_with_snapshot(api, session_factory)
+def test_replication_state_per_snapshot_and_member(api: Any, session_factory: Any,
+                                                   dr_snapshot: Callable[..., int]) -> None:
+    snap_id, txn = dr_snapshot(disks=(0, 1)), "t1"
     doc = api.get("/v1/groups/app/replication").json()
     assert doc["target_site"] == "dr" and doc["newest_recovery_point"] is None
     assert doc["snapshots"][0]["state"] == "not_replicated"
@@ -89,9 +63,8 @@ def test_replication_state_per_snapshot_and_member(api: Any, inventory: dict[str
     assert all(abs(m["lag_s"] - 12.0) < 0.01 for m in s0["members"])
 
 
-def test_dr_policy_and_refusals(api: Any, inventory: dict[str, Any],
-                                session_factory: Any) -> None:
-    _group_with_snapshot(api, session_factory)
+def test_dr_policy_and_refusals(api: Any, dr_snapshot: Callable[..., int]) -> None:
+    dr_snapshot(disks=(0, 1))
     assert api.get("/v1/groups/app/dr-policy").json() == {"keep_last": 48, "keep_within": 0}
     r = api.request("PUT", "/v1/groups/app/dr-policy", json={"keep_last": 3})
     assert r.status_code == 200 and r.json()["keep_last"] == 3

@@ -5,43 +5,18 @@ whole path is test_failover_lab.py."""
 
 from __future__ import annotations
 
-import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
-from cutpoint.api.models import (
-    Group,
-    GroupSnapshot,
-    Job,
-    MemberSnapshot,
-    SnapState,
-    utcnow,
-)
+from cutpoint.api.models import Job
 from cutpoint.api.services.failover import breakdown
-from sqlalchemy import select
 
 
-def _recovery_point(api: Any, session_factory: Any) -> str:
-    assert api.post("/v1/sites", json={"name": "dr"}).status_code == 201
-    r = api.post("/v1/groups", json={"name": "app", "policy": {"replication_target": "dr"}})
-    assert r.status_code == 201, r.text
-    assert api.post("/v1/groups/app/members", json={"vm": "primary-h1-vm1"}).status_code == 201
-    with session_factory() as s:
-        g = s.scalar(select(Group).where(Group.name == "app"))
-        cut = utcnow() - dt.timedelta(seconds=30)
-        snap = GroupSnapshot(group_id=g.id, txn="t1", state=SnapState.committed, cut_at=cut,
-                             dr_verified_at=cut + dt.timedelta(seconds=5))
-        s.add(snap)
-        s.flush()
-        s.add(MemberSnapshot(group_snapshot_id=snap.id, host="primary-h1", vm="primary-h1-vm1",
-                             disk="primary-h1-vm1/disk0", name="cp.app.t1", state="present"))
-        s.commit()
-    return "t1"
-
-
-def test_failover_job_carries_the_request_time(api: Any, app: Any, inventory: dict[str, Any],
-                                               session_factory: Any) -> None:
-    txn = _recovery_point(api, session_factory)
+def test_failover_job_carries_the_request_time(api: Any, app: Any, session_factory: Any,
+                                               dr_snapshot: Callable[..., int]) -> None:
+    dr_snapshot(disks=(0,), dr_verified_after_s=5)
+    txn = "t1"
     queued: list[tuple[str, str]] = []
     app.state.enqueue = lambda kind, job_id, session: queued.append((kind, job_id))
     t0 = time.time()
