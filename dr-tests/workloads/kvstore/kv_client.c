@@ -130,21 +130,12 @@ cleanup:
     return st;
 }
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
 static void one_op(struct client *cl, uint64_t n)
 {
     char key[64], val[160], val2[32];
     struct wl_buf reply = { 0 };
     struct kv_req rq = { .opid = ((uint64_t)cl->id << 40) | n };
-    uint64_t r = mix(((uint64_t)cl->id << 40) ^ n), seq = 0;
+    uint64_t r = wl_mix64(((uint64_t)cl->id << 40) ^ n), seq = 0;
     unsigned k = (unsigned)(r % 100), i = (unsigned)((r >> 8) % 16);
     uint8_t st;
 

@@ -80,6 +80,15 @@ uint64_t wl_fnv64(uint64_t h, const void *buf, size_t len)
     return h;
 }
 
+uint64_t wl_mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
 void wl_put32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)

@@ -24,6 +24,11 @@ void wl_fatal(const char *fmt, ...)
 uint32_t wl_crc32(uint32_t crc, const void *buf, size_t len);
 uint64_t wl_fnv64(uint64_t h, const void *buf, size_t len);
 #define WL_FNV_INIT 0xcbf29ce484222325ULL
+/* The 64-bit finalizer of MurmurHash3 (fmix64): the clients draw their
+ * operations and payloads from it, and dr-tests/checkers/sharedlog.py
+ * (_mix) rebuilds the payloads with the same function, so it must not
+ * change. */
+uint64_t wl_mix64(uint64_t x);
 
 /* ---- little-endian helpers ---- */
 void wl_put32(uint8_t *p, uint32_t v);

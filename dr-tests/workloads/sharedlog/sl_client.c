@@ -60,20 +60,11 @@ static void journal(struct client *cl, const uint8_t *rec, uint32_t len)
         wl_fatal("client %d: journal write failed (full?)", cl->id);
 }
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
 /* The payload of (client, seq): u32 client | u64 seq | text.  The checker
  * rebuilds it (dr-tests/checkers/sharedlog.py, payload()). */
 static uint32_t payload(int client, uint64_t seq, uint8_t *out)
 {
-    uint64_t r = mix(((uint64_t)client << 40) ^ seq);
+    uint64_t r = wl_mix64(((uint64_t)client << 40) ^ seq);
     int n = snprintf((char *)out + 12, 200, "c%d.s%llu:", client,
                      (unsigned long long)seq);
     int fill = 16 + (int)(r % 64);
@@ -81,7 +72,7 @@ static uint32_t payload(int client, uint64_t seq, uint8_t *out)
     wl_put32(out, (uint32_t)client);
     wl_put64(out + 4, seq);
     for (int i = 0; i < fill; i++)
-        out[12 + n + i] = (uint8_t)('a' + (mix(r + (uint64_t)i) % 26));
+        out[12 + n + i] = (uint8_t)('a' + (wl_mix64(r + (uint64_t)i) % 26));
     return 12 + (uint32_t)n + (uint32_t)fill;
 }
 
