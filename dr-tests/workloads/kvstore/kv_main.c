@@ -33,35 +33,23 @@ static void usage(void)
     exit(2);
 }
 
-static int parse_peers(const char *s, struct kv_config *c)
-{
-    char *copy = strdup(s), *save = NULL;
-    int rc = 0;
-
-    c->nnodes = 0;
-    for (char *t = strtok_r(copy, ", ", &save); t;
-         t = strtok_r(NULL, ", ", &save)) {
-        if (c->nnodes >= KV_MAX_NODES ||
-            wl_addr_parse(t, KV_DEFAULT_PORT,
-                          &c->members[c->nnodes].addr) < 0) {
-            fprintf(stderr, "cp-kvstore: bad peer address '%s'\n", t);
-            rc = -1;
-            break;
-        }
-        c->nnodes++;
-    }
-    free(copy);
-    return rc == 0 && c->nnodes > 0 ? 0 : -1;
-}
-
-static struct wl_dev *open_dev(const char *path, int nofsync, int sim)
+/* The ring from --peers/CP_PEERS, in order; its addresses also go to
+ * addrs, for wl_node_resolve. */
+static int parse_peers(const char *s, struct kv_config *c,
+                       struct wl_addr *addrs)
 {
     char err[256];
-    struct wl_dev *d = wl_dev_open(path, nofsync, sim, err, sizeof(err));
+    int n = wl_peers_parse(s, KV_DEFAULT_PORT, addrs, KV_MAX_NODES, err,
+                           sizeof(err));
 
-    if (!d)
-        wl_fatal("%s", err);
-    return d;
+    if (n < 0) {
+        fprintf(stderr, "cp-kvstore: %s\n", err);
+        return -1;
+    }
+    c->nnodes = n;
+    for (int i = 0; i < n; i++)
+        c->members[i].addr = addrs[i];
+    return n > 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -71,6 +59,7 @@ int main(int argc, char **argv)
     int node = -1, nofsync = 0, sim = 0, check_only = 0, ac;
     struct kv_client_opts co = { .ops = -1, .delay_ms = 0, .progress = 100 };
     char **av, err[256], diskbuf[256];
+    static struct wl_addr addrs[KV_MAX_NODES];
     static const struct option longopts[] = {
         { "role", required_argument, NULL, 'r' },
         { "node", required_argument, NULL, 'i' },
@@ -106,29 +95,15 @@ int main(int argc, char **argv)
         default: usage();
         }
     }
-    if (!peers || parse_peers(peers, &cfg) < 0)
+    if (!peers || parse_peers(peers, &cfg, addrs) < 0)
         wl_fatal("no usable peer list (--peers or CP_PEERS)");
     if (co.progress < 1)
         wl_fatal("--progress must be positive");
     if (cfg.nparts < 1 || cfg.nparts > 4096)
         wl_fatal("--partitions must be 1..4096");
-    if (node < 0 && getenv("CP_IP")) {
-        struct wl_addr me;
-        if (wl_addr_parse(getenv("CP_IP"), KV_DEFAULT_PORT, &me) < 0)
-            wl_fatal("bad CP_IP '%s'", getenv("CP_IP"));
-        for (int i = 0; i < cfg.nnodes; i++)
-            if (strcmp(cfg.members[i].addr.host, me.host) == 0)
-                node = i;
-    }
-    if (node < 0 || node >= cfg.nnodes)
-        wl_fatal("cannot tell which node this is (--node or CP_IP)");
+    node = wl_node_resolve(node, addrs, cfg.nnodes, KV_DEFAULT_PORT);
     cfg.node = node;
-    if (!disk && getenv("CP_DISKS")) {
-        snprintf(diskbuf, sizeof(diskbuf), "%s", getenv("CP_DISKS"));
-        disk = strtok(diskbuf, " ");
-    }
-    if (!disk)
-        wl_fatal("no disk (--disk or CP_DISKS)");
+    disk = wl_disk_resolve(disk, diskbuf, sizeof(diskbuf));
     if (strcmp(role, "all") && strcmp(role, "server") &&
         strcmp(role, "client"))
         usage();
@@ -136,7 +111,7 @@ int main(int argc, char **argv)
 
     /* Format and load the superblock with fsync on, whatever the mode:
      * the negative control is about the data path, not the layout. */
-    struct wl_dev *d0 = open_dev(disk, 0, 0);
+    struct wl_dev *d0 = wl_dev_open_or_die(disk, 0, 0);
     if (check_only) {
         /* -n never writes: a blank disk is only reported */
         char magic[8];
@@ -168,13 +143,13 @@ int main(int argc, char **argv)
         if (pid == 0) {
             /* the client dies with its server */
             signal(SIGTERM, SIG_DFL);
-            return kv_client_run(&cfg, open_dev(disk, 0, sim), &co);
+            return kv_client_run(&cfg, wl_dev_open_or_die(disk, 0, sim), &co);
         }
-        return kv_server_run(&cfg, open_dev(disk, nofsync, sim),
+        return kv_server_run(&cfg, wl_dev_open_or_die(disk, nofsync, sim),
                              cfg.members[node].addr.host);
     }
     if (strcmp(role, "server") == 0)
-        return kv_server_run(&cfg, open_dev(disk, nofsync, sim),
+        return kv_server_run(&cfg, wl_dev_open_or_die(disk, nofsync, sim),
                              cfg.members[node].addr.host);
-    return kv_client_run(&cfg, open_dev(disk, 0, sim), &co);
+    return kv_client_run(&cfg, wl_dev_open_or_die(disk, 0, sim), &co);
 }

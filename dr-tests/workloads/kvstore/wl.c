@@ -178,6 +178,18 @@ cleanup:
     return d;
 }
 
+struct wl_dev *wl_dev_open_or_die(const char *path, int nofsync,
+                                  int simulate)
+{
+    char err[256];
+    struct wl_dev *d = wl_dev_open(path, nofsync, simulate, err,
+                                   sizeof(err));
+
+    if (!d)
+        wl_fatal("%s", err);
+    return d;
+}
+
 void wl_dev_free(struct wl_dev *d)
 {
     if (!d)
@@ -315,6 +327,29 @@ int wl_addr_parse(const char *s, int defport, struct wl_addr *a)
         a->port = (int)p;
     }
     return 0;
+}
+
+int wl_peers_parse(const char *list, int defport, struct wl_addr *out,
+                   int max, char *err, size_t errlen)
+{
+    char *copy = strdup(list), *save = NULL;
+    int n = 0;
+
+    if (!copy) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (char *t = strtok_r(copy, ", ", &save); t;
+         t = strtok_r(NULL, ", ", &save)) {
+        if (n >= max || wl_addr_parse(t, defport, &out[n]) < 0) {
+            snprintf(err, errlen, "bad peer address '%s'", t);
+            n = -1;
+            break;
+        }
+        n++;
+    }
+    free(copy);
+    return n;
 }
 
 int wl_listen(const char *host, int port)
@@ -511,6 +546,35 @@ int wl_args_merge(int argc, char **argv, int *out_argc, char ***out_argv)
     *out_argc = n;
     *out_argv = v;
     return 0;
+}
+
+int wl_node_resolve(int node, const struct wl_addr *peers, int n,
+                    int defport)
+{
+    const char *ip = getenv("CP_IP");
+
+    if (node < 0 && ip) {
+        struct wl_addr me;
+        if (wl_addr_parse(ip, defport, &me) < 0)
+            wl_fatal("bad CP_IP '%s'", ip);
+        for (int i = 0; i < n; i++)
+            if (strcmp(peers[i].host, me.host) == 0)
+                node = i;
+    }
+    if (node < 0 || node >= n)
+        wl_fatal("cannot tell which node this is (--node or CP_IP)");
+    return node;
+}
+
+const char *wl_disk_resolve(const char *disk, char *buf, size_t len)
+{
+    if (!disk && getenv("CP_DISKS")) {
+        snprintf(buf, len, "%s", getenv("CP_DISKS"));
+        disk = strtok(buf, " ");
+    }
+    if (!disk)
+        wl_fatal("no disk (--disk or CP_DISKS)");
+    return disk;
 }
 
 uint64_t wl_now_ms(void)

@@ -56,6 +56,9 @@ struct wl_dev;
 /* Opens PATH read-write.  Returns NULL and fills err on failure. */
 struct wl_dev *wl_dev_open(const char *path, int nofsync, int simulate,
                            char *err, size_t errlen);
+/* The same, for start-up: exits through wl_fatal on failure. */
+struct wl_dev *wl_dev_open_or_die(const char *path, int nofsync,
+                                  int simulate);
 void wl_dev_free(struct wl_dev *d);
 uint64_t wl_dev_size(const struct wl_dev *d);
 int wl_dev_read(struct wl_dev *d, uint64_t off, void *buf, size_t len);
@@ -71,6 +74,11 @@ struct wl_addr {
 
 /* Parses "a.b.c.d[:port]"; port defaults to defport. */
 int wl_addr_parse(const char *s, int defport, struct wl_addr *a);
+/* Parses a peer list "A[:PORT],B[:PORT],..." (commas or spaces) into
+ * out[0..max).  Returns the number of peers, or -1 with err naming the
+ * first address that is bad or beyond max. */
+int wl_peers_parse(const char *list, int defport, struct wl_addr *out,
+                   int max, char *err, size_t errlen);
 int wl_listen(const char *host, int port);
 /* Connects with a timeout; returns fd or -1. */
 int wl_connect(const struct wl_addr *a, int timeout_ms);
@@ -101,6 +109,18 @@ void wl_buf_free(struct wl_buf *b);
  * the command line win.
  */
 int wl_args_merge(int argc, char **argv, int *out_argc, char ***out_argv);
+/*
+ * Which node this is: node itself when given (>= 0), else the index of the
+ * peer whose host is CP_IP's (the guest's own address).  Exits through
+ * wl_fatal when CP_IP is malformed or neither names one of the n peers.
+ */
+int wl_node_resolve(int node, const struct wl_addr *peers, int n,
+                    int defport);
+/*
+ * Our disk: disk itself when given, else the first word of CP_DISKS
+ * (copied into buf).  Exits through wl_fatal when there is neither.
+ */
+const char *wl_disk_resolve(const char *disk, char *buf, size_t len);
 /* Current monotonic time in milliseconds / microseconds. */
 uint64_t wl_now_ms(void);
 uint64_t wl_now_us(void);

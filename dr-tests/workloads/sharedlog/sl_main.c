@@ -33,16 +33,6 @@ static void usage(void)
     exit(2);
 }
 
-static struct wl_dev *open_dev(const char *path, int nofsync, int sim)
-{
-    char err[256];
-    struct wl_dev *d = wl_dev_open(path, nofsync, sim, err, sizeof(err));
-
-    if (!d)
-        wl_fatal("%s", err);
-    return d;
-}
-
 static void child(void)
 {
     /* children die with the parent (kill -9 of the group also works) */
@@ -98,15 +88,10 @@ int main(int argc, char **argv)
     }
     if (!peers)
         wl_fatal("no peer list (--peers or CP_PEERS)");
-    char *copy = strdup(peers), *save = NULL;
-    for (char *t = strtok_r(copy, ", ", &save); t;
-         t = strtok_r(NULL, ", ", &save)) {
-        if (cfg.nnodes >= SL_MAX_NODES ||
-            wl_addr_parse(t, SL_DEFAULT_PORT, &cfg.addrs[cfg.nnodes]) < 0)
-            wl_fatal("bad peer address '%s'", t);
-        cfg.nnodes++;
-    }
-    free(copy);
+    cfg.nnodes = wl_peers_parse(peers, SL_DEFAULT_PORT, cfg.addrs,
+                                SL_MAX_NODES, err, sizeof(err));
+    if (cfg.nnodes < 0)
+        wl_fatal("%s", err);
     if (cfg.nnodes < 2 || cfg.nnodes % 2)
         wl_fatal("need an even number of nodes (2 storage servers per "
                  "shard), got %d", cfg.nnodes);
@@ -135,24 +120,10 @@ int main(int argc, char **argv)
         wl_fatal("admin needs --finalize SHARD (< %d) or --trim GSN",
                  cfg.nnodes / 2);
     }
-    if (node < 0 && getenv("CP_IP")) {
-        struct wl_addr me;
-        if (wl_addr_parse(getenv("CP_IP"), SL_DEFAULT_PORT, &me) < 0)
-            wl_fatal("bad CP_IP '%s'", getenv("CP_IP"));
-        for (int i = 0; i < cfg.nnodes; i++)
-            if (strcmp(cfg.addrs[i].host, me.host) == 0)
-                node = i;
-    }
-    if (node < 0 || node >= cfg.nnodes)
-        wl_fatal("cannot tell which node this is (--node or CP_IP)");
+    node = wl_node_resolve(node, cfg.addrs, cfg.nnodes, SL_DEFAULT_PORT);
     cfg.node = node;
-    if (!disk && getenv("CP_DISKS")) {
-        snprintf(diskbuf, sizeof(diskbuf), "%s", getenv("CP_DISKS"));
-        disk = strtok(diskbuf, " ");
-    }
-    if (!disk)
-        wl_fatal("no disk (--disk or CP_DISKS)");
-    struct wl_dev *d0 = open_dev(disk, 0, 0);
+    disk = wl_disk_resolve(disk, diskbuf, sizeof(diskbuf));
+    struct wl_dev *d0 = wl_dev_open_or_die(disk, 0, 0);
     if (check_only) {
         /* -n never writes: a blank disk is only reported */
         char magic[8];
@@ -177,11 +148,11 @@ int main(int argc, char **argv)
            cfg.nnodes, disk, nofsync ? " NO-FSYNC" : "",
            sim ? " simulated-page-cache" : "");
     if (strcmp(role, "storage") == 0)
-        return sl_storage_run(&cfg, open_dev(disk, nofsync, sim));
+        return sl_storage_run(&cfg, wl_dev_open_or_die(disk, nofsync, sim));
     if (strcmp(role, "order") == 0)
-        return sl_order_run(&cfg, open_dev(disk, nofsync, sim));
+        return sl_order_run(&cfg, wl_dev_open_or_die(disk, nofsync, sim));
     if (strcmp(role, "client") == 0)
-        return sl_client_run(&cfg, open_dev(disk, 0, sim), &co);
+        return sl_client_run(&cfg, wl_dev_open_or_die(disk, 0, sim), &co);
     if (strcmp(role, "all") && strcmp(role, "servers"))
         usage();
     if (node < sl_norder(&cfg)) {
@@ -190,7 +161,7 @@ int main(int argc, char **argv)
             wl_fatal("fork failed");
         if (pid == 0) {
             child();
-            return sl_order_run(&cfg, open_dev(disk, nofsync, sim));
+            return sl_order_run(&cfg, wl_dev_open_or_die(disk, nofsync, sim));
         }
     }
     pid_t pid = strcmp(role, "servers") ? fork() : 1;
@@ -199,7 +170,7 @@ int main(int argc, char **argv)
     if (pid == 0) {
         child();
         /* the journal is the oracle: synced even under --no-fsync */
-        return sl_client_run(&cfg, open_dev(disk, 0, sim), &co);
+        return sl_client_run(&cfg, wl_dev_open_or_die(disk, 0, sim), &co);
     }
-    return sl_storage_run(&cfg, open_dev(disk, nofsync, sim));
+    return sl_storage_run(&cfg, wl_dev_open_or_die(disk, nofsync, sim));
 }
