@@ -44,7 +44,7 @@ static void sb_encode(const struct kv_config *c, uint8_t *sb)
         memcpy(e, c->members[i].addr.host, strlen(c->members[i].addr.host));
         wl_put32(e + 24, (uint32_t)c->members[i].addr.port);
     }
-    wl_put32(sb + KV_SB_SIZE - 4, wl_crc32(0, sb, KV_SB_SIZE - 4));
+    /* the CRC in the last 4 bytes is wl_sb_write's */
 }
 
 int kv_superblock_load(struct wl_dev *dev, struct kv_config *c, char *err,
@@ -53,18 +53,13 @@ int kv_superblock_load(struct wl_dev *dev, struct kv_config *c, char *err,
     uint8_t sb[KV_SB_SIZE];
     uint64_t dsize = wl_dev_size(dev);
     int changed = 0;
+    int valid = wl_sb_read(dev, sb, sizeof(sb),
+                           KV_SB_SIZE + (uint64_t)(c->nparts + 1) * 8192,
+                           KV_SB_MAGIC, err, errlen);
 
-    if (dsize < KV_SB_SIZE + (uint64_t)(c->nparts + 1) * 8192) {
-        snprintf(err, errlen, "disk too small: %llu bytes",
-                 (unsigned long long)dsize);
+    if (valid < 0)
         return -1;
-    }
-    if (wl_dev_read(dev, 0, sb, sizeof(sb)) < 0) {
-        snprintf(err, errlen, "cannot read superblock");
-        return -1;
-    }
-    if (memcmp(sb, KV_SB_MAGIC, 8) == 0 &&
-        wl_get32(sb + KV_SB_SIZE - 4) == wl_crc32(0, sb, KV_SB_SIZE - 4)) {
+    if (valid) {
         int node = (int)wl_get32(sb + 12);
         int np = (int)wl_get32(sb + 16);
         int nn = (int)wl_get32(sb + 20);
@@ -98,10 +93,8 @@ int kv_superblock_load(struct wl_dev *dev, struct kv_config *c, char *err,
     }
     if (changed) {
         sb_encode(c, sb);
-        if (wl_dev_write(dev, 0, sb, sizeof(sb)) < 0 || wl_dev_sync(dev) < 0) {
-            snprintf(err, errlen, "cannot write superblock");
+        if (wl_sb_write(dev, sb, sizeof(sb), err, errlen) < 0)
             return -1;
-        }
     }
     return 0;
 }

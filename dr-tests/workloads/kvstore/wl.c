@@ -300,6 +300,38 @@ int wl_dev_sync(struct wl_dev *d)
     return rc;
 }
 
+/* ---- superblock frame ---- */
+
+int wl_sb_read(struct wl_dev *dev, uint8_t *sb, size_t size,
+               uint64_t min_dev_size, const char *magic, char *err,
+               size_t errlen)
+{
+    uint64_t dsize = wl_dev_size(dev);
+
+    if (dsize < min_dev_size) {
+        snprintf(err, errlen, "disk too small: %llu bytes",
+                 (unsigned long long)dsize);
+        return -1;
+    }
+    if (wl_dev_read(dev, 0, sb, size) < 0) {
+        snprintf(err, errlen, "cannot read superblock");
+        return -1;
+    }
+    return memcmp(sb, magic, 8) == 0 &&
+           wl_get32(sb + size - 4) == wl_crc32(0, sb, size - 4);
+}
+
+int wl_sb_write(struct wl_dev *dev, uint8_t *sb, size_t size, char *err,
+                size_t errlen)
+{
+    wl_put32(sb + size - 4, wl_crc32(0, sb, size - 4));
+    if (wl_dev_write(dev, 0, sb, size) < 0 || wl_dev_sync(dev) < 0) {
+        snprintf(err, errlen, "cannot write superblock");
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- network ---- */
 
 int wl_addr_parse(const char *s, int defport, struct wl_addr *a)

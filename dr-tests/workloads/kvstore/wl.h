@@ -66,6 +66,27 @@ int wl_dev_write(struct wl_dev *d, uint64_t off, const void *buf,
                  size_t len);
 int wl_dev_sync(struct wl_dev *d);
 
+/*
+ * ---- superblock frame ----
+ * Both workloads start their disk with a superblock of `size` bytes: an
+ * 8-byte magic at offset 0, their own fields, and the CRC-32 of the first
+ * size - 4 bytes in the last 4.  What lies between is each workload's.
+ *
+ * wl_sb_read: reads the superblock into sb.  Returns 1 if it carries magic
+ * and a good CRC, 0 if not (a blank or foreign disk: the caller formats
+ * it), -1 with err filled if the disk is smaller than min_dev_size or
+ * cannot be read.
+ * wl_sb_write: seals sb with its CRC, writes it at offset 0 and calls
+ * wl_dev_sync (which does nothing on a nofsync device: the mains open
+ * the superblock's device with fsync on).  Returns 0, or -1 with err
+ * filled.
+ */
+int wl_sb_read(struct wl_dev *dev, uint8_t *sb, size_t size,
+               uint64_t min_dev_size, const char *magic, char *err,
+               size_t errlen);
+int wl_sb_write(struct wl_dev *dev, uint8_t *sb, size_t size, char *err,
+                size_t errlen);
+
 /* ---- network (blocking, IPv4, inet_pton only: no NSS in the guest) ---- */
 struct wl_addr {
     char host[64];

@@ -15,18 +15,13 @@ int sl_superblock_load(struct wl_dev *dev, struct sl_config *c, char *err,
 {
     uint8_t sb[SL_SB_SIZE];
     uint64_t dsize = wl_dev_size(dev);
+    int valid = wl_sb_read(dev, sb, sizeof(sb),
+                           SL_SB_SIZE + SL_NREGIONS * 65536, SL_SB_MAGIC,
+                           err, errlen);
 
-    if (dsize < SL_SB_SIZE + SL_NREGIONS * 65536) {
-        snprintf(err, errlen, "disk too small: %llu bytes",
-                 (unsigned long long)dsize);
+    if (valid < 0)
         return -1;
-    }
-    if (wl_dev_read(dev, 0, sb, sizeof(sb)) < 0) {
-        snprintf(err, errlen, "cannot read superblock");
-        return -1;
-    }
-    if (memcmp(sb, SL_SB_MAGIC, 8) == 0 &&
-        wl_get32(sb + SL_SB_SIZE - 4) == wl_crc32(0, sb, SL_SB_SIZE - 4)) {
+    if (valid) {
         int node = (int)wl_get32(sb + 12), nn = (int)wl_get32(sb + 16);
         if (node != c->node || nn != c->nnodes) {
             snprintf(err, errlen, "disk belongs to node %d of %d, "
@@ -44,14 +39,9 @@ int sl_superblock_load(struct wl_dev *dev, struct sl_config *c, char *err,
     wl_put32(sb + 12, (uint32_t)c->node);
     wl_put32(sb + 16, (uint32_t)c->nnodes);
     wl_put64(sb + 24, c->region_size);
-    wl_put32(sb + SL_SB_SIZE - 4, wl_crc32(0, sb, SL_SB_SIZE - 4));
     wl_log("formatting disk: node %d of %d, region %llu bytes", c->node,
            c->nnodes, (unsigned long long)c->region_size);
-    if (wl_dev_write(dev, 0, sb, sizeof(sb)) < 0 || wl_dev_sync(dev) < 0) {
-        snprintf(err, errlen, "cannot write superblock");
-        return -1;
-    }
-    return 0;
+    return wl_sb_write(dev, sb, sizeof(sb), err, errlen);
 }
 
 int sl_msg_encode(const struct sl_msg *m, struct wl_buf *out)
