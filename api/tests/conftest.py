@@ -262,6 +262,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
+def client(plane: Any) -> Iterator[TestClient]:
+    """An admin API client of the test module's own `plane` fixture (a
+    plane.Plane with that test's settings)."""
+    from plane import admin_client  # api/tests/plane.py
+
+    with admin_client(plane) as c:
+        yield c
+
+
+@pytest.fixture
 def agents(lab: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
     """One cutpointd per lab host, certificates from the lab's CA."""
     from cutpoint.lab.agents import start_agents, stop_agents

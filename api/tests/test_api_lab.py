@@ -23,7 +23,7 @@ import pytest
 from cutpoint.api import services_local
 from cutpoint.api.models import GroupSnapshot, Job, SnapState
 from fastapi.testclient import TestClient
-from plane import Plane, admin_client, lab_plane, wait_for  # api/tests/plane.py
+from plane import Plane, lab_plane, wait_for  # api/tests/plane.py
 from sqlalchemy import func, select, text
 
 pytestmark = [pytest.mark.lab,
@@ -33,19 +33,10 @@ pytestmark = [pytest.mark.lab,
 @pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           local_services: services_local.Endpoints) -> Iterator[Plane]:
-    p = lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
-                  CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="15",
-                  CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600")
-    try:
+    with lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
+                   CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="15",
+                   CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
         yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture
-def client(plane: Plane) -> Iterator[TestClient]:
-    with admin_client(plane) as c:
-        yield c
 
 
 def register(c: TestClient, lab: dict[str, Any], plane: Plane, rpo: int | None) -> str:

@@ -30,7 +30,7 @@ from cutpoint.api import services_local
 from cutpoint.api.models import Job
 from cutpoint.bench.replication import MiB, pattern, snap_sha256, snaps, write_extents
 from fastapi.testclient import TestClient
-from plane import Plane, admin_client, lab_plane, wait_for  # api/tests/plane.py
+from plane import Plane, lab_plane, wait_for  # api/tests/plane.py
 from sqlalchemy import select
 from test_api_lab import register
 
@@ -45,20 +45,11 @@ DELTA = {2: MiB, 3: 8 * MiB, 4: 256 * 1024, 5: 128 * 1024}  # bytes written per 
 @pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           local_services: services_local.Endpoints) -> Iterator[Plane]:
-    p = lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
-                  CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="60",
-                  CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600",
-                  CUTPOINT_REPLICATION_RATE_MBPS=str(RATE_MBPS))
-    try:
+    with lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
+                   CUTPOINT_GROUP_LOCK_TTL_S="6", CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="60",
+                   CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600",
+                   CUTPOINT_REPLICATION_RATE_MBPS=str(RATE_MBPS)) as p:
         yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture
-def client(plane: Plane) -> Iterator[TestClient]:
-    with admin_client(plane) as c:
-        yield c
 
 
 def disks(lab: dict[str, Any]) -> list[tuple[str, int]]:

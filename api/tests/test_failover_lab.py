@@ -42,7 +42,7 @@ import pytest
 from cutpoint.api import services_local
 from cutpoint.api.models import FencingEpoch
 from fastapi.testclient import TestClient
-from plane import Plane, admin_client, lab_plane, wait_for  # api/tests/plane.py
+from plane import Plane, lab_plane, wait_for  # api/tests/plane.py
 from sqlalchemy import select
 
 pytestmark = [pytest.mark.lab,
@@ -55,19 +55,10 @@ DONE = ("succeeded", "failed")
 @pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           local_services: services_local.Endpoints) -> Iterator[Plane]:
-    p = lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
-                  CUTPOINT_AGENT_TIMEOUT_S="15",  # vm.stop waits for QEMU to exit
-                  CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600")
-    try:
+    with lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
+                   CUTPOINT_AGENT_TIMEOUT_S="15",  # vm.stop waits for QEMU to exit
+                   CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
         yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture
-def client(plane: Plane) -> Iterator[TestClient]:
-    with admin_client(plane) as c:
-        yield c
 
 
 def finish(c: TestClient, job_id: str, what: str, plane: Plane, timeout: float = 300,
