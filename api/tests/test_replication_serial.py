@@ -43,13 +43,10 @@ TTL = 3.0
 
 @pytest.fixture
 def plane(tmp_path: Path, local_services: services_local.Endpoints) -> Iterator[Plane]:
-    p = Plane(tmp_path, int(local_services.redis_port or 0), make_certs(tmp_path / "certs"),
-              CUTPOINT_GROUP_LOCK_TTL_S=str(TTL), CUTPOINT_RETENTION_INTERVAL_S="3600",
-              CUTPOINT_INVENTORY_INTERVAL_S="3600")
-    try:
+    with Plane(tmp_path, int(local_services.redis_port or 0), make_certs(tmp_path / "certs"),
+               CUTPOINT_GROUP_LOCK_TTL_S=str(TTL), CUTPOINT_RETENTION_INTERVAL_S="3600",
+               CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
         yield p
-    finally:
-        p.stop()
 
 
 def _seed(plane: Plane) -> tuple[int, int, str]:
