@@ -250,9 +250,26 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
     return summary
 
 
+def _pull_inventory(s: Session, host: Host, settings: Settings) -> dict[str, int]:
+    """Ask the host's agent for hello and inventory and apply them (commits).
+    An agent that cannot be reached is recorded on the host (committed) and
+    its AgentCallError raised again."""
+    from cutpoint.api.services import agents, inventory
+
+    try:
+        hello, inv = agents.call(host, settings, ("hello", {}), ("inventory", {}))
+    except agents.AgentCallError as exc:
+        host.reachable = False
+        host.last_error = str(exc)[:2000]
+        s.commit()
+        raise
+    host.agent_version = str(hello.get("version", ""))[:64] or None
+    return inventory.apply(s, host, inv)
+
+
 @cutpoint_task("inventory_sync")
 def inventory_sync(ctx: Ctx) -> dict[str, Any] | None:
-    from cutpoint.api.services import agents, inventory
+    from cutpoint.api.services import agents
 
     with ctx.sf() as s:
         job = s.get(Job, ctx.job_id)
@@ -261,14 +278,9 @@ def inventory_sync(ctx: Ctx) -> dict[str, Any] | None:
         if host is None:
             raise JobFailed("host_not_found", "the job's host is gone")
         try:
-            hello, inv = agents.call(host, ctx.settings, ("hello", {}), ("inventory", {}))
+            counts = _pull_inventory(s, host, ctx.settings)
         except agents.AgentCallError as exc:
-            host.reachable = False
-            host.last_error = str(exc)[:2000]
-            s.commit()
             raise JobFailed(exc.code.lower(), str(exc)) from exc
-        host.agent_version = str(hello.get("version", ""))[:64] or None
-        counts = inventory.apply(s, host, inv)
         return {"host": host.name, **counts}
 
 
@@ -340,21 +352,16 @@ def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
 @cutpoint_task("inventory_tick", job=False)
 def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
     """Refresh every host's inventory and reachability (no job rows: it is routine)."""
-    from cutpoint.api.services import agents, inventory
+    from cutpoint.api.services import agents
 
     ok = bad = 0
     with ctx.sf() as s:
         for host in list(s.scalars(select(Host))):
             try:
-                hello, inv = agents.call(host, ctx.settings, ("hello", {}), ("inventory", {}))
-            except agents.AgentCallError as exc:
-                host.reachable = False
-                host.last_error = str(exc)[:2000]
-                s.commit()
+                _pull_inventory(s, host, ctx.settings)
+            except agents.AgentCallError:
                 bad += 1
                 continue
-            host.agent_version = str(hello.get("version", ""))[:64] or None
-            inventory.apply(s, host, inv)
             ok += 1
     return {"reachable": ok, "unreachable": bad}
 
