@@ -20,10 +20,11 @@ _REC_RX = re.compile(rb"^(\d{15}) ([0-9a-f]{16})\n$")
 
 def cmdline_arg(name, default=""):
     try:
-        text = open("/proc/cmdline").read()
+        with open("/proc/cmdline") as f:
+            text = f.read()
     except OSError:
         text = ""
-    m = re.search(r"\b%s=(\S+)" % re.escape(name), text)
+    m = re.search(rf"\b{re.escape(name)}=(\S+)", text)
     return m.group(1) if m else os.environ.get(name.replace(".", "_").upper(),
                                                default)
 
@@ -36,7 +37,7 @@ def uptime():
     try:
         return open("/proc/uptime").read().split()[0]
     except OSError:
-        return "%.2f" % time.monotonic()
+        return f"{time.monotonic():.2f}"
 
 
 def say(*words):
@@ -48,7 +49,8 @@ def read_oplog(path=OPLOG):
     a short tail (an append cut by the snapshot) is reported, not counted."""
     recs, bad, torn = [], 0, 0
     try:
-        data = open(path, "rb").read()
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return recs, -1, 0
     for off in range(0, len(data), REC):
@@ -83,6 +85,6 @@ def session(ip, timeout=120.0):
         except Exception as e:  # NoHostAvailable while Cassandra starts
             if time.monotonic() > deadline:
                 raise
-            print("cp-cql: waiting for %s: %s" % (ip, str(e)[:200]),
+            print(f"cp-cql: waiting for {ip}: {str(e)[:200]}",
                   file=sys.stderr, flush=True)
             time.sleep(5)
