@@ -3,6 +3,7 @@ project's Redis, a fresh SQLite database, and an in-process API client."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -104,6 +105,27 @@ def lab_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> Pl
                                    "CUTPOINT_AGENT_CERT": str(certs / "coordinator.pem"),
                                    "CUTPOINT_AGENT_KEY": str(certs / "coordinator.key")},
                  **env)
+
+
+def agent_vm_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \
+        -> dict[str, str]:
+    """VM name -> run state, as the agents of the lab's `site` hosts list
+    them (inventory), asked with the plane's coordinator certificate."""
+    from cutpoint.agentclient import AgentClient, client_context
+
+    st = plane.settings
+    ctx = client_context(st.agent_ca, st.agent_cert, st.agent_key)
+
+    async def one(h: dict[str, Any]) -> dict[str, str]:
+        async with AgentClient(h["address"], 7443, ssl_context=ctx) as ac:
+            inv = await ac.call("inventory", {}, timeout=10)
+        return {v["name"]: v["state"] for v in inv["vms"]}
+
+    out: dict[str, str] = {}
+    for h in lab["hosts"]:
+        if h["site"] == site:
+            out.update(asyncio.run(one(h)))
+    return out
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import sqlite3
@@ -23,7 +22,7 @@ import pytest
 from cutpoint.api import services_local
 from cutpoint.api.models import GroupSnapshot, Job, SnapState
 from fastapi.testclient import TestClient
-from plane import Plane, lab_plane, wait_for  # api/tests/plane.py
+from plane import Plane, agent_vm_states, lab_plane, wait_for  # api/tests/plane.py
 from sqlalchemy import func, select, text
 
 pytestmark = [pytest.mark.lab,
@@ -76,25 +75,6 @@ def rbd_snaps(lab: dict[str, Any]) -> dict[str, set[str]]:
             r = subprocess.run(rbd_cmd(site, "snap", "ls", "--format", "json", spec),
                                capture_output=True, text=True, check=True)
             out[spec] = {s["name"] for s in json.loads(r.stdout or "[]")}
-    return out
-
-
-def vm_states(lab: dict[str, Any], plane: Plane) -> dict[str, str]:
-    """Each primary VM's run state, from its agent's inventory."""
-    from cutpoint.agentclient import AgentClient, client_context
-
-    st = plane.settings
-    ctx = client_context(st.agent_ca, st.agent_cert, st.agent_key)
-
-    async def one(h: dict[str, Any]) -> dict[str, str]:
-        async with AgentClient(h["address"], 7443, ssl_context=ctx) as c:
-            inv = await c.call("inventory", {}, timeout=10)
-        return {v["name"]: v["state"] for v in inv["vms"]}
-
-    out: dict[str, str] = {}
-    for h in lab["hosts"]:
-        if h["site"] == "primary":
-            out.update(asyncio.run(one(h)))
     return out
 
 
@@ -244,7 +224,7 @@ def test_worker_kill9_during_snapshot(lab: dict[str, Any], plane: Plane,
     assert killed_in, "never caught a snapshot in flight"
     print(f"\nworker killed with the txn in state {killed_in}")
     # Within lease + budget the agents resume every VM on their own.
-    wait_for(lambda: set(vm_states(lab, plane).values()) == {"running"}, 15,
+    wait_for(lambda: set(agent_vm_states(lab, plane).values()) == {"running"}, 15,
              "every VM running after the worker was killed", plane)
     # A new worker (and beat, which resends orphaned jobs) finishes the txn.
     plane.start("worker")
@@ -271,7 +251,7 @@ def test_worker_kill9_during_snapshot(lab: dict[str, Any], plane: Plane,
             Job.snapshot_id == sid))
         assert s.get(GroupSnapshot, sid).state in (SnapState.committed, SnapState.aborted)
     assert (n_snap, n_txn, inflight, jobs_for) == (1, 1, 0, 1)
-    assert set(vm_states(lab, plane).values()) == {"running"}
+    assert set(agent_vm_states(lab, plane).values()) == {"running"}
     # The group is usable again.
     job2 = c.post("/v1/groups/app/snapshots")
     assert job2.status_code == 202, job2.text

@@ -31,7 +31,6 @@ stay stopped: the lab fixture brings up a fresh lab for the next test.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import time
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ import pytest
 from cutpoint.api import services_local
 from cutpoint.api.models import FencingEpoch
 from fastapi.testclient import TestClient
-from plane import Plane, lab_plane, wait_for  # api/tests/plane.py
+from plane import Plane, agent_vm_states, lab_plane, wait_for  # api/tests/plane.py
 from sqlalchemy import select
 
 pytestmark = [pytest.mark.lab,
@@ -117,20 +116,7 @@ def snapshot_and_replicate(c: TestClient, plane: Plane) -> dict[str, Any]:
 def inventory_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \
         -> dict[str, str]:
     """Each primary VM's state from the agents of `site` (not listed: 'absent')."""
-    from cutpoint.agentclient import AgentClient, client_context
-
-    st = plane.settings
-    ctx = client_context(st.agent_ca, st.agent_cert, st.agent_key)
-
-    async def one(h: dict[str, Any]) -> dict[str, str]:
-        async with AgentClient(h["address"], 7443, ssl_context=ctx) as ac:
-            inv = await ac.call("inventory", {}, timeout=10)
-        return {v["name"]: v["state"] for v in inv["vms"]}
-
-    seen: dict[str, str] = {}
-    for h in lab["hosts"]:
-        if h["site"] == site:
-            seen.update(asyncio.run(one(h)))
+    seen = agent_vm_states(lab, plane, site)
     return {v["name"]: seen.get(v["name"], "absent") for v in lab["vms"]
             if v["site"] == "primary"}
 
