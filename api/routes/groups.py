@@ -124,7 +124,7 @@ def list_snapshots(group: GroupRef, session: SessionDep, _: Viewer, limit: Limit
 @router.get("/{group}/rpo", response_model=RpoStatus)
 def rpo_status(group: GroupRef, session: SessionDep, settings: SettingsDep, _: Viewer) \
         -> RpoStatus:
-    return rpo.status(session, groups.resolve(session, group), settings.scheduler_margin_s)
+    return rpo.status(session, groups.resolve(session, group), settings.capture_head_start_s)
 
 
 @router.get("/{group}/rpo/misses", response_model=Page[RpoMissPublic])

@@ -10,6 +10,9 @@ To keep the achieved RPO under `rpo_seconds`, the next capture must start by
 
     due_at = newest_cut + rpo_seconds - (duration + lag + margin)
 
+where margin is the caller's head start (Settings.capture_head_start_s:
+the configured margin plus one scheduler tick).
+
 where duration is the longest request-to-cut time of the last few captures
 (queue wait + worker pickup + PREPARE), so a busy worker starts captures
 earlier instead of missing.

@@ -50,7 +50,7 @@ def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
                 g = s.get(Group, gid)
                 if g is None:
                     continue
-                a = rpo.assess(s, g, now, settings.scheduler_margin_s)
+                a = rpo.assess(s, g, now, settings.capture_head_start_s)
                 act = (g.enabled and a.due(now)) or (
                     a.rpo_seconds is not None and rpo.overdue_s(a, g, now) > 0)
             if not act:
@@ -59,7 +59,7 @@ def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
                 g = s.get(Group, gid)
                 if g is None:
                     continue
-                a = rpo.assess(s, g, now, settings.scheduler_margin_s)
+                a = rpo.assess(s, g, now, settings.capture_head_start_s)
                 if rpo.maybe_record_miss(s, g, a, now) is not None:
                     stats["misses"] += 1
                     log.warning("group=%s event=rpo_miss achieved_s=%s", g.name, a.achieved_s)
