@@ -127,9 +127,8 @@ def run_sync(status: dict[str, Any], image: str, snap: str, base: str | None = N
     return run
 
 
-def rbd(site: dict[str, Any], *args: str, input: bytes | None = None,
-        timeout: float = 600) -> str:
-    argv = rbd_cmd(site, *args)
+def _checked(argv: list[str], timeout: float, input: bytes | None = None) -> str:
+    """stdout of argv; a timeout or a non-zero exit raises ReplicationError."""
     try:
         cp = subprocess.run(argv, input=input, capture_output=True, timeout=timeout,
                             check=False)
@@ -139,6 +138,11 @@ def rbd(site: dict[str, Any], *args: str, input: bytes | None = None,
         raise ReplicationError(argv, cp.returncode, cp.stdout.decode(errors="replace"),
                                cp.stderr.decode(errors="replace"))
     return cp.stdout.decode(errors="replace")
+
+
+def rbd(site: dict[str, Any], *args: str, input: bytes | None = None,
+        timeout: float = 600) -> str:
+    return _checked(rbd_cmd(site, *args), timeout, input)
 
 
 def pool_of(site: dict[str, Any]) -> str:
@@ -405,14 +409,7 @@ def _pipeline(status: dict[str, Any], image: str, dst_image: str, snap: str,
 def ceph(site: dict[str, Any], *args: str, timeout: float = 60) -> str:
     argv = ["ceph", "-c", site["ceph_conf"], "--id", site.get("client_id", "admin"),
             "--keyring", site["keyring"], *args]
-    try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                            check=False)
-    except subprocess.TimeoutExpired:
-        raise ReplicationError(argv, -1, "", f"no answer within {timeout:.0f} s") from None
-    if cp.returncode != 0:
-        raise ReplicationError(argv, cp.returncode, cp.stdout, cp.stderr)
-    return cp.stdout
+    return _checked(argv, timeout)
 
 
 def dead_osds(status: dict[str, Any]) -> list[str]:
