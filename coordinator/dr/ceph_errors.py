@@ -77,13 +77,16 @@ _BY_ERRNO: dict[int, type[CephError]] = {
 }
 
 # errno of a failed connect.  A mon that never answers ends the connect
-# with ETIMEDOUT after client_mount_timeout; that is an unreachable cluster,
-# not a slow call.  A rejected key is EACCES/EPERM, a missing keyring or
-# ceph.conf ENOENT: those keep their own class.
+# with ETIMEDOUT after client_mount_timeout: an unreachable cluster, not a
+# slow call.  A rejected key is EACCES/EPERM and a missing keyring or
+# ceph.conf ENOENT: those keep their own class.  Anything else (EIO: a
+# keyring librados cannot parse) is a plain CephError.
 _CONNECT_BY_ERRNO: dict[int, type[CephError]] = {
     E.ENOENT: CephNotFound,
     E.EACCES: CephPermissionDenied,
     E.EPERM: CephPermissionDenied,
+    **dict.fromkeys((E.ETIMEDOUT, E.ECONNREFUSED, E.ECONNRESET, E.EHOSTUNREACH,
+                     E.ENETUNREACH, E.ENOTCONN, E.ESHUTDOWN), CephUnreachable),
 }
 
 
@@ -97,8 +100,6 @@ def from_binding(exc: BaseException, op: str, obj: str, *, site: str = "",
                  connecting: bool = False) -> CephError:
     """The typed error for an exception raised by the rados/rbd bindings."""
     n = errno_of(exc)
-    if connecting:
-        cls = _CONNECT_BY_ERRNO.get(n, CephUnreachable) if n else CephUnreachable
-    else:
-        cls = _BY_ERRNO.get(n, CephError) if n else CephError
+    table = _CONNECT_BY_ERRNO if connecting else _BY_ERRNO
+    cls = table.get(n, CephError) if n else CephError
     return cls(op, obj, n, site=site, detail=str(exc))

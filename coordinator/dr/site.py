@@ -46,6 +46,7 @@ from cutpoint.coordinator.dr.ceph_errors import (
     CephError,
     CephNotFound,
     CephTimeout,
+    CephUnreachable,
     from_binding,
 )
 
@@ -283,8 +284,9 @@ class CephConnection:
             self._abandoned = f"{op} {obj} still running after {bound_s:.0f} s"
             log.warning("ceph site=%s op=%r obj=%s abandoned after %.0f ms", self.site.name,
                         op, obj, ms)
-            raise CephTimeout(op, obj, None, site=self.site.name,
-                              detail=f"no answer within {bound_s:.0f} s; call abandoned")
+            cls = CephUnreachable if connecting else CephTimeout
+            raise cls(op, obj, None, site=self.site.name,
+                      detail=f"no answer within {bound_s:.0f} s; call abandoned")
         exc = box.get("error")
         if exc is None:
             log.debug("ceph site=%s op=%r obj=%s ms=%.1f", self.site.name, op, obj, ms)
