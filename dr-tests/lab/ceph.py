@@ -35,9 +35,9 @@ from cutpoint.lab.proc import kill_pids, pid_alive, read_pidfile, run
 
 DAEMONS = ("mgr.x", "osd.0", "mon.a")  # stop order
 POOL = "rbd"
-# role -> (cephx id, caps).  `profile rbd` on the mon lets the client
-# allocate self-managed snapshot ids and blocklist a dead lock owner; on the
-# OSD and mgr it is scoped to the pool.
+# role -> (cephx id, caps).  On the mon, `profile rbd` is the minimum an
+# RBD client needs (it may blocklist a dead lock owner); on the OSD and
+# mgr it is scoped to the pool, as a deployment would give it.
 CLIENTS = {
     "cutpoint": ("cutpoint", {"mon": "profile rbd", "osd": f"profile rbd pool={POOL}",
                               "mgr": f"profile rbd pool={POOL}"}),
