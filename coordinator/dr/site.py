@@ -210,6 +210,9 @@ class CephConnection:
         self.close()
 
     def connect(self) -> None:
+        """Connect (a second call on a live session does nothing)."""
+        if self._cluster is not None:
+            return
         rados, _ = _bindings()
 
         s = self.site
