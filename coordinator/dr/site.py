@@ -210,7 +210,8 @@ class CephConnection:
         self.close()
 
     def connect(self) -> None:
-        """Connect (a second call on a live session does nothing)."""
+        """Connect within client_mount_timeout (waited for at most 2 x
+        connect_timeout_s + 5 s); a second call on a live session does nothing."""
         if self._cluster is not None:
             return
         rados, _ = _bindings()
