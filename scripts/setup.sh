@@ -43,6 +43,25 @@ if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
 else
     log ".venv: up to date"
 fi
+# The control plane reaches Ceph through Debian's librados/librbd bindings
+# (python3-rados, python3-rbd): they must match the installed librados, so
+# they are not on PyPI.  Link exactly those two extension modules into
+# .venv instead of opening it to every system package.
+purelib=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+suffix=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+for mod in rados rbd; do
+    src=/usr/lib/python3/dist-packages/$mod$suffix
+    dst=$purelib/$mod$suffix
+    if [ ! -f "$src" ]; then
+        echo "setup: $src is missing (Debian package python3-$mod)" >&2; exit 1
+    fi
+    if [ "$(readlink "$dst" 2>/dev/null)" != "$src" ]; then
+        ln -sfn "$src" "$dst"
+        log ".venv: linked $mod from python3-$mod"
+    fi
+done
+.venv/bin/python -c 'import rados, rbd' || {
+    echo "setup: .venv cannot import rados and rbd" >&2; exit 1; }
 
 # 3. C build (Meson + Ninja, warnings as errors).  Ninja itself skips
 #    up-to-date targets.

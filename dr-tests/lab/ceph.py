@@ -6,10 +6,17 @@ Bring-up order (each step needs the previous one):
     -> ceph-mon -> `ceph osd create` -> ceph-osd --mkfs -> ceph-osd
     -> ceph-mgr -> pool `rbd` (size 1) -> `rbd pool init`
 
-All keys (mon., client.admin, osd.0, mgr.x) go into the mon's mkfs keyring,
-so the mon's auth database holds them from the start and no bootstrap
-keyring round trip is needed.  Daemons listen on the site's address of the
-lab bridge (see config.py), never on loopback.
+All keys (mon., client.admin, osd.0, mgr.x and the control plane's
+clients, `CLIENTS`) go into the mon's mkfs keyring, so the mon's auth
+database holds them from the start and no bootstrap keyring round trip is
+needed.  Daemons listen on the site's address of the lab bridge (see
+config.py), never on loopback.
+
+The control plane reaches a site as a cephx client that is not admin, as an
+operator's deployment would: `client.cutpoint` with the rbd profiles on the
+pool.  `client.cutpoint-ro` may only read, so that tests can show what a
+client without enough caps gets.  Both are in the status (`clients`);
+`client_id`/`keyring` stay client.admin for the lab's own tools.
 """
 
 from __future__ import annotations
@@ -27,6 +34,16 @@ from cutpoint.lab.errors import LabError
 from cutpoint.lab.proc import kill_pids, pid_alive, read_pidfile, run
 
 DAEMONS = ("mgr.x", "osd.0", "mon.a")  # stop order
+POOL = "rbd"
+# role -> (cephx id, caps).  On the mon, `profile rbd` is the minimum an
+# RBD client needs (it may blocklist a dead lock owner); on the OSD and
+# mgr it is scoped to the pool, as a deployment would give it.
+CLIENTS = {
+    "cutpoint": ("cutpoint", {"mon": "profile rbd", "osd": f"profile rbd pool={POOL}",
+                              "mgr": f"profile rbd pool={POOL}"}),
+    "readonly": ("cutpoint-ro", {"mon": "profile rbd",
+                                 "osd": f"profile rbd-read-only pool={POOL}"}),
+}
 
 
 def site_dir(state: Path, site: str) -> Path:
@@ -168,7 +185,14 @@ def up(state: Path, site: str, osd: str, paxos: str, mark: str,
     _authtool("--create-keyring", str(mgrkr), "--gen-key", "-n", "mgr.x",
               "--cap", "mon", "allow profile mgr", "--cap", "osd", "allow *",
               "--cap", "mds", "allow *")
-    for kr in (adminkr, osdkr, mgrkr):
+    clients = {}
+    for role, (cid, caps) in CLIENTS.items():
+        kr = d / f"ceph.client.{cid}.keyring"
+        capargs = [a for k, v in caps.items() for a in ("--cap", k, v)]
+        _authtool("--create-keyring", str(kr), "--gen-key", "-n", f"client.{cid}", *capargs)
+        kr.chmod(0o600)
+        clients[role] = {"client_id": cid, "keyring": str(kr), "caps": caps}
+    for kr in (adminkr, osdkr, mgrkr, *(Path(c["keyring"]) for c in clients.values())):
         _authtool(str(monkr), "--import-keyring", str(kr))
     addr = C.SITE_ADDR[site]
     v2, v1 = C.MON_PORTS[site]
@@ -188,11 +212,12 @@ def up(state: Path, site: str, osd: str, paxos: str, mark: str,
     run(["ceph-mgr", "-c", c, "-i", "x"], mark=mark)
     _wait_osd_up(d)
     log(f"{site}: osd.0 ({osd}) and mgr x up ({time.monotonic() - t0:.1f}s)")
-    run(ceph_cmd(d, "osd", "pool", "create", "rbd", "8", "8"))
-    run(["rbd", "-c", c, "--id", "admin", "pool", "init", "rbd"], timeout=120)
-    log(f"{site}: pool rbd ready ({time.monotonic() - t0:.1f}s)")
+    run(ceph_cmd(d, "osd", "pool", "create", POOL, "8", "8"))
+    run(["rbd", "-c", c, "--id", "admin", "pool", "init", POOL], timeout=120)
+    log(f"{site}: pool {POOL} ready ({time.monotonic() - t0:.1f}s)")
     return {
-        "ceph_conf": c, "keyring": str(adminkr), "client_id": "admin", "pool": "rbd",
+        "ceph_conf": c, "keyring": str(adminkr), "client_id": "admin", "pool": POOL,
+        "clients": clients,
         "mon_addr": f"{addr}:{v2}", "mon_addrs": [f"v2:{addr}:{v2}", f"v1:{addr}:{v1}"],
         "fsid": fsid, "osd_objectstore": osd, "paxos": paxos,
         "mon_settings": mon_settings(paxos), "pids": pids(state, site),
