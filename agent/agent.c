@@ -806,12 +806,6 @@ agent_stop(struct agent *a)
 #define FAIL(c, ...) do { *code = (c); snprintf(msg, msglen, __VA_ARGS__); \
                           goto cleanup; } while (0)
 
-static const char *
-method_name(const struct vm *v)
-{
-    return v->cfg->method == CFG_METHOD_RBD ? "rbd" : "qmp-transaction";
-}
-
 static json_t *
 disk_json(const struct vm *v, int d)
 {
@@ -880,7 +874,7 @@ h_inventory(struct agent *a)
         json_array_append_new(vms, json_pack(
             "{s:s,s:s,s:s,s:s,s:o}", "name", v->cfg->name, "driver",
             v->cfg->driver == CFG_DRIVER_QMP ? "qmp" : "libvirt", "state",
-            jobs[i].state, "method", method_name(v), "disks", disks));
+            jobs[i].state, "method", v->snap->name, "disks", disks));
     }
     return json_pack("{s:o}", "vms", vms);
 }
@@ -1269,64 +1263,6 @@ cleanup:
 
 /* --- commit ---- */
 
-struct snapjob;
-
-struct snapdisk {
-    struct snapjob *job;
-    struct rbdsnap_image *img;
-    char name[PROTO_MAX_NAME + 1];
-    double ms;
-    int rc;
-    int done;
-    char err[256];
-};
-
-struct snapjob {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;
-    int pending;
-    int n;
-    struct snapdisk d[CFG_MAX_DISKS];
-};
-
-static void
-snapjob_unref(struct snapjob *s)
-{
-    int last;
-
-    pthread_mutex_lock(&s->mu);
-    last = --s->refs == 0;
-    pthread_mutex_unlock(&s->mu);
-    if (last) {
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        free(s);
-    }
-}
-
-static void *
-snapdisk_thread(void *arg)
-{
-    struct snapdisk *d = arg;
-    char err[256] = "";
-    double t0 = mono_ms();
-    int rc = d->img ? rbdsnap_create(d->img, d->name, err, sizeof(err)) : -1;
-
-    if (!d->img)
-        snprintf(err, sizeof(err), "rbd image not open");
-    pthread_mutex_lock(&d->job->mu);
-    d->ms = mono_ms() - t0;
-    d->rc = rc;
-    d->done = 1;
-    snprintf(d->err, sizeof(d->err), "%s", err);
-    d->job->pending--;
-    pthread_cond_broadcast(&d->job->cv);
-    pthread_mutex_unlock(&d->job->mu);
-    snapjob_unref(d->job);
-    return NULL;
-}
-
 struct commit_job {
     struct agent *a;
     struct vm *vm;
@@ -1339,182 +1275,129 @@ struct commit_job {
     json_t *out;                    /* per-VM result */
     const char *code;               /* NULL when ok */
     char msg[512];
+    /* filled by the steps of commit_one */
+    struct snap_member *m;          /* ndisks, on commit_one's stack */
+    int budget_hit;
+    double ts0, ts1, tc0, tc1;      /* snapshot and cont, start and end */
+    int resumed;
+    const char *resume_code;
+    char resume_msg[512];
 };
 
-static void *
-commit_one(void *arg)
+/* Step 1: snapshot every disk of the VM through its backend, by the
+ * budget deadline. */
+static void
+commit_snapshot(struct commit_job *j)
 {
-    struct commit_job *j = arg;
-    struct agent *a = j->a;
-    struct qmp_err err;
+    struct snap_err err = {0};
+
+    for (int k = 0; k < j->ndisks; k++) {
+        memset(&j->m[k], 0, sizeof(j->m[k]));
+        vm_snap_disk(j->vm, j->disks[k], &j->m[k].disk);
+        j->m[k].name = j->names[k];
+    }
+    j->ts0 = mono_ms();
+    if (j->ndisks > 0 &&
+        j->vm->snap->create(j->m, j->ndisks, j->deadline, &j->budget_hit,
+                            &err) < 0) {
+        j->code = "INTERNAL";
+        snprintf(j->msg, sizeof(j->msg), "%s", err.msg);
+    }
+    j->ts1 = mono_ms();
+}
+
+/* Step 2: resume at once: this VM's disks are done (or the budget is
+ * spent).  The pause ends when cont returns, not after the journal. */
+static void
+commit_resume(struct commit_job *j)
+{
+    struct resume_job r = {.a = j->a, .vm = j->vm, .why = "commit",
+                           .txn = j->x->id};
+
+    j->tc0 = mono_ms();
+    resume_one(&r);
+    j->tc1 = mono_ms();
+    j->resumed = r.rc == 0;
+    if (j->resumed) {
+        j->tc1 = j->tc0 + r.cont_ms;
+    } else {
+        j->resume_code = vm_err_code(&r.err);
+        snprintf(j->resume_msg, sizeof(j->resume_msg), "vm %s: %s (resume "
+                 "is being retried)", j->vm->cfg->name, r.err.msg);
+    }
+}
+
+/* Step 3 (invariant 3): a disk counts as done only if its snapshot
+ * exists; the backend checks, after cont, where its create alone is no
+ * proof. */
+static void
+commit_confirm(struct commit_job *j)
+{
+    if (j->vm->snap->confirm)
+        j->vm->snap->confirm(j->m, j->ndisks);
+}
+
+/* Step 4: the VM's entry of the reply, and its error if any:
+ * BUDGET_EXCEEDED or SNAPSHOT_FAILED for the first failed disk, then a
+ * failed resume. */
+static void
+commit_report(struct commit_job *j)
+{
+    struct txn *x = j->x;
     json_t *disks = json_array();
-    double ts0, ts1, tc0, tc1, disk_ms[CFG_MAX_DISKS] = {0};
-    int ok[CFG_MAX_DISKS] = {0};
-    int budget_hit = 0, rc;
-    double r_cont_ms = 0;
-    char derr[CFG_MAX_DISKS][256];
-    const char *resume_code = NULL;
-    char resume_msg[512] = "";
 
-    memset(derr, 0, sizeof(derr));
-    ts0 = mono_ms();
-    if (j->ndisks > 0 && j->vm->cfg->method == CFG_METHOD_RBD) {
-        struct snapjob *s = calloc(1, sizeof(*s));
-        pthread_condattr_t ca;
-        struct timespec ts;
-
-        if (!s) {
-            j->code = "INTERNAL";
-            snprintf(j->msg, sizeof(j->msg), "out of memory");
-            goto resume;
-        }
-        pthread_mutex_init(&s->mu, NULL);
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&s->cv, &ca);
-        pthread_condattr_destroy(&ca);
-        s->refs = 1;
-        s->n = j->ndisks;
-        /* librbd has no async snapshot create: one thread per disk. */
-        for (int k = 0; k < j->ndisks; k++) {
-            struct snapdisk *d = &s->d[k];
-            pthread_t th;
-            d->job = s;
-            d->img = j->vm->img[j->disks[k]];
-            snprintf(d->name, sizeof(d->name), "%s", j->names[k]);
-            pthread_mutex_lock(&s->mu);
-            s->refs++;
-            s->pending++;
-            pthread_mutex_unlock(&s->mu);
-            if (pthread_create(&th, NULL, snapdisk_thread, d) == 0)
-                pthread_detach(th);
-            else
-                snapdisk_thread(d);
-        }
-        pthread_mutex_lock(&s->mu);
-        while (s->pending > 0) {
-            double left = j->deadline - mono_ms();
-            if (left <= 0) {
-                budget_hit = 1;
-                break;
-            }
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += (long)(left * 1e6);
-            ts.tv_sec += ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-        }
-        for (int k = 0; k < j->ndisks; k++) {
-            ok[k] = s->d[k].done && s->d[k].rc == 0;
-            disk_ms[k] = s->d[k].done ? s->d[k].ms : mono_ms() - ts0;
-            snprintf(derr[k], sizeof(derr[k]), "%s", s->d[k].done ?
-                     s->d[k].err : "still running at the budget deadline");
-        }
-        pthread_mutex_unlock(&s->mu);
-        snapjob_unref(s);
-    } else if (j->ndisks > 0) {
-        json_t *actions = json_array();
-        double left = j->deadline - mono_ms();
-        for (int k = 0; k < j->ndisks; k++)
-            json_array_append_new(actions, json_pack(
-                "{s:s,s:{s:s,s:s}}", "type", "blockdev-snapshot-internal-sync",
-                "data", "device", j->vm->cfg->disks[j->disks[k]].node,
-                "name", j->names[k]));
-        /* One transaction: atomic across this VM's disks. */
-        rc = vm_qmp(j->vm, "transaction", json_pack("{s:o}", "actions",
-                                                    actions),
-                    left < 1 ? 1 : (int)left, NULL, &err);
-        for (int k = 0; k < j->ndisks; k++) {
-            ok[k] = rc == 0;
-            disk_ms[k] = mono_ms() - ts0;
-            if (rc < 0)
-                snprintf(derr[k], sizeof(derr[k]), "%s", err.msg);
-        }
-        if (rc < 0 && err.kind == QMP_E_TIMEOUT)
-            budget_hit = 1;
-    }
-resume:
-    ts1 = mono_ms();
-    /* Resume at once: this VM's disks are done (or the budget is spent). */
-    tc0 = mono_ms();
-    {
-        struct resume_job r = {.a = a, .vm = j->vm, .why = "commit",
-                               .txn = j->x->id};
-        resume_one(&r);
-        rc = r.rc;
-        r_cont_ms = r.cont_ms;
-        if (rc < 0) {
-            resume_code = vm_err_code(&r.err);
-            snprintf(resume_msg, sizeof(resume_msg), "vm %s: %s (resume is "
-                     "being retried)", j->vm->cfg->name, r.err.msg);
-        }
-    }
-    tc1 = mono_ms();
-    if (rc == 0)    /* the pause ends when cont returns, not after the journal */
-        tc1 = tc0 + r_cont_ms;
-    /*
-     * Invariant 3: a disk counts as done only if its snapshot exists.  In
-     * the lab librbd returned 0 for a snapshot the lock owner refused (snap
-     * limit reached), so every RBD create is checked against the image
-     * header.  Checked after cont: the snapshot is immutable, and the check
-     * (a header refresh) must not lengthen the pause.
-     */
-    if (j->vm->cfg->method == CFG_METHOD_RBD) {
-        for (int k = 0; k < j->ndisks; k++) {
-            struct rbdsnap_image *img = j->vm->img[j->disks[k]];
-            char e[256] = "";
-            int exists = 0;
-            if (!ok[k] || !img)
-                continue;
-            if (rbdsnap_exists(img, j->names[k], &exists, e, sizeof(e)) < 0) {
-                ok[k] = 0;
-                snprintf(derr[k], sizeof(derr[k]), "cannot confirm the "
-                         "snapshot: %s", e);
-            } else if (!exists) {
-                ok[k] = 0;
-                snprintf(derr[k], sizeof(derr[k]), "librbd reported the "
-                         "snapshot created but the image header does not "
-                         "list it (refused by the lock owner?)");
-            }
-        }
-    }
     for (int k = 0; k < j->ndisks; k++) {
         char did[400];
+        json_t *o;
+
         snprintf(did, sizeof(did), "%s/%s", j->vm->cfg->name,
                  j->vm->cfg->disks[j->disks[k]].node);
-        json_t *o = json_pack("{s:s,s:s,s:f,s:b}", "disk", did, "name",
-                              j->names[k], "snapshot_ms", disk_ms[k], "ok",
-                              ok[k]);
-        if (!ok[k]) {
-            json_object_set_new(o, "error", json_string(derr[k]));
+        o = json_pack("{s:s,s:s,s:f,s:b}", "disk", did, "name", j->names[k],
+                      "snapshot_ms", j->m[k].ms, "ok", j->m[k].ok);
+        if (!j->m[k].ok) {
+            json_object_set_new(o, "error", json_string(j->m[k].err));
             if (!j->code) {
-                j->code = budget_hit ? "BUDGET_EXCEEDED" : "SNAPSHOT_FAILED";
+                j->code = j->budget_hit ? "BUDGET_EXCEEDED" :
+                    "SNAPSHOT_FAILED";
                 snprintf(j->msg, sizeof(j->msg), "%s@%s: %s", did,
-                         j->names[k], derr[k]);
+                         j->names[k], j->m[k].err);
             }
         }
         json_array_append_new(disks, o);
     }
-    if (budget_hit && !j->code) {
+    if (j->budget_hit && !j->code) {
         j->code = "BUDGET_EXCEEDED";
         snprintf(j->msg, sizeof(j->msg), "vm %s: snapshots exceeded the "
                  "budget", j->vm->cfg->name);
     }
-    if (resume_code && !j->code) {
-        j->code = resume_code;
-        snprintf(j->msg, sizeof(j->msg), "%s", resume_msg);
+    if (j->resume_code && !j->code) {
+        j->code = j->resume_code;
+        snprintf(j->msg, sizeof(j->msg), "%s", j->resume_msg);
     }
     j->out = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:o,s:b}",
                        "vm", j->vm->cfg->name,
-                       "stop_ms", j->x->t_stop1[j->vmidx] -
-                                  j->x->t_stop0[j->vmidx],
-                       "barrier_ms", j->t_arrive - j->x->t_stop1[j->vmidx],
-                       "snapshot_ms", ts1 - ts0,
-                       "cont_ms", tc1 - tc0,
-                       "paused_ms", tc1 - j->x->t_stop0[j->vmidx],
-                       "method", method_name(j->vm), "disks", disks,
-                       "resumed", rc == 0);
-    add_quiesce(a, j->out, j->vm, 1);
+                       "stop_ms", x->t_stop1[j->vmidx] - x->t_stop0[j->vmidx],
+                       "barrier_ms", j->t_arrive - x->t_stop1[j->vmidx],
+                       "snapshot_ms", j->ts1 - j->ts0,
+                       "cont_ms", j->tc1 - j->tc0,
+                       "paused_ms", j->tc1 - x->t_stop0[j->vmidx],
+                       "method", j->vm->snap->name, "disks", disks,
+                       "resumed", j->resumed);
+    add_quiesce(j->a, j->out, j->vm, 1);
+}
+
+/* One VM's commit, in its own thread (run_parallel). */
+static void *
+commit_one(void *arg)
+{
+    struct commit_job *j = arg;
+    struct snap_member m[CFG_MAX_DISKS];
+
+    j->m = m;
+    commit_snapshot(j);
+    commit_resume(j);
+    commit_confirm(j);
+    commit_report(j);
     return NULL;
 }
 
@@ -1639,21 +1522,18 @@ static int
 delete_snap(struct agent *a, struct vm *v, int d, const char *name,
             char *err, size_t errlen)
 {
-    struct qmp_err qe;
+    struct snap_disk sd;
+    struct snap_err se = {0};
     int rc;
 
-    if (v->img[d]) {
-        rc = rbdsnap_remove(v->img[d], name, err, errlen);
-        return rc == RBDSNAP_ENOENT ? 0 : rc == 0 ? 1 : -1;
-    }
-    rc = vm_qmp(v, "blockdev-snapshot-delete-internal-sync",
-                json_pack("{s:s,s:s}", "device", v->cfg->disks[d].node,
-                          "name", name), a->cfg.qmp_timeout_ms, NULL, &qe);
+    vm_snap_disk(v, d, &sd);
+    rc = snap_disk_backend(&sd)->remove(&sd, name, a->cfg.qmp_timeout_ms,
+                                        &se);
+    if (rc == SNAP_ENOENT)
+        return 0;
     if (rc == 0)
         return 1;
-    if (qe.kind == QMP_E_ERROR && strstr(qe.msg, "does not exist"))
-        return 0;
-    snprintf(err, errlen, "%s", qe.msg);
+    snprintf(err, errlen, "%s", se.msg);
     return -1;
 }
 
@@ -1775,43 +1655,31 @@ cleanup:
     return NULL;
 }
 
+/* The reply code of a backend error (agent-protocol §3.3). */
+static const char *
+snap_err_code(const struct snap_err *e)
+{
+    return e->kind == SNAP_E_STORAGE ? "SNAPSHOT_FAILED" :
+        e->kind == SNAP_E_TIMEOUT ? "QMP_TIMEOUT" : "QMP_ERROR";
+}
+
 static json_t *
 h_snap_list(struct agent *a, json_t *args, const char **code, char *msg,
             size_t msglen)
 {
     const char *disk = json_string_value(json_object_get(args, "disk"));
-    json_t *list = NULL, *blocks = NULL, *b;
-    struct qmp_err qe;
+    json_t *list = NULL;
+    struct snap_disk sd;
+    struct snap_err se = {0};
     struct vm *v;
-    size_t i;
     int d;
-    char err[256];
 
     if (find_disk(a, disk, &v, &d) < 0)
         FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
-    if (v->img[d]) {
-        if (rbdsnap_list(v->img[d], &list, err, sizeof(err)) < 0)
-            FAIL("SNAPSHOT_FAILED", "%s", err);
-        return json_pack("{s:s,s:o}", "disk", disk, "snapshots", list);
-    }
-    if (vm_qmp(v, "query-block", NULL, a->cfg.qmp_timeout_ms, &blocks,
-               &qe) < 0)
-        FAIL(vm_err_code(&qe), "%s", qe.msg);
-    list = json_array();
-    json_array_foreach(blocks, i, b) {
-        json_t *ins = json_object_get(b, "inserted"), *s;
-        size_t k;
-        const char *node = json_string_value(json_object_get(ins,
-                                                             "node-name"));
-        if (!node || strcmp(node, v->cfg->disks[d].node))
-            continue;
-        json_array_foreach(json_object_get(json_object_get(ins, "image"),
-                                           "snapshots"), k, s)
-            json_array_append_new(list, json_pack(
-                "{s:O,s:O}", "name", json_object_get(s, "name"), "id",
-                json_object_get(s, "id")));
-    }
-    json_decref(blocks);
+    vm_snap_disk(v, d, &sd);
+    if (snap_disk_backend(&sd)->list(&sd, a->cfg.qmp_timeout_ms, &list,
+                                     &se) < 0)
+        FAIL(snap_err_code(&se), "%s", se.msg);
     return json_pack("{s:s,s:o}", "disk", disk, "snapshots", list);
 cleanup:
     return NULL;

@@ -43,12 +43,40 @@ on_qmp_event(const char *event, json_t *msg, void *opaque)
         log_debug("event=qmp_event vm=%s qmp_event=%s", v->cfg->name, event);
 }
 
+/* snap_mon.call over vm_qmp: the monitor the QMP snapshot backend uses. */
+static int
+snap_call(void *opaque, const char *cmd, json_t *args, int timeout_ms,
+          json_t **ret, struct snap_err *err)
+{
+    struct qmp_err qe;
+
+    if (vm_qmp(opaque, cmd, args, timeout_ms, ret, &qe) == 0)
+        return 0;
+    err->kind = qe.kind == QMP_E_TIMEOUT ? SNAP_E_TIMEOUT :
+                qe.kind == QMP_E_ERROR ? SNAP_E_REFUSED : SNAP_E_MONITOR;
+    snprintf(err->msg, sizeof(err->msg), "%s", qe.msg);
+    return -1;
+}
+
+void
+vm_snap_disk(struct vm *v, int d, struct snap_disk *out)
+{
+    out->node = v->cfg->disks[d].node;
+    out->img = v->img[d];
+    out->mon = &v->mon;
+}
+
 int
 vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn)
 {
     memset(v, 0, sizeof(*v));
     v->cfg = cfg;
     v->conn = conn;
+    v->snap = snap_backend_find(config_method_name(cfg->method));
+    if (!v->snap)
+        return -1;
+    v->mon.call = snap_call;
+    v->mon.opaque = v;
     pthread_mutex_init(&v->mu, NULL);
     if (cfg->driver == CFG_DRIVER_QMP) {
         v->qmp = qmp_new(cfg->qmp);

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "qmp.h"
 #include "rbdsnap.h"
+#include "snap.h"
 
 struct qga_conn;
 
@@ -27,6 +28,8 @@ struct vm {
     struct qmp_conn *qmp;              /* qmp driver */
     virConnectPtr conn;                /* libvirt driver (shared, borrowed) */
     struct rbdsnap_image *img[CFG_MAX_DISKS];   /* rbd disks, or NULL */
+    const struct snap_ops *snap;       /* the backend of cfg->method */
+    struct snap_mon mon;               /* this VM's monitor, for snap_qmp */
     int needs_resume;                  /* a resume failed: the reaper retries */
     int starting;                      /* a vm.start runs (guarded by agent mu) */
     int images_deferred;               /* rbd disks not open yet: a standby VM
@@ -58,5 +61,8 @@ int vm_qmp(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
 int vm_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err);
 
 const char *vm_err_code(const struct qmp_err *err);
+
+/* Disk d of v as the snapshot backends see it (borrows from v). */
+void vm_snap_disk(struct vm *v, int d, struct snap_disk *out);
 
 #endif
