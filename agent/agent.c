@@ -9,12 +9,8 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-#include <libvirt/libvirt-qemu.h>
-#include <libvirt/virterror.h>
-
 #include "log.h"
 #include "mono.h"
-#include "qga.h"
 #include "runcmd.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
@@ -22,9 +18,6 @@
 
 #define INVENTORY_TIMEOUT_MS 500
 #define RETRY_RESUME_MS 500.0
-/* quiesce: fs-freeze deadlines (dr-tests/checkers/quiesce.py) */
-#define QGA_SYNC_MS 1000
-#define QGA_THAW_MS 5000
 
 static double
 clock_mono(void *opaque)
@@ -137,22 +130,19 @@ struct resume_job {
 static int
 thaw_vm(struct agent *a, struct vm *v, const char *txn)
 {
-    struct qga_conn *q;
+    struct vm_guest *g;
     char err[256] = "", jerr[256];
     double t0 = mono_ms();
     int rc, nfs = 0;
 
     pthread_mutex_lock(&a->mu);
-    q = v->qga;
-    v->qga = NULL;
+    g = v->guest;
+    v->guest = NULL;
     pthread_mutex_unlock(&a->mu);
-    if (!q)
+    if (!g)
         return 1;
-    rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS, err,
-                  sizeof(err));
-    if (rc == 0)
-        rc = qga_thaw(q, QGA_THAW_MS, &nfs, err, sizeof(err));
-    qga_free(q);
+    rc = v->ops->guest_thaw(g, &nfs, err, sizeof(err));
+    v->ops->guest_close(g);
     pthread_mutex_lock(&a->mu);
     v->thaw_ms = mono_ms() - t0;
     /* A guest left frozen blocks its own writes (an outage), so a failed
@@ -421,14 +411,11 @@ journal_recover(struct agent *a)
             continue;
         }
         if (fz) {
-            struct qga_conn *q = NULL;
+            struct vm_guest *g = NULL;
 
-            if (!v->cfg->qga[0])
-                snprintf(err, sizeof(err), "no qga socket configured for "
-                         "vm %s", v->cfg->name);
-            else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0) {
+            if (v->ops->guest_open(v, &g, err, sizeof(err)) == 0) {
                 pthread_mutex_lock(&a->mu);
-                v->qga = q;     /* thaw_vm takes it */
+                v->guest = g;   /* thaw_vm takes it */
                 pthread_mutex_unlock(&a->mu);
             }
         }
@@ -439,12 +426,12 @@ journal_recover(struct agent *a)
             struct resume_job j = {.a = a, .vm = v, .why = "journal",
                                    .txn = p->txn};
 
-            resume_one(&j);     /* cont, then thaw_vm if v->qga is open */
+            resume_one(&j);     /* cont, then thaw_vm if v->guest is open */
             atomic_fetch_add(&a->resumed_by_journal, j.rc == 0);
             log_info("event=journal_resume txn=%s vm=%s result=%s",
                      p->txn, p->vm, j.rc == 0 ? "resumed" : "retrying");
             pthread_mutex_lock(&a->mu);
-            deferred = v->qga != NULL;
+            deferred = v->guest != NULL;
             pthread_mutex_unlock(&a->mu);
             if (fz && deferred) {
                 /* cont failed: the reaper's retry thaws after its cont,
@@ -521,7 +508,7 @@ connect_one(void *arg)
     struct vm *v = arg;
     struct qmp_err e;
 
-    if (vm_qmp(v, "query-status", NULL, 2000, NULL, &e) < 0)
+    if (vm_connect(v, 2000, &e) < 0)
         log_warnx("event=qmp_connect_failed vm=%s msg=\"%s\"", v->cfg->name,
                   e.msg);
     return NULL;
@@ -534,120 +521,6 @@ connect_all(struct agent *a)
 {
     if (a->nvms > 0)
         run_parallel(connect_one, a->vms, sizeof(a->vms[0]), a->nvms);
-}
-
-/*
- * Fills one disk from a QMP query-block entry: the format node name, and
- * the backend from the image file name ("rbd:pool/image...", a
- * "json:{...rbd...}" name, or a plain qcow2 path).  0, or -1 to skip it.
- */
-static int
-disk_from_block(json_t *blk, struct cfg_disk *d)
-{
-    json_t *ins = json_object_get(blk, "inserted"), *j = NULL, *f;
-    const char *node = json_string_value(json_object_get(ins, "node-name"));
-    const char *drv = json_string_value(json_object_get(ins, "drv"));
-    const char *fn = json_string_value(json_object_get(
-        json_object_get(ins, "image"), "filename"));
-    const char *pool = NULL, *image = NULL;
-    int rc = -1;
-
-    if (!node || !fn || strlen(node) >= sizeof(d->node))
-        return -1;
-    memset(d, 0, sizeof(*d));
-    snprintf(d->node, sizeof(d->node), "%s", node);
-    if (strncmp(fn, "json:", 5) == 0 && (j = json_loads(fn + 5, 0, NULL))) {
-        for (f = j; f && !pool; f = json_object_get(f, "file"))
-            if (json_is_string(json_object_get(f, "pool")) &&
-                json_is_string(json_object_get(f, "image"))) {
-                pool = json_string_value(json_object_get(f, "pool"));
-                image = json_string_value(json_object_get(f, "image"));
-            }
-        if (pool) {
-            d->backend = CFG_BACKEND_RBD;
-            snprintf(d->pool, sizeof(d->pool), "%s", pool);
-            snprintf(d->image, sizeof(d->image), "%s", image);
-            rc = 0;
-        }
-    } else if (strncmp(fn, "rbd:", 4) == 0) {
-        const char *slash = strchr(fn + 4, '/');
-        if (slash && (size_t)(slash - fn - 4) < sizeof(d->pool)) {
-            d->backend = CFG_BACKEND_RBD;
-            memcpy(d->pool, fn + 4, (size_t)(slash - fn - 4));
-            snprintf(d->image, sizeof(d->image), "%.*s",
-                     (int)strcspn(slash + 1, ":@"), slash + 1);
-            rc = 0;
-        }
-    } else if (drv && strcmp(drv, "qcow2") == 0 && fn[0] == '/') {
-        d->backend = CFG_BACKEND_QCOW2;
-        snprintf(d->file, sizeof(d->file), "%s", fn);
-        rc = 0;
-    }
-    json_decref(j);
-    return rc;
-}
-
-/* [libvirt] discover = yes: every running domain not named in the config
- * becomes a VM of the libvirt driver, with disks from QMP query-block. */
-static void
-discover_domains(struct agent *a)
-{
-    virDomainPtr *doms = NULL;
-    int n = virConnectListAllDomains(a->lv, &doms,
-                                     VIR_CONNECT_LIST_DOMAINS_ACTIVE);
-
-    for (int i = 0; i < n; i++) {
-        const char *name = virDomainGetName(doms[i]);
-        char *out = NULL;
-        json_t *rep = NULL, *blk;
-        struct cfg_vm *m;
-        size_t k;
-        int known = 0;
-
-        for (int v = 0; v < a->cfg.nvms; v++)
-            known |= strcmp(a->cfg.vms[v].domain, name) == 0 ||
-                     strcmp(a->cfg.vms[v].name, name) == 0;
-        if (known || a->cfg.nvms == CFG_MAX_VMS)
-            goto next;
-        if (virDomainQemuMonitorCommand(doms[i], "{\"execute\":\"query-block\"}",
-                                        &out, 0) < 0) {
-            log_warnx("event=discover_failed domain=%s msg=\"%s\"", name,
-                      virGetLastErrorMessage());
-            goto next;
-        }
-        m = &a->cfg.vms[a->cfg.nvms];
-        memset(m, 0, sizeof(*m));
-        snprintf(m->name, sizeof(m->name), "%s", name);
-        snprintf(m->domain, sizeof(m->domain), "%s", name);
-        m->driver = CFG_DRIVER_LIBVIRT;
-        rep = json_loads(out, 0, NULL);
-        json_array_foreach(json_object_get(rep, "return"), k, blk)
-            if (m->ndisks < CFG_MAX_DISKS &&
-                disk_from_block(blk, &m->disks[m->ndisks]) == 0)
-                m->ndisks++;
-        m->method = CFG_METHOD_QMP;
-        if (m->ndisks > 0 && a->cfg.ceph_conf[0]) {
-            m->method = CFG_METHOD_RBD;
-            for (int d = 0; d < m->ndisks; d++)
-                if (m->disks[d].backend != CFG_BACKEND_RBD)
-                    m->method = CFG_METHOD_QMP;
-        }
-        a->cfg.nvms++;
-        log_info("event=discovered domain=%s disks=%d", name, m->ndisks);
-next:
-        free(out);
-        json_decref(rep);
-        virDomainFree(doms[i]);
-    }
-    free(doms);
-}
-
-static int
-qmp_socket_exists(const struct cfg_vm *m)
-{
-    struct stat st;
-
-    return stat(m->qmp, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 /* Opens the VM's rbd disks that are not open yet; -1 with err on the
@@ -690,19 +563,10 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
     pthread_condattr_destroy(&ca);
     txn_table_init(&a->txns, clock_mono, NULL);
 
-    if (a->cfg.libvirt_uri[0]) {
-        a->lv = virConnectOpen(a->cfg.libvirt_uri);
-        if (!a->lv) {
-            const char *m = virGetLastErrorMessage();
-            snprintf(err, errlen, "libvirt %s: %s", a->cfg.libvirt_uri,
-                     m ? m : "cannot connect");
-            return -1;
-        }
-        if (a->cfg.libvirt_discover)
-            discover_domains(a);
-    }
+    if (vm_host_open(&a->host, &a->cfg, err, errlen) < 0)
+        return -1;
     for (int i = 0; i < a->cfg.nvms; i++) {
-        if (vm_init(&a->vms[i], &a->cfg.vms[i], a->lv) < 0) {
+        if (vm_open(&a->vms[i], &a->cfg.vms[i], &a->host) < 0) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
@@ -723,7 +587,7 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
          * replication creates them) and an open handle would watch images
          * that replication and rollback rewrite; vm.start opens them. */
         for (int i = 0; i < a->nvms; i++) {
-            if (a->cfg.vms[i].start[0] && !qmp_socket_exists(&a->cfg.vms[i])) {
+            if (vm_is_standby(&a->vms[i])) {
                 a->vms[i].images_deferred = 1;
                 log_info("event=standby vm=%s qmp=%s images=deferred",
                          a->cfg.vms[i].name, a->cfg.vms[i].qmp);
@@ -751,7 +615,7 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
     for (int i = 0; i < a->nvms; i++)
         log_info("event=vm vm=%s driver=%s method=%s disks=%d",
                  a->cfg.vms[i].name,
-                 a->cfg.vms[i].driver == CFG_DRIVER_QMP ? "qmp" : "libvirt",
+                 a->vms[i].ops->name,
                  config_method_name(a->cfg.vms[i].method),
                  a->cfg.vms[i].ndisks);
     return 0;
@@ -791,10 +655,9 @@ agent_stop(struct agent *a)
     if (a->reaper_started)
         pthread_join(a->reaper, NULL);
     for (int i = 0; i < a->nvms; i++)
-        vm_destroy(&a->vms[i]);
+        vm_close(&a->vms[i]);
     rbdsnap_cluster_free(a->ceph);
-    if (a->lv)
-        virConnectClose(a->lv);
+    vm_host_close(&a->host);
     journal_free(a->journal);
     pthread_mutex_lock(&a->mu);
     txn_table_clear(&a->txns);
@@ -826,15 +689,18 @@ disk_json(const struct vm *v, int d)
 static json_t *
 h_hello(struct agent *a)
 {
-    int has_rbd = a->ceph != NULL;
+    json_t *methods = json_pack("[s]", snap_qmp_ops.name);
+    json_t *drivers = json_array();
+    const struct vm_ops *d;
 
-    json_t *methods = json_pack("[s]", "qmp-transaction");
-
-    if (has_rbd)
-        json_array_insert_new(methods, 0, json_string("rbd"));
-    return json_pack("{s:s,s:i,s:s,s:[ss],s:[sssssssssss],s:o}",
+    /* librbd snapshots need the [ceph] connection */
+    if (a->ceph)
+        json_array_insert_new(methods, 0, json_string(snap_rbd_ops.name));
+    for (int i = 0; (d = vm_driver_at(i)); i++)
+        json_array_append_new(drivers, json_string(d->name));
+    return json_pack("{s:s,s:i,s:s,s:o,s:[sssssssssss],s:o}",
                      "version", CUTPOINT_VERSION, "protocol", 1,
-                     "host", a->cfg.host, "drivers", "qmp", "libvirt",
+                     "host", a->cfg.host, "drivers", drivers,
                      "capabilities", "hello", "inventory", "prepare",
                      "commit", "abort", "resume", "snapshot.list",
                      "snapshot.delete", "vm.start", "vm.stop", "stats",
@@ -873,7 +739,7 @@ h_inventory(struct agent *a)
             json_array_append_new(disks, disk_json(v, d));
         json_array_append_new(vms, json_pack(
             "{s:s,s:s,s:s,s:s,s:o}", "name", v->cfg->name, "driver",
-            v->cfg->driver == CFG_DRIVER_QMP ? "qmp" : "libvirt", "state",
+            v->ops->name, "state",
             jobs[i].state, "method", v->snap->name, "disks", disks));
     }
     return json_pack("{s:o}", "vms", vms);
@@ -974,27 +840,22 @@ freeze_one(void *arg)
 {
     struct prep_job *j = arg;
     struct vm *v = j->vm;
-    struct qga_conn *q = NULL;
+    struct vm_guest *g = NULL;
     char err[256] = "";
     double t0 = mono_ms();
     int nfs = 0, rc = -1;
 
-    if (!v->cfg->qga[0])
-        snprintf(err, sizeof(err), "no qga socket configured for vm %s",
-                 v->cfg->name);
-    else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0 &&
-             (rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS,
-                            err, sizeof(err))) == 0)
-        rc = qga_freeze(q, j->freeze_timeout_ms, &nfs, err,
-                        sizeof(err));
+    if (v->ops->guest_open(v, &g, err, sizeof(err)) == 0)
+        rc = v->ops->guest_freeze(g, j->freeze_timeout_ms, &nfs, err,
+                                  sizeof(err));
     pthread_mutex_lock(&j->a->mu);
     v->freeze_ms = mono_ms() - t0;
     v->consistency = rc == 0 ? "fs-freeze" : "crash";
     snprintf(v->freeze_error, sizeof(v->freeze_error), "%s",
              rc == 0 ? "" : err);
-    v->qga = q;                 /* thawed after cont, even if freeze failed */
+    v->guest = g;               /* thawed after cont, even if freeze failed */
     pthread_mutex_unlock(&j->a->mu);
-    if (!q) {
+    if (!g) {
         /* Nothing reached the guest: it cannot be frozen by this txn. */
         char jerr[256];
         if (journal_remove_kind(j->a->journal, JOURNAL_FROZEN, v->cfg->name,
@@ -1146,7 +1007,7 @@ h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
             snprintf(je[nje].txn, sizeof(je[nje].txn), "%s", x->id);
             snprintf(je[nje].vm, sizeof(je[nje].vm), "%s", names[k]);
             nje++;
-            if (freeze && vms[k]->cfg->qga[0]) {
+            if (freeze && vms[k]->ops->guest_configured(vms[k])) {
                 je[nje] = je[nje - 1];
                 je[nje].kind = JOURNAL_FROZEN;
                 nje++;
@@ -1708,66 +1569,53 @@ cleanup:
     return NULL;
 }
 
-/* vm.start of a libvirt domain from spec.xml (transient domain). */
+/* vm.start from a definition (spec.xml: a transient libvirt domain). */
 static json_t *
 vm_start_xml(struct agent *a, const char *xml, const char **code, char *msg,
              size_t msglen)
 {
-    virDomainPtr d;
+    char name[256];
+    const char *via = "";
     double t0 = mono_ms();
-    json_t *r;
+    struct qmp_err qe;
+    int rc;
 
-    if (!a->lv)
+    rc = vm_host_create(&a->host, xml, &via, name, sizeof(name), &qe);
+    if (rc == VM_ENODRIVER)
         FAIL("BAD_REQUEST", "args.spec.xml needs the libvirt driver "
              "([libvirt] uri)");
-    d = virDomainCreateXML(a->lv, xml, 0);
-    if (!d) {
-        const char *m = virGetLastErrorMessage();
-        FAIL("QMP_ERROR", "virDomainCreateXML: %s", m ? m : "error");
-    }
-    r = json_pack("{s:s,s:s,s:f}", "vm", virDomainGetName(d), "state",
-                  "running", "start_ms", mono_ms() - t0);
-    log_info("event=vm_start vm=%s via=libvirt start_ms=%.3f",
-             virDomainGetName(d), mono_ms() - t0);
-    virDomainFree(d);
-    return r;
+    if (rc < 0)
+        FAIL(vm_err_code(&qe), "%s", qe.msg);
+    log_info("event=vm_start vm=%s via=%s start_ms=%.3f", name, via,
+             mono_ms() - t0);
+    return json_pack("{s:s,s:s,s:f}", "vm", name, "state", "running",
+                     "start_ms", mono_ms() - t0);
 cleanup:
     return NULL;
 }
 
-/* Output of a failed start command for an error message: one line. */
-static const char *
-flat(char *s)
-{
-    for (char *p = s; *p; p++)
-        if (*p == '\n' || *p == '\r' || *p == '"')
-            *p = *p == '"' ? '\'' : ' ';
-    return s[0] ? s : "(no output)";
-}
-
 /*
- * vm.start of a configured qmp VM (agent-protocol §4.9):
+ * vm.start of a configured VM (agent-protocol §4.9):
  *
- *   state running/paused ─────────────────────────► reply, command not run
- *   state unknown (QMP hung) ─────────────────────► BUSY, command not run
- *   shutoff ─► run `start =` (deadline) ─► exit 0 ─► query-status until
- *              "running" (same deadline) ─► open deferred rbd disks ─► reply
+ *   state running/paused ─────────────────────────► reply, nothing run
+ *   state unknown (QMP hung) ─────────────────────► BUSY, nothing run
+ *   shutoff ─► the driver's start (qmp: run `start =`, then query-status
+ *              until "running"; deadline start_timeout_ms) ─► open
+ *              deferred rbd disks ─► reply
  *
- * Only the configured command of a configured VM ever runs; the request
- * names the VM, never a program or an argument.  v->starting (under a.mu)
- * makes a second concurrent vm.start of the VM, or a prepare, BUSY.
+ * v->starting (under a.mu) makes a second concurrent vm.start of the VM,
+ * or a prepare, BUSY.
  */
 static json_t *
 vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
              size_t msglen)
 {
     const struct cfg_vm *m = v->cfg;
-    char buf[sizeof(m->start)], *argv[RUNCMD_MAX_ARGS], err[512] = "";
-    struct runcmd_result sr;
+    char err[512] = "";
     struct qmp_err qe = {0};
     const char *st;
     double t0 = mono_ms(), end = t0 + m->start_timeout_ms, cmd_ms = 0;
-    json_t *ret = NULL, *r = NULL;
+    json_t *r = NULL;
     int claimed = 0;
 
     if (!m->start[0])
@@ -1792,58 +1640,8 @@ vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
     if (strcmp(st, "unknown") == 0)
         FAIL("BUSY", "vm %s: its QMP socket %s exists but does not answer; "
              "not starting a second QEMU", m->name, m->qmp);
-    runcmd_split(m->start, buf, sizeof(buf), argv, RUNCMD_MAX_ARGS);
-    log_info("event=vm_start_begin vm=%s command=\"%s\" timeout_ms=%d",
-             m->name, argv[0], m->start_timeout_ms);
-    if (runcmd_run(argv, m->start_timeout_ms, &sr, err, sizeof(err)) < 0) {
-        log_warnx("event=vm_start_failed vm=%s msg=\"%s\"", m->name, err);
-        FAIL("QMP_ERROR", "vm %s: start command: %s", m->name, err);
-    }
-    cmd_ms = sr.ms;
-    if (sr.timed_out) {
-        log_warnx("event=vm_start_failed vm=%s why=timeout command_ms=%.3f",
-                  m->name, cmd_ms);
-        FAIL("QMP_TIMEOUT", "vm %s: start command %s did not exit within "
-             "%d ms (killed); output: %s", m->name, argv[0],
-             m->start_timeout_ms, flat(sr.out));
-    }
-    if (!runcmd_ok(&sr)) {
-        log_warnx("event=vm_start_failed vm=%s exit=%d signal=%d "
-                  "command_ms=%.3f", m->name, sr.exit_code, sr.signo, cmd_ms);
-        if (sr.signo)
-            FAIL("QMP_ERROR", "vm %s: start command %s killed by signal %d; "
-                 "output: %s", m->name, argv[0], sr.signo, flat(sr.out));
-        FAIL("QMP_ERROR", "vm %s: start command %s exited with %d; output: "
-             "%s", m->name, argv[0], sr.exit_code, flat(sr.out));
-    }
-    /* The command returned; the VM counts as started once its QMP says
-     * running (a launcher may return before QEMU listens). */
-    for (;;) {
-        double left = end - mono_ms();
-        int rc;
-
-        if (left <= 0) {
-            log_warnx("event=vm_start_failed vm=%s why=not_running "
-                      "msg=\"%s\"", m->name, qe.msg);
-            FAIL("QMP_TIMEOUT", "vm %s: start command %s exited 0 but %s did "
-                 "not report running within %d ms (last: %s)", m->name,
-                 argv[0], m->qmp, m->start_timeout_ms,
-                 qe.msg[0] ? qe.msg : "not running");
-        }
-        rc = vm_qmp(v, "query-status", NULL, left < 1000 ? (int)left + 1 :
-                    1000, &ret, &qe);
-        if (rc == 0 && json_is_true(json_object_get(ret, "running")))
-            break;
-        if (rc == 0)
-            snprintf(qe.msg, sizeof(qe.msg), "status %s",
-                     json_string_value(json_object_get(ret, "status")) ?: "?");
-        json_decref(ret);
-        ret = NULL;
-        {
-            struct timespec ts = {0, 50 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-    }
+    if (v->ops->start(v, end, &cmd_ms, &qe) < 0)
+        FAIL(vm_err_code(&qe), "%s", qe.msg);
     if (v->images_deferred) {
         if (open_images(a, v, err, sizeof(err)) < 0)
             /* Running, but no rbd snapshot of it can be taken here. */
@@ -1857,7 +1655,6 @@ vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
                   "start_ms", mono_ms() - t0, "command_ms", cmd_ms,
                   "already_running", 0);
 cleanup:
-    json_decref(ret);
     if (claimed) {
         pthread_mutex_lock(&a->mu);
         v->starting = 0;
@@ -1888,9 +1685,9 @@ h_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
              "or xml (a libvirt domain)");
     if (!(v = find_vm(a, name)))
         FAIL("UNKNOWN_VM", "unknown vm %s", name);
-    if (v->cfg->driver != CFG_DRIVER_QMP)
-        FAIL("BAD_REQUEST", "vm %s uses the libvirt driver: start it with "
-             "args.spec.xml", name);
+    if (!v->ops->start)
+        FAIL("BAD_REQUEST", "vm %s uses the %s driver: start it with "
+             "args.spec.xml", name, v->ops->name);
     return vm_start_cmd(a, v, code, msg, msglen);
 cleanup:
     return NULL;

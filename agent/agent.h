@@ -14,7 +14,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <jansson.h>
-#include <libvirt/libvirt.h>
 
 #include "config.h"
 #include "journal.h"
@@ -29,7 +28,7 @@ struct agent {
     int nvms;
     struct journal *journal;
     struct rbdsnap_cluster *ceph;
-    virConnectPtr lv;
+    struct vm_host host;        /* the hypervisor drivers' connections */
     pthread_mutex_t mu;
     pthread_cond_t cond;        /* CLOCK_MONOTONIC; txn state changes */
     struct txn_table txns;
@@ -43,7 +42,7 @@ struct agent {
     atomic_long n_thaw_failed;  /* guests possibly left frozen (outage) */
 };
 
-/* Opens Ceph images, libvirt, the journal; resumes journaled VMs; starts
+/* Opens the hypervisor connections, Ceph images, the journal; resumes journaled VMs; starts
  * the lease reaper.  On -1, err says what failed. */
 int agent_start(struct agent *a, const struct agent_config *cfg, char *err,
                 size_t errlen);

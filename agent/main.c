@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <libvirt/virterror.h>
 
 #include "agent.h"
 #include "config.h"
@@ -24,14 +23,6 @@ on_signal(int sig)
 {
     (void)sig;
     stop_flag = 1;
-}
-
-/* libvirt prints every error to stderr by default; ours go through log.c. */
-static void
-quiet_libvirt(void *opaque, virErrorPtr e)
-{
-    (void)opaque;
-    (void)e;
 }
 
 static void
@@ -89,7 +80,6 @@ main(int argc, char **argv)
     }
     if (log_parse_level(cfg.log_level, &lvl) == 0)
         log_set_level(lvl);
-    virSetErrorFunc(NULL, quiet_libvirt);
 
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;

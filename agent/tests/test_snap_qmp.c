@@ -42,22 +42,23 @@ start(struct fixture *f, const char **files, int strict, int hang_after,
     memset(f, 0, sizeof(*f));
     snprintf(f->cfg.name, sizeof(f->cfg.name), "vm1");
     snprintf(f->cfg.qmp, sizeof(f->cfg.qmp), "/nonexistent/replay.qmp");
-    f->cfg.driver = CFG_DRIVER_QMP;
+    snprintf(f->cfg.driver, sizeof(f->cfg.driver), "qmp");
     f->cfg.method = CFG_METHOD_QMP;
     f->cfg.ndisks = 2;
     snprintf(f->cfg.disks[0].node, sizeof(f->cfg.disks[0].node), "%s", node0);
     snprintf(f->cfg.disks[1].node, sizeof(f->cfg.disks[1].node), "disk1");
     f->r.strict_args = strict;
     fd = fakepeer_qmp_start(&f->r, all, 0, hang_after);
-    assert_int_equal(vm_init(&f->v, &f->cfg, NULL), 0);
+    assert_int_equal(vm_open(&f->v, &f->cfg, NULL), 0);
     assert_ptr_equal(f->v.snap, &snap_qmp_ops);
-    assert_int_equal(qmp_open_fd(f->v.qmp, fd, 2000, &qe), 0);
+    /* the qmp driver's per-VM state is its QMP client (vm_qmp.c) */
+    assert_int_equal(qmp_open_fd(f->v.priv, fd, 2000, &qe), 0);
 }
 
 static void
 finish(struct fixture *f)
 {
-    vm_destroy(&f->v);      /* closes the client end: the peer returns */
+    vm_close(&f->v);        /* closes the client end: the peer returns */
     fakepeer_qmp_finish(&f->r);
     assert_int_equal(f->r.mismatches, 0);
 }
