@@ -15,6 +15,7 @@
 #include "config.h"
 #include "log.h"
 #include "server.h"
+#include "tls.h"
 
 static volatile sig_atomic_t stop_flag;
 
@@ -70,7 +71,7 @@ main(int argc, char **argv)
         fprintf(stderr, "cutpointd: %s\n", err);
         return 1;
     }
-    if (server_tls_check(&cfg, err, sizeof(err)) < 0) {
+    if (tls_check(&cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "cutpointd: %s: tls: %s\n", path, err);
         return 1;
     }
