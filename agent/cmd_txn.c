@@ -68,7 +68,6 @@ cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     return prepare_done(&p);
 }
 
-
 /* ---- commit ---------------------------------------------------------- */
 
 /*

@@ -24,7 +24,7 @@ fail_prepare(struct agent *a, struct txn *x)
     pthread_mutex_unlock(&a->mu);
 }
 
-
+/* 1 when vms names exactly the VMs of x (any order). */
 static int
 same_vms(const struct txn *x, json_t *vms)
 {
