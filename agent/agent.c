@@ -1,30 +1,19 @@
-/* agent: see agent.h. */
+/* agent: see agent.h.  Start, stop, and the lookups every handler uses. */
 #include "agent.h"
 
-#include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
-#include <sys/stat.h>
-
-#include <libvirt/libvirt-qemu.h>
-#include <libvirt/virterror.h>
 
 #include "log.h"
 #include "mono.h"
-#include "qga.h"
-#include "runcmd.h"
+#include "par.h"
+#include "reaper.h"
+#include "recover.h"
+#include "resume.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
-
-#define INVENTORY_TIMEOUT_MS 500
-#define RETRY_RESUME_MS 500.0
-/* quiesce: fs-freeze deadlines (dr-tests/checkers/quiesce.py) */
-#define QGA_SYNC_MS 1000
-#define QGA_THAW_MS 5000
 
 static double
 clock_mono(void *opaque)
@@ -33,8 +22,8 @@ clock_mono(void *opaque)
     return mono_ms();
 }
 
-static void
-cond_wait_ms(struct agent *a, double ms)
+void
+agent_wait(struct agent *a, double ms)
 {
     struct timespec ts;
 
@@ -48,8 +37,22 @@ cond_wait_ms(struct agent *a, double ms)
     pthread_cond_timedwait(&a->cond, &a->mu, &ts);
 }
 
-static struct vm *
-find_vm(struct agent *a, const char *name)
+struct txn *
+agent_txn_stable(struct agent *a, const char *id)
+{
+    struct txn *x;
+
+    for (;;) {
+        x = txn_find(&a->txns, id);
+        if (!x || !(x->state == TXN_PREPARING || x->state == TXN_COMMITTING ||
+                    x->state == TXN_EXPIRING || x->state == TXN_ABORTING))
+            return x;
+        agent_wait(a, 100);
+    }
+}
+
+struct vm *
+agent_find_vm(struct agent *a, const char *name)
 {
     for (int i = 0; i < a->nvms; i++)
         if (strcmp(a->vms[i].cfg->name, name) == 0)
@@ -57,9 +60,8 @@ find_vm(struct agent *a, const char *name)
     return NULL;
 }
 
-/* "vm/node" → VM and disk index; -1 when unknown. */
-static int
-find_disk(struct agent *a, const char *id, struct vm **vmp, int *idx)
+int
+agent_find_disk(struct agent *a, const char *id, struct vm **vmp, int *idx)
 {
     const char *slash = strrchr(id, '/');
     char vmname[256];
@@ -69,7 +71,7 @@ find_disk(struct agent *a, const char *id, struct vm **vmp, int *idx)
         return -1;
     memcpy(vmname, id, (size_t)(slash - id));
     vmname[slash - id] = '\0';
-    if (!(v = find_vm(a, vmname)))
+    if (!(v = agent_find_vm(a, vmname)))
         return -1;
     for (int d = 0; d < v->cfg->ndisks; d++)
         if (strcmp(v->cfg->disks[d].node, slash + 1) == 0) {
@@ -80,580 +82,8 @@ find_disk(struct agent *a, const char *id, struct vm **vmp, int *idx)
     return -1;
 }
 
-/* Runs fn over n items, one thread per item (inline when n == 1). */
-typedef void *(*par_fn)(void *);
-
-static void
-run_parallel(par_fn fn, void *items, size_t size, int n)
-{
-    pthread_t th[CFG_MAX_VMS];
-    int started[CFG_MAX_VMS] = {0};
-
-    if (n == 1) {
-        fn(items);
-        return;
-    }
-    for (int i = 0; i < n && i < CFG_MAX_VMS; i++)
-        started[i] = pthread_create(&th[i], NULL, fn,
-                                    (char *)items + (size_t)i * size) == 0;
-    for (int i = 0; i < n && i < CFG_MAX_VMS; i++) {
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            fn((char *)items + (size_t)i * size);
-    }
-}
-
-/* ---- resuming ---------------------------------------------------------- */
-
-struct resume_job {
-    struct agent *a;
-    struct vm *vm;
-    const char *why;
-    const char *txn;
-    double cont_ms;
-    double t_end;           /* when cont returned */
-    double paused_ms;       /* pause window ended by this cont, -1 unknown */
-    int rc;
-    struct qmp_err err;
-};
-
-/* Resumes one VM; on success clears its journal entry, on failure marks
- * it for the reaper to retry (invariant 2: never left paused). */
-/*
- * Thaws the guest filesystems if this VM's prepare opened its guest agent
- * (after a freeze, and also after a failed one: a slow agent may freeze
- * after we gave up).  Runs after cont: a paused guest cannot answer.  On
- * commit it runs in resume_one, i.e. after this VM's cont and before the
- * commit reply is built, so the reply carries thaw_ms and thaw_error; the
- * thaw never lengthens the pause, only the reply.
- *
- * A thaw the guest agent answered removes the VM's `frozen` journal entry
- * of txn (any txn when NULL); a failed one keeps it, so that the next start
- * of the agent tries once more (agent-protocol §7).  Returns 0 (thawed),
- * -1 (failed, reason in v->thaw_error) or 1 (no guest agent open: nothing
- * to thaw).
- */
-static int
-thaw_vm(struct agent *a, struct vm *v, const char *txn)
-{
-    struct qga_conn *q;
-    char err[256] = "", jerr[256];
-    double t0 = mono_ms();
-    int rc, nfs = 0;
-
-    pthread_mutex_lock(&a->mu);
-    q = v->qga;
-    v->qga = NULL;
-    pthread_mutex_unlock(&a->mu);
-    if (!q)
-        return 1;
-    rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS, err,
-                  sizeof(err));
-    if (rc == 0)
-        rc = qga_thaw(q, QGA_THAW_MS, &nfs, err, sizeof(err));
-    qga_free(q);
-    pthread_mutex_lock(&a->mu);
-    v->thaw_ms = mono_ms() - t0;
-    /* A guest left frozen blocks its own writes (an outage), so a failed
-     * thaw is reported upstream (commit reply `thaw_error`, stats
-     * `thaw_failed`), not only logged.  An empty err still means failure. */
-    snprintf(v->thaw_error, sizeof(v->thaw_error), "%s", rc == 0 ? "" :
-             err[0] ? err : "guest-fsfreeze-thaw failed");
-    pthread_mutex_unlock(&a->mu);
-    if (rc == 0) {
-        log_info("event=thawed vm=%s txn=%s filesystems=%d thaw_ms=%.3f",
-                 v->cfg->name, txn ? txn : "-", nfs, mono_ms() - t0);
-        if (journal_remove_kind(a->journal, JOURNAL_FROZEN, v->cfg->name, txn,
-                                jerr, sizeof(jerr)) < 0)
-            log_warnx("event=journal_error vm=%s msg=\"%s\"", v->cfg->name,
-                      jerr);
-    } else {
-        atomic_fetch_add(&a->n_thaw_failed, 1);
-        log_warnx("event=thaw_failed vm=%s txn=%s msg=\"%s\"", v->cfg->name,
-                  txn ? txn : "-", err);
-    }
-    return rc == 0 ? 0 : -1;
-}
-
-static void *
-resume_one(void *arg)
-{
-    struct resume_job *j = arg;
-    struct agent *a = j->a;
-    char jerr[256];
-    double t0 = mono_ms();
-
-    j->rc = vm_cont(j->vm, a->cfg.qmp_timeout_ms, &j->err);
-    j->t_end = mono_ms();
-    j->cont_ms = j->t_end - t0;
-    pthread_mutex_lock(&a->mu);
-    j->paused_ms = -1;
-    if (j->rc == 0) {
-        j->vm->needs_resume = 0;
-        if (j->vm->paused_at > 0)
-            j->paused_ms = j->t_end - j->vm->paused_at;
-        j->vm->paused_at = 0;
-    } else {
-        j->vm->needs_resume = 1;
-        /* A retry passes needs_resume_txn itself as txn: copying it onto
-         * itself (overlapping snprintf) emptied it, and the thaw after the
-         * retry's cont then matched no journal entry. */
-        if (j->txn != j->vm->needs_resume_txn)
-            snprintf(j->vm->needs_resume_txn,
-                     sizeof(j->vm->needs_resume_txn), "%s",
-                     j->txn ? j->txn : "-");
-    }
-    pthread_mutex_unlock(&a->mu);
-    if (j->rc == 0) {
-        if (journal_remove(a->journal, j->vm->cfg->name, jerr,
-                           sizeof(jerr)) < 0)
-            log_warnx("event=journal_error vm=%s msg=\"%s\"",
-                      j->vm->cfg->name, jerr);
-        log_info("event=resumed vm=%s txn=%s why=%s cont_ms=%.3f "
-                 "paused_ms=%.3f", j->vm->cfg->name, j->txn ? j->txn : "-",
-                 j->why, j->cont_ms, j->paused_ms);
-        thaw_vm(a, j->vm, j->txn);
-    } else {
-        log_warnx("event=resume_failed vm=%s txn=%s why=%s msg=\"%s\" "
-                  "retry=yes", j->vm->cfg->name, j->txn ? j->txn : "-",
-                  j->why, j->err.msg);
-    }
-    return NULL;
-}
-
-static void
-resume_vms(struct agent *a, struct vm **vms, int n, const char *txn,
-           const char *why, struct resume_job *jobs)
-{
-    for (int i = 0; i < n; i++) {
-        memset(&jobs[i], 0, sizeof(jobs[i]));
-        jobs[i].a = a;
-        jobs[i].vm = vms[i];
-        jobs[i].why = why;
-        jobs[i].txn = txn;
-    }
-    if (n > 0)
-        run_parallel(resume_one, jobs, sizeof(*jobs), n);
-}
-
-struct expire_arg {
-    struct agent *a;
-    struct txn *x;
-};
-
-/* The lease fired: resume the txn's VMs, then mark it EXPIRED. */
-static void
-expire_txn(struct agent *a, struct txn *x)
-{
-    struct vm *vms[CFG_MAX_VMS];
-    struct resume_job jobs[CFG_MAX_VMS];
-    int n = 0;
-
-    for (int i = 0; i < x->nvms; i++)
-        if ((vms[n] = find_vm(a, x->vms[i])))
-            n++;
-    resume_vms(a, vms, n, x->id, "lease_expired", jobs);
-    atomic_fetch_add(&a->resumed_by_lease, n);
-    atomic_fetch_add(&a->n_expired, 1);
-    log_info("event=lease_expired txn=%s vms=%d", x->id, n);
-    pthread_mutex_lock(&a->mu);
-    txn_finish_expire(&a->txns, x);
-    pthread_cond_broadcast(&a->cond);
-    pthread_mutex_unlock(&a->mu);
-}
-
-static void *
-expire_thread(void *arg)
-{
-    struct expire_arg *e = arg;
-
-    expire_txn(e->a, e->x);
-    free(e);
-    return NULL;
-}
-
-struct retry_arg {
-    struct agent *a;
-    struct vm *vm;
-};
-
-static int retrying[CFG_MAX_VMS];   /* guarded by a->mu */
-static double last_retry[CFG_MAX_VMS];
-
-static void *
-retry_thread(void *arg)
-{
-    struct retry_arg *r = arg;
-    struct resume_job j = {.a = r->a, .vm = r->vm, .why = "retry",
-                           .txn = r->vm->needs_resume_txn};
-    int idx = (int)(r->vm - r->a->vms);
-
-    resume_one(&j);
-    pthread_mutex_lock(&r->a->mu);
-    retrying[idx] = 0;
-    pthread_mutex_unlock(&r->a->mu);
-    free(r);
-    return NULL;
-}
-
-static void
-spawn_detached(void *(*fn)(void *), void *arg)
-{
-    pthread_t th;
-    pthread_attr_t at;
-
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&th, &at, fn, arg) != 0)
-        fn(arg);    /* no thread: do it here, late rather than never */
-    pthread_attr_destroy(&at);
-}
-
-/*
- * The reaper never calls a VM itself (a hung QEMU would delay every other
- * lease); it claims due work under a.mu and hands it to detached threads.
- */
-static void *
-reaper_main(void *arg)
-{
-    struct agent *a = arg;
-
-    pthread_mutex_lock(&a->mu);
-    while (!a->stopping) {
-        struct txn *x;
-        double next;
-
-        while ((x = lease_claim_due(&a->txns))) {
-            struct expire_arg *e = malloc(sizeof(*e));
-            if (!e) {
-                pthread_mutex_unlock(&a->mu);
-                expire_txn(a, x);
-                pthread_mutex_lock(&a->mu);
-                continue;
-            }
-            e->a = a;
-            e->x = x;
-            spawn_detached(expire_thread, e);
-        }
-        for (int i = 0; i < a->nvms; i++) {
-            if (a->vms[i].needs_resume && !retrying[i] &&
-                mono_ms() - last_retry[i] >= RETRY_RESUME_MS) {
-                struct retry_arg *r = malloc(sizeof(*r));
-                if (!r)
-                    continue;
-                r->a = a;
-                r->vm = &a->vms[i];
-                retrying[i] = 1;
-                last_retry[i] = mono_ms();
-                spawn_detached(retry_thread, r);
-            }
-        }
-        txn_gc(&a->txns);
-        next = lease_next_in(&a->txns);
-        cond_wait_ms(a, next < 0 || next > 100 ? 100 : next);
-    }
-    pthread_mutex_unlock(&a->mu);
-    return NULL;
-}
-
-/* ---- start / stop -------------------------------------------------------- */
-
-/* The journal's entry of (kind, vm) among e[0..n), or NULL. */
-static const struct journal_entry *
-entry_of(const struct journal_entry *e, int n, enum journal_kind kind,
-         const char *vm)
-{
-    for (int i = 0; i < n; i++)
-        if (e[i].kind == kind && strcmp(e[i].vm, vm) == 0)
-            return &e[i];
-    return NULL;
-}
-
-/*
- * At start, undo what a previous run left done (agent-protocol §7), per
- * VM named in the journal:
- *
- *   paused + frozen:  open the guest agent, cont, then thaw (resume_one;
- *                     a paused guest cannot answer the thaw).  If cont
- *                     fails, the reaper's retry thaws after its cont.
- *   paused only:      cont.
- *   frozen only:      thaw (killed after cont, or between freeze and
- *                     stop, or a thaw that failed before).
- *
- * The recovery thaw is tried once: a failure is logged (journal_thaw
- * result=failed) and the entry dropped, since retrying a guest agent that
- * does not answer would only repeat the log; the guest may still be frozen
- * and needs an operator.  A thaw of a guest that is not frozen is harmless
- * (guest-fsfreeze-thaw returns 0), so an entry left by a freeze that never
- * happened costs one round trip.
- */
-static void
-journal_recover(struct agent *a)
-{
-    struct journal_entry *e = NULL;
-    int n = 0;
-
-    if (journal_entries(a->journal, &e, &n) < 0)
-        return;
-    for (int i = 0; i < n; i++) {
-        const struct journal_entry *p, *fz;
-        struct vm *v;
-        char jerr[256], err[256] = "";
-        int deferred;
-
-        /* one pass per VM: at its first entry */
-        if (entry_of(e, i, JOURNAL_PAUSED, e[i].vm) ||
-            entry_of(e, i, JOURNAL_FROZEN, e[i].vm))
-            continue;
-        p = entry_of(e, n, JOURNAL_PAUSED, e[i].vm);
-        fz = entry_of(e, n, JOURNAL_FROZEN, e[i].vm);
-        if (!(v = find_vm(a, e[i].vm))) {
-            if (p)
-                log_warnx("event=journal_resume txn=%s vm=%s "
-                          "result=unknown_vm", p->txn, p->vm);
-            if (fz)
-                log_warnx("event=journal_thaw txn=%s vm=%s result=unknown_vm",
-                          fz->txn, fz->vm);
-            journal_remove(a->journal, e[i].vm, jerr, sizeof(jerr));
-            journal_remove_kind(a->journal, JOURNAL_FROZEN, e[i].vm, NULL,
-                                jerr, sizeof(jerr));
-            continue;
-        }
-        if (fz) {
-            struct qga_conn *q = NULL;
-
-            if (!v->cfg->qga[0])
-                snprintf(err, sizeof(err), "no qga socket configured for "
-                         "vm %s", v->cfg->name);
-            else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0) {
-                pthread_mutex_lock(&a->mu);
-                v->qga = q;     /* thaw_vm takes it */
-                pthread_mutex_unlock(&a->mu);
-            }
-        }
-        pthread_mutex_lock(&a->mu);
-        v->thaw_error[0] = '\0';
-        pthread_mutex_unlock(&a->mu);
-        if (p) {
-            struct resume_job j = {.a = a, .vm = v, .why = "journal",
-                                   .txn = p->txn};
-
-            resume_one(&j);     /* cont, then thaw_vm if v->qga is open */
-            atomic_fetch_add(&a->resumed_by_journal, j.rc == 0);
-            log_info("event=journal_resume txn=%s vm=%s result=%s",
-                     p->txn, p->vm, j.rc == 0 ? "resumed" : "retrying");
-            pthread_mutex_lock(&a->mu);
-            deferred = v->qga != NULL;
-            pthread_mutex_unlock(&a->mu);
-            if (fz && deferred) {
-                /* cont failed: the reaper's retry thaws after its cont,
-                 * and the entry stays until a thaw is answered. */
-                log_warnx("event=journal_thaw txn=%s vm=%s result=deferred "
-                          "msg=\"thaw after the resume retry\"", fz->txn,
-                          fz->vm);
-                continue;
-            }
-        } else {
-            thaw_vm(a, v, fz->txn);
-        }
-        if (!fz)
-            continue;
-        pthread_mutex_lock(&a->mu);
-        if (!err[0] && v->thaw_error[0])
-            snprintf(err, sizeof(err), "%s", v->thaw_error);
-        pthread_mutex_unlock(&a->mu);
-        if (!err[0])
-            log_info("event=journal_thaw txn=%s vm=%s result=ok", fz->txn,
-                     fz->vm);
-        else
-            log_warnx("event=journal_thaw txn=%s vm=%s result=failed "
-                      "entry=dropped msg=\"%s\"", fz->txn, fz->vm, err);
-        /* thaw_vm removed it when the txns agree; this covers an entry of
-         * an older txn, and the failure that is dropped on purpose. */
-        if (journal_remove_kind(a->journal, JOURNAL_FROZEN, fz->vm, NULL,
-                                jerr, sizeof(jerr)) < 0)
-            log_warnx("event=journal_error vm=%s msg=\"%s\"", fz->vm, jerr);
-    }
-    free(e);
-}
-
-/*
- * Records this agent's RADOS client address next to the journal and
- * blocklists the one recorded by the previous run, if any (see
- * rbdsnap_blocklist for why).  Failures are logged, not fatal.
- */
-static void
-fence_previous(struct agent *a)
-{
-    char path[1100], old[256] = "", cur[256], err[256];
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s.rados-client", a->cfg.journal);
-    if ((f = fopen(path, "r"))) {
-        if (!fgets(old, sizeof(old), f))
-            old[0] = '\0';
-        old[strcspn(old, "\n")] = '\0';
-        fclose(f);
-    }
-    if (rbdsnap_client_addr(a->ceph, cur, sizeof(cur), err, sizeof(err)) < 0) {
-        log_warnx("event=rados_addr_failed msg=\"%s\"", err);
-        return;
-    }
-    if (old[0] && strcmp(old, cur) != 0) {
-        if (rbdsnap_blocklist(a->ceph, old, 3600, err, sizeof(err)) < 0)
-            log_warnx("event=fence_previous_failed addr=%s msg=\"%s\"", old,
-                      err);
-        else
-            log_info("event=fence_previous addr=%s", old);
-    }
-    if ((f = fopen(path, "w"))) {
-        fprintf(f, "%s\n", cur);
-        fflush(f);
-        fsync(fileno(f));
-        fclose(f);
-    }
-}
-
-static void *
-connect_one(void *arg)
-{
-    struct vm *v = arg;
-    struct qmp_err e;
-
-    if (vm_qmp(v, "query-status", NULL, 2000, NULL, &e) < 0)
-        log_warnx("event=qmp_connect_failed vm=%s msg=\"%s\"", v->cfg->name,
-                  e.msg);
-    return NULL;
-}
-
-/* Opens every QMP socket now, so that no pause window holds a connect,
- * greeting and qmp_capabilities (design "Coordinator latency"). */
-static void
-connect_all(struct agent *a)
-{
-    if (a->nvms > 0)
-        run_parallel(connect_one, a->vms, sizeof(a->vms[0]), a->nvms);
-}
-
-/*
- * Fills one disk from a QMP query-block entry: the format node name, and
- * the backend from the image file name ("rbd:pool/image...", a
- * "json:{...rbd...}" name, or a plain qcow2 path).  0, or -1 to skip it.
- */
-static int
-disk_from_block(json_t *blk, struct cfg_disk *d)
-{
-    json_t *ins = json_object_get(blk, "inserted"), *j = NULL, *f;
-    const char *node = json_string_value(json_object_get(ins, "node-name"));
-    const char *drv = json_string_value(json_object_get(ins, "drv"));
-    const char *fn = json_string_value(json_object_get(
-        json_object_get(ins, "image"), "filename"));
-    const char *pool = NULL, *image = NULL;
-    int rc = -1;
-
-    if (!node || !fn || strlen(node) >= sizeof(d->node))
-        return -1;
-    memset(d, 0, sizeof(*d));
-    snprintf(d->node, sizeof(d->node), "%s", node);
-    if (strncmp(fn, "json:", 5) == 0 && (j = json_loads(fn + 5, 0, NULL))) {
-        for (f = j; f && !pool; f = json_object_get(f, "file"))
-            if (json_is_string(json_object_get(f, "pool")) &&
-                json_is_string(json_object_get(f, "image"))) {
-                pool = json_string_value(json_object_get(f, "pool"));
-                image = json_string_value(json_object_get(f, "image"));
-            }
-        if (pool) {
-            d->backend = CFG_BACKEND_RBD;
-            snprintf(d->pool, sizeof(d->pool), "%s", pool);
-            snprintf(d->image, sizeof(d->image), "%s", image);
-            rc = 0;
-        }
-    } else if (strncmp(fn, "rbd:", 4) == 0) {
-        const char *slash = strchr(fn + 4, '/');
-        if (slash && (size_t)(slash - fn - 4) < sizeof(d->pool)) {
-            d->backend = CFG_BACKEND_RBD;
-            memcpy(d->pool, fn + 4, (size_t)(slash - fn - 4));
-            snprintf(d->image, sizeof(d->image), "%.*s",
-                     (int)strcspn(slash + 1, ":@"), slash + 1);
-            rc = 0;
-        }
-    } else if (drv && strcmp(drv, "qcow2") == 0 && fn[0] == '/') {
-        d->backend = CFG_BACKEND_QCOW2;
-        snprintf(d->file, sizeof(d->file), "%s", fn);
-        rc = 0;
-    }
-    json_decref(j);
-    return rc;
-}
-
-/* [libvirt] discover = yes: every running domain not named in the config
- * becomes a VM of the libvirt driver, with disks from QMP query-block. */
-static void
-discover_domains(struct agent *a)
-{
-    virDomainPtr *doms = NULL;
-    int n = virConnectListAllDomains(a->lv, &doms,
-                                     VIR_CONNECT_LIST_DOMAINS_ACTIVE);
-
-    for (int i = 0; i < n; i++) {
-        const char *name = virDomainGetName(doms[i]);
-        char *out = NULL;
-        json_t *rep = NULL, *blk;
-        struct cfg_vm *m;
-        size_t k;
-        int known = 0;
-
-        for (int v = 0; v < a->cfg.nvms; v++)
-            known |= strcmp(a->cfg.vms[v].domain, name) == 0 ||
-                     strcmp(a->cfg.vms[v].name, name) == 0;
-        if (known || a->cfg.nvms == CFG_MAX_VMS)
-            goto next;
-        if (virDomainQemuMonitorCommand(doms[i], "{\"execute\":\"query-block\"}",
-                                        &out, 0) < 0) {
-            log_warnx("event=discover_failed domain=%s msg=\"%s\"", name,
-                      virGetLastErrorMessage());
-            goto next;
-        }
-        m = &a->cfg.vms[a->cfg.nvms];
-        memset(m, 0, sizeof(*m));
-        snprintf(m->name, sizeof(m->name), "%s", name);
-        snprintf(m->domain, sizeof(m->domain), "%s", name);
-        m->driver = CFG_DRIVER_LIBVIRT;
-        rep = json_loads(out, 0, NULL);
-        json_array_foreach(json_object_get(rep, "return"), k, blk)
-            if (m->ndisks < CFG_MAX_DISKS &&
-                disk_from_block(blk, &m->disks[m->ndisks]) == 0)
-                m->ndisks++;
-        m->method = CFG_METHOD_QMP;
-        if (m->ndisks > 0 && a->cfg.ceph_conf[0]) {
-            m->method = CFG_METHOD_RBD;
-            for (int d = 0; d < m->ndisks; d++)
-                if (m->disks[d].backend != CFG_BACKEND_RBD)
-                    m->method = CFG_METHOD_QMP;
-        }
-        a->cfg.nvms++;
-        log_info("event=discovered domain=%s disks=%d", name, m->ndisks);
-next:
-        free(out);
-        json_decref(rep);
-        virDomainFree(doms[i]);
-    }
-    free(doms);
-}
-
-static int
-qmp_socket_exists(const struct cfg_vm *m)
-{
-    struct stat st;
-
-    return stat(m->qmp, &st) == 0 && S_ISSOCK(st.st_mode);
-}
-
-/* Opens the VM's rbd disks that are not open yet; -1 with err on the
- * first failure (those opened stay open). */
-static int
-open_images(struct agent *a, struct vm *v, char *err, size_t errlen)
+int
+agent_open_images(struct agent *a, struct vm *v, char *err, size_t errlen)
 {
     for (int d = 0; d < v->cfg->ndisks; d++) {
         const struct cfg_disk *dk = &v->cfg->disks[d];
@@ -673,12 +103,12 @@ open_images(struct agent *a, struct vm *v, char *err, size_t errlen)
     return 0;
 }
 
-int
-agent_start(struct agent *a, const struct agent_config *cfg, char *err,
-            size_t errlen)
+/* ---- start: the steps of agent_start, in order ------------------------- */
+
+static void
+init_state(struct agent *a, const struct agent_config *cfg)
 {
     pthread_condattr_t ca;
-    int need_ceph = 0;
 
     memset(a, 0, sizeof(*a));
     a->cfg = *cfg;
@@ -689,72 +119,118 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
     pthread_cond_init(&a->cond, &ca);
     pthread_condattr_destroy(&ca);
     txn_table_init(&a->txns, clock_mono, NULL);
+}
 
-    if (a->cfg.libvirt_uri[0]) {
-        a->lv = virConnectOpen(a->cfg.libvirt_uri);
-        if (!a->lv) {
-            const char *m = virGetLastErrorMessage();
-            snprintf(err, errlen, "libvirt %s: %s", a->cfg.libvirt_uri,
-                     m ? m : "cannot connect");
-            return -1;
-        }
-        if (a->cfg.libvirt_discover)
-            discover_domains(a);
-    }
+/* One struct vm per configured (or discovered) VM; *need_ceph = 1 when a
+ * VM has an rbd disk. */
+static int
+open_vms(struct agent *a, int *need_ceph, char *err, size_t errlen)
+{
     for (int i = 0; i < a->cfg.nvms; i++) {
-        if (vm_init(&a->vms[i], &a->cfg.vms[i], a->lv) < 0) {
+        if (vm_open(&a->vms[i], &a->cfg.vms[i], &a->host) < 0) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
         a->nvms++;
         for (int d = 0; d < a->cfg.vms[i].ndisks; d++)
             if (a->cfg.vms[i].disks[d].backend == CFG_BACKEND_RBD)
-                need_ceph = 1;
+                *need_ceph = 1;
     }
-    if (need_ceph && a->cfg.ceph_conf[0]) {
-        if (rbdsnap_connect(a->cfg.ceph_conf, a->cfg.ceph_id,
-                            a->cfg.ceph_keyring[0] ? a->cfg.ceph_keyring : NULL,
-                            &a->ceph, err, errlen) < 0)
-            return -1;
-        fence_previous(a);
-        /* Images are opened once, now, so that commit holds no open.  A
-         * standby VM (start =, no QMP socket yet: a DR copy that failover
-         * boots) is the exception: its images may not exist yet (the first
-         * replication creates them) and an open handle would watch images
-         * that replication and rollback rewrite; vm.start opens them. */
-        for (int i = 0; i < a->nvms; i++) {
-            if (a->cfg.vms[i].start[0] && !qmp_socket_exists(&a->cfg.vms[i])) {
-                a->vms[i].images_deferred = 1;
-                log_info("event=standby vm=%s qmp=%s images=deferred",
-                         a->cfg.vms[i].name, a->cfg.vms[i].qmp);
-                continue;
-            }
-            if (open_images(a, &a->vms[i], err, errlen) < 0) {
-                if (!a->cfg.vms[i].start[0])
-                    return -1;
-                a->vms[i].images_deferred = 1;
-                log_warnx("event=rbd_open_deferred vm=%s msg=\"%s\"",
-                          a->cfg.vms[i].name, err);
-                err[0] = '\0';
-            }
+    return 0;
+}
+
+/* Connects to Ceph, fences the previous run, opens the rbd images. */
+static int
+open_ceph(struct agent *a, char *err, size_t errlen)
+{
+    if (rbdsnap_connect(a->cfg.ceph_conf, a->cfg.ceph_id,
+                        a->cfg.ceph_keyring[0] ? a->cfg.ceph_keyring : NULL,
+                        &a->ceph, err, errlen) < 0)
+        return -1;
+    recover_fence(a);
+    /* Images are opened once, now, so that commit holds no open.  A
+     * standby VM (start =, no QMP socket yet: a DR copy that failover
+     * boots) is the exception: its images may not exist yet (the first
+     * replication creates them) and an open handle would watch images
+     * that replication and rollback rewrite; vm.start opens them. */
+    for (int i = 0; i < a->nvms; i++) {
+        if (vm_is_standby(&a->vms[i])) {
+            a->vms[i].images_deferred = 1;
+            log_info("event=standby vm=%s qmp=%s images=deferred",
+                     a->cfg.vms[i].name, a->cfg.vms[i].qmp);
+            continue;
+        }
+        if (agent_open_images(a, &a->vms[i], err, errlen) < 0) {
+            if (!a->cfg.vms[i].start[0])
+                return -1;
+            a->vms[i].images_deferred = 1;
+            log_warnx("event=rbd_open_deferred vm=%s msg=\"%s\"",
+                      a->cfg.vms[i].name, err);
+            err[0] = '\0';
         }
     }
+    return 0;
+}
+
+static void *
+connect_one(void *arg)
+{
+    struct vm *v = arg;
+    struct qmp_err e;
+
+    if (vm_connect(v, 2000, &e) < 0)
+        log_warnx("event=qmp_connect_failed vm=%s msg=\"%s\"", v->cfg->name,
+                  e.msg);
+    return NULL;
+}
+
+/* Opens every VM's monitor now, so that no pause window holds a connect,
+ * greeting and qmp_capabilities (design "Coordinator latency"). */
+static void
+connect_all(struct agent *a)
+{
+    if (a->nvms > 0)
+        par_run(connect_one, a->vms, sizeof(a->vms[0]), a->nvms);
+}
+
+int
+agent_start(struct agent *a, const struct agent_config *cfg, char *err,
+            size_t errlen)
+{
+    int need_ceph = 0;
+
+    init_state(a, cfg);
+    if (vm_host_open(&a->host, &a->cfg, err, errlen) < 0 ||
+        open_vms(a, &need_ceph, err, errlen) < 0)
+        return -1;
+    if (need_ceph && a->cfg.ceph_conf[0] && open_ceph(a, err, errlen) < 0)
+        return -1;
     if (journal_open(a->cfg.journal, &a->journal, err, errlen) < 0)
         return -1;
     connect_all(a);
-    journal_recover(a);
-    if (pthread_create(&a->reaper, NULL, reaper_main, a) != 0) {
-        snprintf(err, errlen, "cannot start the lease thread");
+    recover_journal(a);
+    if (reaper_start(a, err, errlen) < 0)
         return -1;
-    }
-    a->reaper_started = 1;
     for (int i = 0; i < a->nvms; i++)
         log_info("event=vm vm=%s driver=%s method=%s disks=%d",
-                 a->cfg.vms[i].name,
-                 a->cfg.vms[i].driver == CFG_DRIVER_QMP ? "qmp" : "libvirt",
+                 a->cfg.vms[i].name, a->vms[i].ops->name,
                  config_method_name(a->cfg.vms[i].method),
                  a->cfg.vms[i].ndisks);
     return 0;
+}
+
+/* ---- stop ---------------------------------------------------------------- */
+
+/* 1 while a request or a background thread still uses the VMs (a.mu). */
+static int
+busy(struct agent *a)
+{
+    int b = reaper_busy(a);
+
+    for (struct txn *x = a->txns.head; x; x = x->next)
+        b |= x->state == TXN_PREPARING || x->state == TXN_COMMITTING ||
+             x->state == TXN_EXPIRING || x->state == TXN_ABORTING;
+    return b;
 }
 
 void
@@ -767,1334 +243,25 @@ agent_stop(struct agent *a)
     /* Let in-flight prepares, commits, expiries, aborts and resume retries
      * finish (bounded): they use the VMs that are about to be freed. */
     pthread_mutex_lock(&a->mu);
-    for (double end = mono_ms() + 15000; mono_ms() < end;) {
-        int busy = 0;
-        for (struct txn *x = a->txns.head; x; x = x->next)
-            busy |= x->state == TXN_PREPARING || x->state == TXN_COMMITTING ||
-                    x->state == TXN_EXPIRING || x->state == TXN_ABORTING;
-        for (int i = 0; i < a->nvms; i++)
-            busy |= retrying[i];
-        if (!busy)
-            break;
-        cond_wait_ms(a, 50);
-    }
+    for (double end = mono_ms() + 15000; mono_ms() < end && busy(a);)
+        agent_wait(a, 50);
     /* Leaving: nobody will commit, so resume everything still paused. */
     a->stopping = 1;
     for (struct txn *x = a->txns.head; x; x = x->next)
         if (x->state == TXN_PREPARED)
             for (int i = 0; i < x->nvms && n < CFG_MAX_VMS; i++)
-                if ((vms[n] = find_vm(a, x->vms[i])))
+                if ((vms[n] = agent_find_vm(a, x->vms[i])))
                     n++;
     pthread_cond_broadcast(&a->cond);
     pthread_mutex_unlock(&a->mu);
     resume_vms(a, vms, n, NULL, "agent_stop", jobs);
-    if (a->reaper_started)
-        pthread_join(a->reaper, NULL);
+    reaper_join(a);
     for (int i = 0; i < a->nvms; i++)
-        vm_destroy(&a->vms[i]);
+        vm_close(&a->vms[i]);
     rbdsnap_cluster_free(a->ceph);
-    if (a->lv)
-        virConnectClose(a->lv);
+    vm_host_close(&a->host);
     journal_free(a->journal);
     pthread_mutex_lock(&a->mu);
     txn_table_clear(&a->txns);
     pthread_mutex_unlock(&a->mu);
-}
-
-/* ---- handlers ---------------------------------------------------------- */
-
-#define FAIL(c, ...) do { *code = (c); snprintf(msg, msglen, __VA_ARGS__); \
-                          goto cleanup; } while (0)
-
-static const char *
-method_name(const struct vm *v)
-{
-    return v->cfg->method == CFG_METHOD_RBD ? "rbd" : "qmp-transaction";
-}
-
-static json_t *
-disk_json(const struct vm *v, int d)
-{
-    const struct cfg_disk *dk = &v->cfg->disks[d];
-    json_t *o = json_pack("{s:s++,s:s,s:s}", "id", v->cfg->name, "/",
-                          dk->node, "node", dk->node, "backend",
-                          dk->backend == CFG_BACKEND_RBD ? "rbd" : "qcow2");
-
-    if (dk->backend == CFG_BACKEND_RBD) {
-        json_object_set_new(o, "pool", json_string(dk->pool));
-        json_object_set_new(o, "image", json_string(dk->image));
-    } else {
-        json_object_set_new(o, "file", json_string(dk->file));
-    }
-    return o;
-}
-
-static json_t *
-h_hello(struct agent *a)
-{
-    int has_rbd = a->ceph != NULL;
-
-    json_t *methods = json_pack("[s]", "qmp-transaction");
-
-    if (has_rbd)
-        json_array_insert_new(methods, 0, json_string("rbd"));
-    return json_pack("{s:s,s:i,s:s,s:[ss],s:[sssssssssss],s:o}",
-                     "version", CUTPOINT_VERSION, "protocol", 1,
-                     "host", a->cfg.host, "drivers", "qmp", "libvirt",
-                     "capabilities", "hello", "inventory", "prepare",
-                     "commit", "abort", "resume", "snapshot.list",
-                     "snapshot.delete", "vm.start", "vm.stop", "stats",
-                     "snapshot_methods", methods);
-}
-
-struct inv_job {
-    struct agent *a;
-    struct vm *vm;
-    const char *state;
-};
-
-static void *
-inv_one(void *arg)
-{
-    struct inv_job *j = arg;
-
-    j->state = vm_state(j->vm, INVENTORY_TIMEOUT_MS);
-    return NULL;
-}
-
-static json_t *
-h_inventory(struct agent *a)
-{
-    struct inv_job jobs[CFG_MAX_VMS];
-    json_t *vms = json_array();
-
-    for (int i = 0; i < a->nvms; i++)
-        jobs[i] = (struct inv_job){.a = a, .vm = &a->vms[i]};
-    if (a->nvms)
-        run_parallel(inv_one, jobs, sizeof(*jobs), a->nvms);
-    for (int i = 0; i < a->nvms; i++) {
-        struct vm *v = &a->vms[i];
-        json_t *disks = json_array();
-        for (int d = 0; d < v->cfg->ndisks; d++)
-            json_array_append_new(disks, disk_json(v, d));
-        json_array_append_new(vms, json_pack(
-            "{s:s,s:s,s:s,s:s,s:o}", "name", v->cfg->name, "driver",
-            v->cfg->driver == CFG_DRIVER_QMP ? "qmp" : "libvirt", "state",
-            jobs[i].state, "method", method_name(v), "disks", disks));
-    }
-    return json_pack("{s:o}", "vms", vms);
-}
-
-static json_t *
-h_stats(struct agent *a)
-{
-    return json_pack("{s:f,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I},s:I,s:I,s:I}",
-                     "uptime_ms", mono_ms() - a->started_ms,
-                     "connections", (json_int_t)atomic_load(&a->connections),
-                     "requests", (json_int_t)atomic_load(&a->requests),
-                     "errors", (json_int_t)atomic_load(&a->errors),
-                     "txns",
-                     "prepared", (json_int_t)atomic_load(&a->n_prepared),
-                     "committed", (json_int_t)atomic_load(&a->n_committed),
-                     "aborted", (json_int_t)atomic_load(&a->n_aborted),
-                     "expired", (json_int_t)atomic_load(&a->n_expired),
-                     "resumed_by_lease",
-                     (json_int_t)atomic_load(&a->resumed_by_lease),
-                     "resumed_by_journal",
-                     (json_int_t)atomic_load(&a->resumed_by_journal),
-                     "thaw_failed",
-                     (json_int_t)atomic_load(&a->n_thaw_failed));
-}
-
-/* The stored error code of a failed txn, as the static string. */
-static const char *
-code_static(const char *c)
-{
-    static const char *codes[] = {"BUDGET_EXCEEDED", "SNAPSHOT_FAILED",
-                                  "QMP_TIMEOUT", "QMP_ERROR", "INTERNAL"};
-
-    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
-        if (strcmp(c, codes[i]) == 0)
-            return codes[i];
-    return "INTERNAL";
-}
-
-/* Waits (a.mu held) until txn id is not in a transitional state. */
-static struct txn *
-wait_stable(struct agent *a, const char *id)
-{
-    struct txn *x;
-
-    for (;;) {
-        x = txn_find(&a->txns, id);
-        if (!x || !(x->state == TXN_PREPARING || x->state == TXN_COMMITTING ||
-                    x->state == TXN_EXPIRING || x->state == TXN_ABORTING))
-            return x;
-        cond_wait_ms(a, 100);
-    }
-}
-
-struct prep_job {
-    struct agent *a;
-    struct vm *vm;
-    const char *txn;
-    int freeze_timeout_ms;      /* min(config, prepare's freeze_timeout_ms) */
-    double t0, t1;
-    int rc;
-    int journaled;
-    enum qmp_errkind qmp_kind;
-    const char *code;
-    char msg[512];
-};
-
-static void *
-prep_one(void *arg)
-{
-    struct prep_job *j = arg;
-    struct qmp_err err;
-
-    j->t0 = mono_ms();
-    j->rc = vm_stop(j->vm, j->a->cfg.qmp_timeout_ms, &err);
-    j->t1 = mono_ms();
-    if (j->rc == 0) {
-        pthread_mutex_lock(&j->a->mu);
-        j->vm->paused_at = j->t0;
-        pthread_mutex_unlock(&j->a->mu);
-    }
-    if (j->rc < 0) {
-        j->qmp_kind = err.kind;
-        j->code = vm_err_code(&err);
-        snprintf(j->msg, sizeof(j->msg), "vm %s: %s", j->vm->cfg->name,
-                 err.msg);
-    }
-    return NULL;
-}
-
-/*
- * quiesce fs-freeze, one VM, before any VM of the txn is stopped (so the
- * freeze wait is never inside a pause window).  Any failure falls back to
- * crash consistency with the reason recorded; the txn carries on.
- */
-static void *
-freeze_one(void *arg)
-{
-    struct prep_job *j = arg;
-    struct vm *v = j->vm;
-    struct qga_conn *q = NULL;
-    char err[256] = "";
-    double t0 = mono_ms();
-    int nfs = 0, rc = -1;
-
-    if (!v->cfg->qga[0])
-        snprintf(err, sizeof(err), "no qga socket configured for vm %s",
-                 v->cfg->name);
-    else if (qga_open(v->cfg->qga, &q, err, sizeof(err)) == 0 &&
-             (rc = qga_sync(q, (long)(random() & 0x7fffffff), QGA_SYNC_MS,
-                            err, sizeof(err))) == 0)
-        rc = qga_freeze(q, j->freeze_timeout_ms, &nfs, err,
-                        sizeof(err));
-    pthread_mutex_lock(&j->a->mu);
-    v->freeze_ms = mono_ms() - t0;
-    v->consistency = rc == 0 ? "fs-freeze" : "crash";
-    snprintf(v->freeze_error, sizeof(v->freeze_error), "%s",
-             rc == 0 ? "" : err);
-    v->qga = q;                 /* thawed after cont, even if freeze failed */
-    pthread_mutex_unlock(&j->a->mu);
-    if (!q) {
-        /* Nothing reached the guest: it cannot be frozen by this txn. */
-        char jerr[256];
-        if (journal_remove_kind(j->a->journal, JOURNAL_FROZEN, v->cfg->name,
-                                j->txn, jerr, sizeof(jerr)) < 0)
-            log_warnx("event=journal_error vm=%s msg=\"%s\"", v->cfg->name,
-                      jerr);
-    }
-    if (rc == 0)
-        log_info("event=frozen vm=%s txn=%s filesystems=%d freeze_ms=%.3f",
-                 v->cfg->name, j->txn, nfs, v->freeze_ms);
-    else
-        log_warnx("event=freeze_failed vm=%s txn=%s fallback=crash "
-                  "msg=\"%s\"", v->cfg->name, j->txn, err);
-    return NULL;
-}
-
-/* The quiesce facts of one VM for a reply. */
-static void
-add_quiesce(struct agent *a, json_t *o, struct vm *v, int with_thaw)
-{
-    pthread_mutex_lock(&a->mu);
-    json_object_set_new(o, "consistency",
-                        json_string(v->consistency ? v->consistency :
-                                    "crash"));
-    json_object_set_new(o, "freeze_ms", json_real(v->freeze_ms));
-    if (with_thaw) {
-        json_object_set_new(o, "thaw_ms", v->thaw_ms < 0 ? json_null() :
-                            json_real(v->thaw_ms));
-        json_object_set_new(o, "thaw_error", v->thaw_error[0] ?
-                            json_string(v->thaw_error) : json_null());
-    }
-    json_object_set_new(o, "freeze_error", v->freeze_error[0] ?
-                        json_string(v->freeze_error) : json_null());
-    pthread_mutex_unlock(&a->mu);
-}
-
-static int
-same_vms(const struct txn *x, json_t *vms)
-{
-    size_t i;
-    json_t *v;
-
-    if ((size_t)x->nvms != json_array_size(vms))
-        return 0;
-    json_array_foreach(vms, i, v) {
-        int found = 0;
-        for (int k = 0; k < x->nvms; k++)
-            found |= strcmp(x->vms[k], json_string_value(v)) == 0;
-        if (!found)
-            return 0;
-    }
-    return 1;
-}
-
-static json_t *
-h_prepare(struct agent *a, json_t *args, const char **code, char *msg,
-          size_t msglen, json_t **err_result)
-{
-    const char *id = json_string_value(json_object_get(args, "txn"));
-    json_t *jvms = json_object_get(args, "vms"), *v, *result = NULL, *arr;
-    json_int_t lease = json_integer_value(json_object_get(args, "lease_ms"));
-    const char *quiesce = json_string_value(json_object_get(args, "quiesce"));
-    json_t *jft = json_object_get(args, "freeze_timeout_ms");
-    int freeze, freeze_ms = a->cfg.freeze_timeout_ms;
-    struct prep_job jobs[CFG_MAX_VMS];
-    struct vm *vms[CFG_MAX_VMS], *undo[CFG_MAX_VMS];
-    struct resume_job rj[CFG_MAX_VMS];
-    const char *names[CFG_MAX_VMS];
-    struct txn *x;
-    int n = (int)json_array_size(jvms), nundo = 0, failed = -1;
-    size_t i;
-
-    if (n > CFG_MAX_VMS)
-        FAIL("BAD_REQUEST", "too many VMs (%d > %d)", n, CFG_MAX_VMS);
-    if (quiesce && strcmp(quiesce, "crash") && strcmp(quiesce, "fs-freeze"))
-        FAIL("BAD_REQUEST", "args.quiesce must be \"crash\" or "
-             "\"fs-freeze\", got \"%s\"", quiesce);
-    freeze = quiesce && strcmp(quiesce, "fs-freeze") == 0;
-    /* The coordinator sizes its wait for PREPARED on the freeze timeout it
-     * sends; taking the smaller of it and ours keeps that wait long enough
-     * by construction, whatever this agent's config says.  Absent (older
-     * coordinators): our config alone. */
-    if (jft && json_integer_value(jft) < freeze_ms)
-        freeze_ms = (int)json_integer_value(jft);
-    json_array_foreach(jvms, i, v) {
-        names[i] = json_string_value(v);
-        if (!(vms[i] = find_vm(a, names[i])))
-            FAIL("UNKNOWN_VM", "unknown vm %s", names[i]);
-    }
-    pthread_mutex_lock(&a->mu);
-    x = wait_stable(a, id);
-    if (x) {
-        switch (x->state) {
-        case TXN_PREPARED:
-            if (same_vms(x, jvms))
-                result = json_deep_copy(x->prepare_result);
-            else
-                *code = "BAD_REQUEST", snprintf(msg, msglen, "txn %s is "
-                        "already prepared with other VMs", id);
-            break;
-        case TXN_EXPIRED:
-            *code = "EXPIRED";
-            snprintf(msg, msglen, "txn %s: lease expired", id);
-            break;
-        case TXN_ABORTED:
-            *code = "ABORTED";
-            snprintf(msg, msglen, "txn %s was aborted", id);
-            break;
-        default:
-            *code = "BAD_REQUEST";
-            snprintf(msg, msglen, "txn %s is already %s", id,
-                     txn_state_name(x->state));
-        }
-        pthread_mutex_unlock(&a->mu);
-        return result;
-    }
-    for (int k = 0; k < n; k++) {
-        if (vms[k]->starting) {
-            /* vm.start is still opening its disks: no cut of it yet. */
-            pthread_mutex_unlock(&a->mu);
-            FAIL("BUSY", "vm %s is being started (vm.start)", names[k]);
-        }
-        if (vms[k]->needs_resume) {
-            /* A background resume is pending: pausing now would let that
-             * late `cont` break the new cut. */
-            pthread_mutex_unlock(&a->mu);
-            FAIL("BUSY", "vm %s has a pending resume (QEMU not answering)",
-                 names[k]);
-        }
-    }
-    x = txn_begin_prepare(&a->txns, id, names, n, code, msg, msglen);
-    pthread_mutex_unlock(&a->mu);
-    if (!x)
-        return NULL;
-
-    /* Durable before the pause (agent-protocol §7): a crash after `stop`
-     * must leave a record that makes the next start resume the VM.  One
-     * write for all VMs, so that no VM's pause waits for another's fsync.
-     * With fs-freeze the same write records `frozen` for every VM with a
-     * guest agent, before its freeze: a crash before the thaw must leave a
-     * record that makes the next start thaw the guest. */
-    {
-        char jerr[256] = "out of memory";
-        struct journal_entry *je = calloc((size_t)(2 * n + 1), sizeof(*je));
-        int nje = 0, jrc = -1;
-
-        for (int k = 0; je && k < n; k++) {
-            je[nje].kind = JOURNAL_PAUSED;
-            snprintf(je[nje].txn, sizeof(je[nje].txn), "%s", x->id);
-            snprintf(je[nje].vm, sizeof(je[nje].vm), "%s", names[k]);
-            nje++;
-            if (freeze && vms[k]->cfg->qga[0]) {
-                je[nje] = je[nje - 1];
-                je[nje].kind = JOURNAL_FROZEN;
-                nje++;
-            }
-        }
-        if (je)
-            jrc = journal_put(a->journal, je, nje, jerr, sizeof(jerr));
-        free(je);
-        if (jrc < 0) {
-            pthread_mutex_lock(&a->mu);
-            txn_fail_prepare(&a->txns, x);
-            pthread_cond_broadcast(&a->cond);
-            pthread_mutex_unlock(&a->mu);
-            FAIL("INTERNAL", "no VM paused: %s", jerr);
-        }
-    }
-    for (int k = 0; k < n; k++) {
-        jobs[k] = (struct prep_job){.a = a, .vm = vms[k], .txn = x->id,
-                                    .journaled = 1,
-                                    .freeze_timeout_ms = freeze_ms};
-        pthread_mutex_lock(&a->mu);
-        vms[k]->consistency = "crash";
-        vms[k]->freeze_ms = 0;
-        vms[k]->thaw_ms = -1;
-        vms[k]->freeze_error[0] = '\0';
-        vms[k]->thaw_error[0] = '\0';
-        pthread_mutex_unlock(&a->mu);
-    }
-    /* All freezes first, then all stops: the freeze wait (up to sync +
-     * freeze deadlines) is outside every VM's pause window. */
-    if (freeze)
-        run_parallel(freeze_one, jobs, sizeof(*jobs), n);
-    run_parallel(prep_one, jobs, sizeof(*jobs), n);
-
-    for (int k = 0; k < n; k++) {
-        if (jobs[k].rc < 0 && failed < 0)
-            failed = k;
-        if (!jobs[k].journaled)
-            continue;
-        if (jobs[k].rc == 0) {
-            undo[nundo++] = vms[k];
-        } else if (jobs[k].qmp_kind == QMP_E_ERROR) {
-            /* QEMU refused the stop: not paused, nothing to undo. */
-            char jerr[256];
-            journal_remove(a->journal, vms[k]->cfg->name, jerr, sizeof(jerr));
-        } else {
-            /* Timed out or lost: a hung QEMU may still run the queued
-             * `stop` later.  The reaper keeps sending `cont` in the
-             * background, so the error reply is not delayed by it. */
-            pthread_mutex_lock(&a->mu);
-            vms[k]->needs_resume = 1;
-            snprintf(vms[k]->needs_resume_txn,
-                     sizeof(vms[k]->needs_resume_txn), "%s", x->id);
-            pthread_mutex_unlock(&a->mu);
-        }
-    }
-    if (failed >= 0) {
-        resume_vms(a, undo, nundo, x->id, "prepare_failed", rj);
-        for (int k = 0; k < n; k++)
-            if (jobs[k].rc < 0)     /* not paused: thaw now */
-                thaw_vm(a, vms[k], x->id);
-        /* Partial facts (agent-protocol §3.4): what was paused and undone. */
-        arr = json_array();
-        for (int k = 0, u = 0; k < n; k++) {
-            json_t *o = json_pack("{s:s,s:b}", "vm", names[k], "stopped",
-                                  jobs[k].rc == 0);
-            if (jobs[k].journaled)
-                json_object_set_new(o, "stop_ms",
-                                    json_real(jobs[k].t1 - jobs[k].t0));
-            if (jobs[k].rc == 0 && u < nundo) {
-                json_object_set_new(o, "resumed", json_boolean(rj[u].rc == 0));
-                json_object_set_new(o, "cont_ms", json_real(rj[u].cont_ms));
-                json_object_set_new(o, "paused_ms",
-                                    json_real(rj[u].paused_ms));
-                u++;
-            } else if (jobs[k].rc < 0) {
-                json_object_set_new(o, "error", json_string(jobs[k].msg));
-            }
-            json_array_append_new(arr, o);
-        }
-        *err_result = json_pack("{s:s,s:o}", "txn", id, "vms", arr);
-        pthread_mutex_lock(&a->mu);
-        txn_fail_prepare(&a->txns, x);
-        pthread_cond_broadcast(&a->cond);
-        pthread_mutex_unlock(&a->mu);
-        log_warnx("event=prepare_failed txn=%s code=%s msg=\"%s\"", id,
-                  jobs[failed].code, jobs[failed].msg);
-        *code = jobs[failed].code;
-        snprintf(msg, msglen, "%s", jobs[failed].msg);
-        return NULL;
-    }
-    arr = json_array();
-    for (int k = 0; k < n; k++) {
-        x->t_stop0[k] = jobs[k].t0;
-        x->t_stop1[k] = jobs[k].t1;
-        json_t *o = json_pack("{s:s,s:f}", "vm", names[k], "stop_ms",
-                              jobs[k].t1 - jobs[k].t0);
-        add_quiesce(a, o, vms[k], 0);
-        json_array_append_new(arr, o);
-    }
-    result = json_pack("{s:s,s:s,s:o,s:I}", "txn", id, "state", "prepared",
-                       "vms", arr, "lease_ms", lease);
-    pthread_mutex_lock(&a->mu);
-    txn_prepared(&a->txns, x, (double)lease, json_deep_copy(result));
-    pthread_cond_broadcast(&a->cond);
-    pthread_mutex_unlock(&a->mu);
-    atomic_fetch_add(&a->n_prepared, 1);
-    log_info("event=prepared txn=%s vms=%d lease_ms=%lld", id, n,
-             (long long)lease);
-    return result;
-cleanup:
-    return NULL;
-}
-
-/* --- commit ---- */
-
-struct snapjob;
-
-struct snapdisk {
-    struct snapjob *job;
-    struct rbdsnap_image *img;
-    char name[PROTO_MAX_NAME + 1];
-    double ms;
-    int rc;
-    int done;
-    char err[256];
-};
-
-struct snapjob {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;
-    int pending;
-    int n;
-    struct snapdisk d[CFG_MAX_DISKS];
-};
-
-static void
-snapjob_unref(struct snapjob *s)
-{
-    int last;
-
-    pthread_mutex_lock(&s->mu);
-    last = --s->refs == 0;
-    pthread_mutex_unlock(&s->mu);
-    if (last) {
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        free(s);
-    }
-}
-
-static void *
-snapdisk_thread(void *arg)
-{
-    struct snapdisk *d = arg;
-    char err[256] = "";
-    double t0 = mono_ms();
-    int rc = d->img ? rbdsnap_create(d->img, d->name, err, sizeof(err)) : -1;
-
-    if (!d->img)
-        snprintf(err, sizeof(err), "rbd image not open");
-    pthread_mutex_lock(&d->job->mu);
-    d->ms = mono_ms() - t0;
-    d->rc = rc;
-    d->done = 1;
-    snprintf(d->err, sizeof(d->err), "%s", err);
-    d->job->pending--;
-    pthread_cond_broadcast(&d->job->cv);
-    pthread_mutex_unlock(&d->job->mu);
-    snapjob_unref(d->job);
-    return NULL;
-}
-
-struct commit_job {
-    struct agent *a;
-    struct vm *vm;
-    struct txn *x;
-    int vmidx;                      /* index in x->vms */
-    int disks[CFG_MAX_DISKS];       /* disk indexes to snapshot */
-    const char *names[CFG_MAX_DISKS];
-    int ndisks;
-    double t_arrive, deadline;
-    json_t *out;                    /* per-VM result */
-    const char *code;               /* NULL when ok */
-    char msg[512];
-};
-
-static void *
-commit_one(void *arg)
-{
-    struct commit_job *j = arg;
-    struct agent *a = j->a;
-    struct qmp_err err;
-    json_t *disks = json_array();
-    double ts0, ts1, tc0, tc1, disk_ms[CFG_MAX_DISKS] = {0};
-    int ok[CFG_MAX_DISKS] = {0};
-    int budget_hit = 0, rc;
-    double r_cont_ms = 0;
-    char derr[CFG_MAX_DISKS][256];
-    const char *resume_code = NULL;
-    char resume_msg[512] = "";
-
-    memset(derr, 0, sizeof(derr));
-    ts0 = mono_ms();
-    if (j->ndisks > 0 && j->vm->cfg->method == CFG_METHOD_RBD) {
-        struct snapjob *s = calloc(1, sizeof(*s));
-        pthread_condattr_t ca;
-        struct timespec ts;
-
-        if (!s) {
-            j->code = "INTERNAL";
-            snprintf(j->msg, sizeof(j->msg), "out of memory");
-            goto resume;
-        }
-        pthread_mutex_init(&s->mu, NULL);
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&s->cv, &ca);
-        pthread_condattr_destroy(&ca);
-        s->refs = 1;
-        s->n = j->ndisks;
-        /* librbd has no async snapshot create: one thread per disk. */
-        for (int k = 0; k < j->ndisks; k++) {
-            struct snapdisk *d = &s->d[k];
-            pthread_t th;
-            d->job = s;
-            d->img = j->vm->img[j->disks[k]];
-            snprintf(d->name, sizeof(d->name), "%s", j->names[k]);
-            pthread_mutex_lock(&s->mu);
-            s->refs++;
-            s->pending++;
-            pthread_mutex_unlock(&s->mu);
-            if (pthread_create(&th, NULL, snapdisk_thread, d) == 0)
-                pthread_detach(th);
-            else
-                snapdisk_thread(d);
-        }
-        pthread_mutex_lock(&s->mu);
-        while (s->pending > 0) {
-            double left = j->deadline - mono_ms();
-            if (left <= 0) {
-                budget_hit = 1;
-                break;
-            }
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += (long)(left * 1e6);
-            ts.tv_sec += ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-        }
-        for (int k = 0; k < j->ndisks; k++) {
-            ok[k] = s->d[k].done && s->d[k].rc == 0;
-            disk_ms[k] = s->d[k].done ? s->d[k].ms : mono_ms() - ts0;
-            snprintf(derr[k], sizeof(derr[k]), "%s", s->d[k].done ?
-                     s->d[k].err : "still running at the budget deadline");
-        }
-        pthread_mutex_unlock(&s->mu);
-        snapjob_unref(s);
-    } else if (j->ndisks > 0) {
-        json_t *actions = json_array();
-        double left = j->deadline - mono_ms();
-        for (int k = 0; k < j->ndisks; k++)
-            json_array_append_new(actions, json_pack(
-                "{s:s,s:{s:s,s:s}}", "type", "blockdev-snapshot-internal-sync",
-                "data", "device", j->vm->cfg->disks[j->disks[k]].node,
-                "name", j->names[k]));
-        /* One transaction: atomic across this VM's disks. */
-        rc = vm_qmp(j->vm, "transaction", json_pack("{s:o}", "actions",
-                                                    actions),
-                    left < 1 ? 1 : (int)left, NULL, &err);
-        for (int k = 0; k < j->ndisks; k++) {
-            ok[k] = rc == 0;
-            disk_ms[k] = mono_ms() - ts0;
-            if (rc < 0)
-                snprintf(derr[k], sizeof(derr[k]), "%s", err.msg);
-        }
-        if (rc < 0 && err.kind == QMP_E_TIMEOUT)
-            budget_hit = 1;
-    }
-resume:
-    ts1 = mono_ms();
-    /* Resume at once: this VM's disks are done (or the budget is spent). */
-    tc0 = mono_ms();
-    {
-        struct resume_job r = {.a = a, .vm = j->vm, .why = "commit",
-                               .txn = j->x->id};
-        resume_one(&r);
-        rc = r.rc;
-        r_cont_ms = r.cont_ms;
-        if (rc < 0) {
-            resume_code = vm_err_code(&r.err);
-            snprintf(resume_msg, sizeof(resume_msg), "vm %s: %s (resume is "
-                     "being retried)", j->vm->cfg->name, r.err.msg);
-        }
-    }
-    tc1 = mono_ms();
-    if (rc == 0)    /* the pause ends when cont returns, not after the journal */
-        tc1 = tc0 + r_cont_ms;
-    /*
-     * Invariant 3: a disk counts as done only if its snapshot exists.  In
-     * the lab librbd returned 0 for a snapshot the lock owner refused (snap
-     * limit reached), so every RBD create is checked against the image
-     * header.  Checked after cont: the snapshot is immutable, and the check
-     * (a header refresh) must not lengthen the pause.
-     */
-    if (j->vm->cfg->method == CFG_METHOD_RBD) {
-        for (int k = 0; k < j->ndisks; k++) {
-            struct rbdsnap_image *img = j->vm->img[j->disks[k]];
-            char e[256] = "";
-            int exists = 0;
-            if (!ok[k] || !img)
-                continue;
-            if (rbdsnap_exists(img, j->names[k], &exists, e, sizeof(e)) < 0) {
-                ok[k] = 0;
-                snprintf(derr[k], sizeof(derr[k]), "cannot confirm the "
-                         "snapshot: %s", e);
-            } else if (!exists) {
-                ok[k] = 0;
-                snprintf(derr[k], sizeof(derr[k]), "librbd reported the "
-                         "snapshot created but the image header does not "
-                         "list it (refused by the lock owner?)");
-            }
-        }
-    }
-    for (int k = 0; k < j->ndisks; k++) {
-        char did[400];
-        snprintf(did, sizeof(did), "%s/%s", j->vm->cfg->name,
-                 j->vm->cfg->disks[j->disks[k]].node);
-        json_t *o = json_pack("{s:s,s:s,s:f,s:b}", "disk", did, "name",
-                              j->names[k], "snapshot_ms", disk_ms[k], "ok",
-                              ok[k]);
-        if (!ok[k]) {
-            json_object_set_new(o, "error", json_string(derr[k]));
-            if (!j->code) {
-                j->code = budget_hit ? "BUDGET_EXCEEDED" : "SNAPSHOT_FAILED";
-                snprintf(j->msg, sizeof(j->msg), "%s@%s: %s", did,
-                         j->names[k], derr[k]);
-            }
-        }
-        json_array_append_new(disks, o);
-    }
-    if (budget_hit && !j->code) {
-        j->code = "BUDGET_EXCEEDED";
-        snprintf(j->msg, sizeof(j->msg), "vm %s: snapshots exceeded the "
-                 "budget", j->vm->cfg->name);
-    }
-    if (resume_code && !j->code) {
-        j->code = resume_code;
-        snprintf(j->msg, sizeof(j->msg), "%s", resume_msg);
-    }
-    j->out = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:o,s:b}",
-                       "vm", j->vm->cfg->name,
-                       "stop_ms", j->x->t_stop1[j->vmidx] -
-                                  j->x->t_stop0[j->vmidx],
-                       "barrier_ms", j->t_arrive - j->x->t_stop1[j->vmidx],
-                       "snapshot_ms", ts1 - ts0,
-                       "cont_ms", tc1 - tc0,
-                       "paused_ms", tc1 - j->x->t_stop0[j->vmidx],
-                       "method", method_name(j->vm), "disks", disks,
-                       "resumed", rc == 0);
-    add_quiesce(a, j->out, j->vm, 1);
-    return NULL;
-}
-
-static json_t *
-h_commit(struct agent *a, json_t *args, const char **code, char *msg,
-         size_t msglen, json_t **err_result)
-{
-    const char *id = json_string_value(json_object_get(args, "txn"));
-    json_t *snaps = json_object_get(args, "snapshots"), *nv, *result = NULL;
-    json_int_t budget = json_integer_value(json_object_get(args, "budget_ms"));
-    struct commit_job jobs[CFG_MAX_VMS];
-    double t_arrive = mono_ms();
-    const char *key, *ecode = NULL;
-    char emsg[512] = "";
-    struct txn *x;
-    enum txn_claim claim;
-    json_t *vmarr;
-    int n;
-
-    pthread_mutex_lock(&a->mu);
-    x = wait_stable(a, id);
-    if (!x) {
-        pthread_mutex_unlock(&a->mu);
-        FAIL("UNKNOWN_TXN", "txn %s was never prepared here (or the agent "
-             "restarted)", id);
-    }
-    switch (x->state) {
-    case TXN_COMMITTED:
-        result = json_deep_copy(x->commit_result);
-        pthread_mutex_unlock(&a->mu);
-        return result;
-    case TXN_FAILED:
-        *code = code_static(x->err_code);
-        snprintf(msg, msglen, "%s", x->err_msg);
-        *err_result = json_deep_copy(x->commit_result);
-        pthread_mutex_unlock(&a->mu);
-        return NULL;
-    case TXN_EXPIRED:
-        pthread_mutex_unlock(&a->mu);
-        FAIL("EXPIRED", "txn %s: lease expired before commit; its VMs were "
-             "resumed", id);
-    case TXN_ABORTED:
-        pthread_mutex_unlock(&a->mu);
-        FAIL("ABORTED", "txn %s was aborted", id);
-    default:
-        break;
-    }
-    /* Validate disks before claiming, so a bad request changes nothing. */
-    n = x->nvms;
-    for (int i = 0; i < n; i++) {
-        jobs[i] = (struct commit_job){.a = a, .x = x, .vmidx = i,
-                                      .t_arrive = t_arrive,
-                                      .deadline = t_arrive + (double)budget};
-        jobs[i].vm = find_vm(a, x->vms[i]);
-    }
-    json_object_foreach(snaps, key, nv) {
-        struct vm *v;
-        int d, k;
-        if (find_disk(a, key, &v, &d) < 0) {
-            pthread_mutex_unlock(&a->mu);
-            FAIL("UNKNOWN_DISK", "unknown disk %s", key);
-        }
-        for (k = 0; k < n; k++)
-            if (jobs[k].vm == v)
-                break;
-        if (k == n) {
-            pthread_mutex_unlock(&a->mu);
-            FAIL("UNKNOWN_DISK", "disk %s is not on a VM of txn %s", key, id);
-        }
-        jobs[k].disks[jobs[k].ndisks] = d;
-        jobs[k].names[jobs[k].ndisks++] = json_string_value(nv);
-        json_object_set(x->created, key, nv);
-    }
-    claim = txn_claim_commit(&a->txns, x);
-    pthread_mutex_unlock(&a->mu);
-    if (claim == TXN_CLAIM_EXPIRE) {
-        expire_txn(a, x);
-        FAIL("EXPIRED", "txn %s: lease expired before commit; its VMs were "
-             "resumed", id);
-    }
-    if (claim != TXN_CLAIM_COMMIT)
-        FAIL("INTERNAL", "txn %s in unexpected state", id);
-
-    run_parallel(commit_one, jobs, sizeof(*jobs), n);
-
-    vmarr = json_array();
-    for (int i = 0; i < n; i++) {
-        json_array_append_new(vmarr, jobs[i].out);
-        /* BUDGET_EXCEEDED outranks SNAPSHOT_FAILED outranks the rest */
-        if (jobs[i].code && (!ecode || (strcmp(jobs[i].code,
-                                               "BUDGET_EXCEEDED") == 0 &&
-                                        strcmp(ecode, "BUDGET_EXCEEDED")))) {
-            ecode = jobs[i].code;
-            snprintf(emsg, sizeof(emsg), "%s", jobs[i].msg);
-        }
-    }
-    result = json_pack("{s:s,s:s,s:o,s:f}", "txn", id, "state",
-                       ecode ? "failed" : "committed", "vms", vmarr,
-                       "budget_ms", (double)budget);
-    pthread_mutex_lock(&a->mu);
-    txn_finish_commit(&a->txns, x, json_deep_copy(result), ecode, emsg);
-    pthread_cond_broadcast(&a->cond);
-    pthread_mutex_unlock(&a->mu);
-    if (ecode) {
-        log_warnx("event=commit_failed txn=%s code=%s msg=\"%s\"", id, ecode,
-                  emsg);
-        *code = ecode;
-        snprintf(msg, msglen, "%s", emsg);
-        *err_result = result;
-        return NULL;
-    }
-    atomic_fetch_add(&a->n_committed, 1);
-    log_info("event=committed txn=%s vms=%d snapshots=%zu total_ms=%.3f", id,
-             n, json_object_size(snaps), mono_ms() - t_arrive);
-    return result;
-cleanup:
-    return NULL;
-}
-
-/* Deletes one member snapshot.  1 deleted, 0 absent, -1 error. */
-static int
-delete_snap(struct agent *a, struct vm *v, int d, const char *name,
-            char *err, size_t errlen)
-{
-    struct qmp_err qe;
-    int rc;
-
-    if (v->img[d]) {
-        rc = rbdsnap_remove(v->img[d], name, err, errlen);
-        return rc == RBDSNAP_ENOENT ? 0 : rc == 0 ? 1 : -1;
-    }
-    rc = vm_qmp(v, "blockdev-snapshot-delete-internal-sync",
-                json_pack("{s:s,s:s}", "device", v->cfg->disks[d].node,
-                          "name", name), a->cfg.qmp_timeout_ms, NULL, &qe);
-    if (rc == 0)
-        return 1;
-    if (qe.kind == QMP_E_ERROR && strstr(qe.msg, "does not exist"))
-        return 0;
-    snprintf(err, errlen, "%s", qe.msg);
-    return -1;
-}
-
-static json_t *
-h_abort(struct agent *a, json_t *args, const char **code, char *msg,
-        size_t msglen)
-{
-    const char *id = json_string_value(json_object_get(args, "txn"));
-    json_t *extra = json_object_get(args, "snapshots"), *todo, *nv;
-    json_t *resumed = json_array(), *deleted = json_array();
-    json_t *not_deleted = json_array(), *timings = json_array();
-    struct vm *vms[CFG_MAX_VMS];
-    struct resume_job rj[CFG_MAX_VMS];
-    struct txn *x;
-    const char *key;
-    int was_prepared = 0, n = 0;
-
-    (void)code;
-    (void)msg;
-    (void)msglen;
-    pthread_mutex_lock(&a->mu);
-    for (;;) {
-        x = wait_stable(a, id);
-        if ((x = txn_begin_abort(&a->txns, id, &was_prepared)))
-            break;
-        cond_wait_ms(a, 10);
-    }
-    todo = json_deep_copy(x->created);
-    if (was_prepared)
-        for (int i = 0; i < x->nvms; i++)
-            if ((vms[n] = find_vm(a, x->vms[i])))
-                n++;
-    pthread_mutex_unlock(&a->mu);
-    if (extra)
-        json_object_update(todo, extra);
-
-    resume_vms(a, vms, n, id, "abort", rj);
-    for (int i = 0; i < n; i++)
-        if (rj[i].rc == 0) {
-            json_t *o = json_pack("{s:s,s:f,s:f}", "vm", vms[i]->cfg->name,
-                                  "cont_ms", rj[i].cont_ms, "paused_ms",
-                                  rj[i].paused_ms);
-            /* The thaw ran in resume_one (after cont, before this reply):
-             * an aborted fs-freeze txn can leave a guest frozen too. */
-            pthread_mutex_lock(&a->mu);
-            json_object_set_new(o, "thaw_ms", vms[i]->thaw_ms < 0 ?
-                                json_null() : json_real(vms[i]->thaw_ms));
-            json_object_set_new(o, "thaw_error", vms[i]->thaw_error[0] ?
-                                json_string(vms[i]->thaw_error) :
-                                json_null());
-            pthread_mutex_unlock(&a->mu);
-            json_array_append_new(resumed, json_string(vms[i]->cfg->name));
-            json_array_append_new(timings, o);
-        }
-    json_object_foreach(todo, key, nv) {
-        struct vm *v;
-        int d, rc;
-        char err[512] = "";
-        if (find_disk(a, key, &v, &d) < 0) {
-            json_array_append_new(not_deleted, json_pack(
-                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
-                "error", "UNKNOWN_DISK"));
-            continue;
-        }
-        rc = delete_snap(a, v, d, json_string_value(nv), err, sizeof(err));
-        if (rc == 1)
-            json_array_append_new(deleted, json_pack(
-                "{s:s,s:s}", "disk", key, "name", json_string_value(nv)));
-        else if (rc < 0)
-            json_array_append_new(not_deleted, json_pack(
-                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
-                "error", err));
-    }
-    json_decref(todo);
-    pthread_mutex_lock(&a->mu);
-    txn_finish_abort(&a->txns, x);
-    pthread_cond_broadcast(&a->cond);
-    pthread_mutex_unlock(&a->mu);
-    atomic_fetch_add(&a->n_aborted, 1);
-    log_info("event=aborted txn=%s resumed=%zu deleted=%zu not_deleted=%zu",
-             id, json_array_size(resumed), json_array_size(deleted),
-             json_array_size(not_deleted));
-    return json_pack("{s:s,s:s,s:o,s:o,s:o,s:o}", "txn", id, "state",
-                     "aborted", "resumed", resumed, "deleted", deleted,
-                     "not_deleted", not_deleted, "timings", timings);
-}
-
-static json_t *
-h_resume(struct agent *a, json_t *args, const char **code, char *msg,
-         size_t msglen)
-{
-    json_t *jvms = json_object_get(args, "vms"), *v, *arr;
-    struct vm *vms[CFG_MAX_VMS];
-    struct resume_job rj[CFG_MAX_VMS];
-    size_t i;
-    int n = (int)json_array_size(jvms);
-
-    if (n > CFG_MAX_VMS)
-        FAIL("BAD_REQUEST", "too many VMs");
-    json_array_foreach(jvms, i, v)
-        if (!(vms[i] = find_vm(a, json_string_value(v))))
-            FAIL("UNKNOWN_VM", "unknown vm %s", json_string_value(v));
-    resume_vms(a, vms, n, NULL, "resume", rj);
-    for (int k = 0; k < n; k++)
-        if (rj[k].rc < 0) {
-            *code = vm_err_code(&rj[k].err);
-            snprintf(msg, msglen, "vm %s: %s", vms[k]->cfg->name,
-                     rj[k].err.msg);
-            return NULL;
-        }
-    arr = json_array();
-    for (int k = 0; k < n; k++)
-        json_array_append_new(arr, json_pack("{s:s,s:f,s:f}", "vm",
-                                             vms[k]->cfg->name, "cont_ms",
-                                             rj[k].cont_ms, "paused_ms",
-                                             rj[k].paused_ms));
-    return json_pack("{s:o}", "vms", arr);
-cleanup:
-    return NULL;
-}
-
-static json_t *
-h_snap_list(struct agent *a, json_t *args, const char **code, char *msg,
-            size_t msglen)
-{
-    const char *disk = json_string_value(json_object_get(args, "disk"));
-    json_t *list = NULL, *blocks = NULL, *b;
-    struct qmp_err qe;
-    struct vm *v;
-    size_t i;
-    int d;
-    char err[256];
-
-    if (find_disk(a, disk, &v, &d) < 0)
-        FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
-    if (v->img[d]) {
-        if (rbdsnap_list(v->img[d], &list, err, sizeof(err)) < 0)
-            FAIL("SNAPSHOT_FAILED", "%s", err);
-        return json_pack("{s:s,s:o}", "disk", disk, "snapshots", list);
-    }
-    if (vm_qmp(v, "query-block", NULL, a->cfg.qmp_timeout_ms, &blocks,
-               &qe) < 0)
-        FAIL(vm_err_code(&qe), "%s", qe.msg);
-    list = json_array();
-    json_array_foreach(blocks, i, b) {
-        json_t *ins = json_object_get(b, "inserted"), *s;
-        size_t k;
-        const char *node = json_string_value(json_object_get(ins,
-                                                             "node-name"));
-        if (!node || strcmp(node, v->cfg->disks[d].node))
-            continue;
-        json_array_foreach(json_object_get(json_object_get(ins, "image"),
-                                           "snapshots"), k, s)
-            json_array_append_new(list, json_pack(
-                "{s:O,s:O}", "name", json_object_get(s, "name"), "id",
-                json_object_get(s, "id")));
-    }
-    json_decref(blocks);
-    return json_pack("{s:s,s:o}", "disk", disk, "snapshots", list);
-cleanup:
-    return NULL;
-}
-
-static json_t *
-h_snap_delete(struct agent *a, json_t *args, const char **code, char *msg,
-              size_t msglen)
-{
-    const char *disk = json_string_value(json_object_get(args, "disk"));
-    const char *name = json_string_value(json_object_get(args, "name"));
-    struct vm *v;
-    int d, rc;
-    char err[512];
-
-    if (find_disk(a, disk, &v, &d) < 0)
-        FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
-    rc = delete_snap(a, v, d, name, err, sizeof(err));
-    if (rc < 0)
-        FAIL("SNAPSHOT_FAILED", "%s", err);
-    log_info("event=snapshot_delete disk=%s name=%s deleted=%d", disk, name,
-             rc);
-    return json_pack("{s:s,s:s,s:b}", "disk", disk, "name", name, "deleted",
-                     rc == 1);
-cleanup:
-    return NULL;
-}
-
-/* vm.start of a libvirt domain from spec.xml (transient domain). */
-static json_t *
-vm_start_xml(struct agent *a, const char *xml, const char **code, char *msg,
-             size_t msglen)
-{
-    virDomainPtr d;
-    double t0 = mono_ms();
-    json_t *r;
-
-    if (!a->lv)
-        FAIL("BAD_REQUEST", "args.spec.xml needs the libvirt driver "
-             "([libvirt] uri)");
-    d = virDomainCreateXML(a->lv, xml, 0);
-    if (!d) {
-        const char *m = virGetLastErrorMessage();
-        FAIL("QMP_ERROR", "virDomainCreateXML: %s", m ? m : "error");
-    }
-    r = json_pack("{s:s,s:s,s:f}", "vm", virDomainGetName(d), "state",
-                  "running", "start_ms", mono_ms() - t0);
-    log_info("event=vm_start vm=%s via=libvirt start_ms=%.3f",
-             virDomainGetName(d), mono_ms() - t0);
-    virDomainFree(d);
-    return r;
-cleanup:
-    return NULL;
-}
-
-/* Output of a failed start command for an error message: one line. */
-static const char *
-flat(char *s)
-{
-    for (char *p = s; *p; p++)
-        if (*p == '\n' || *p == '\r' || *p == '"')
-            *p = *p == '"' ? '\'' : ' ';
-    return s[0] ? s : "(no output)";
-}
-
-/*
- * vm.start of a configured qmp VM (agent-protocol §4.9):
- *
- *   state running/paused ─────────────────────────► reply, command not run
- *   state unknown (QMP hung) ─────────────────────► BUSY, command not run
- *   shutoff ─► run `start =` (deadline) ─► exit 0 ─► query-status until
- *              "running" (same deadline) ─► open deferred rbd disks ─► reply
- *
- * Only the configured command of a configured VM ever runs; the request
- * names the VM, never a program or an argument.  v->starting (under a.mu)
- * makes a second concurrent vm.start of the VM, or a prepare, BUSY.
- */
-static json_t *
-vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
-             size_t msglen)
-{
-    const struct cfg_vm *m = v->cfg;
-    char buf[sizeof(m->start)], *argv[RUNCMD_MAX_ARGS], err[512] = "";
-    struct runcmd_result sr;
-    struct qmp_err qe = {0};
-    const char *st;
-    double t0 = mono_ms(), end = t0 + m->start_timeout_ms, cmd_ms = 0;
-    json_t *ret = NULL, *r = NULL;
-    int claimed = 0;
-
-    if (!m->start[0])
-        FAIL("BAD_REQUEST", "vm %s has no start command in the agent "
-             "config ([vm %s] start = ...)", m->name, m->name);
-    pthread_mutex_lock(&a->mu);
-    if (v->starting) {
-        pthread_mutex_unlock(&a->mu);
-        FAIL("BUSY", "vm %s: a vm.start is already running", m->name);
-    }
-    v->starting = claimed = 1;
-    pthread_mutex_unlock(&a->mu);
-
-    /* Never a second QEMU on the same disks: a VM that answers is left. */
-    st = vm_state(v, a->cfg.qmp_timeout_ms);
-    if (strcmp(st, "running") == 0 || strcmp(st, "paused") == 0) {
-        log_info("event=vm_start vm=%s result=already_%s", m->name, st);
-        r = json_pack("{s:s,s:s,s:f,s:b}", "vm", m->name, "state", st,
-                      "start_ms", 0.0, "already_running", 1);
-        goto cleanup;
-    }
-    if (strcmp(st, "unknown") == 0)
-        FAIL("BUSY", "vm %s: its QMP socket %s exists but does not answer; "
-             "not starting a second QEMU", m->name, m->qmp);
-    runcmd_split(m->start, buf, sizeof(buf), argv, RUNCMD_MAX_ARGS);
-    log_info("event=vm_start_begin vm=%s command=\"%s\" timeout_ms=%d",
-             m->name, argv[0], m->start_timeout_ms);
-    if (runcmd_run(argv, m->start_timeout_ms, &sr, err, sizeof(err)) < 0) {
-        log_warnx("event=vm_start_failed vm=%s msg=\"%s\"", m->name, err);
-        FAIL("QMP_ERROR", "vm %s: start command: %s", m->name, err);
-    }
-    cmd_ms = sr.ms;
-    if (sr.timed_out) {
-        log_warnx("event=vm_start_failed vm=%s why=timeout command_ms=%.3f",
-                  m->name, cmd_ms);
-        FAIL("QMP_TIMEOUT", "vm %s: start command %s did not exit within "
-             "%d ms (killed); output: %s", m->name, argv[0],
-             m->start_timeout_ms, flat(sr.out));
-    }
-    if (!runcmd_ok(&sr)) {
-        log_warnx("event=vm_start_failed vm=%s exit=%d signal=%d "
-                  "command_ms=%.3f", m->name, sr.exit_code, sr.signo, cmd_ms);
-        if (sr.signo)
-            FAIL("QMP_ERROR", "vm %s: start command %s killed by signal %d; "
-                 "output: %s", m->name, argv[0], sr.signo, flat(sr.out));
-        FAIL("QMP_ERROR", "vm %s: start command %s exited with %d; output: "
-             "%s", m->name, argv[0], sr.exit_code, flat(sr.out));
-    }
-    /* The command returned; the VM counts as started once its QMP says
-     * running (a launcher may return before QEMU listens). */
-    for (;;) {
-        double left = end - mono_ms();
-        int rc;
-
-        if (left <= 0) {
-            log_warnx("event=vm_start_failed vm=%s why=not_running "
-                      "msg=\"%s\"", m->name, qe.msg);
-            FAIL("QMP_TIMEOUT", "vm %s: start command %s exited 0 but %s did "
-                 "not report running within %d ms (last: %s)", m->name,
-                 argv[0], m->qmp, m->start_timeout_ms,
-                 qe.msg[0] ? qe.msg : "not running");
-        }
-        rc = vm_qmp(v, "query-status", NULL, left < 1000 ? (int)left + 1 :
-                    1000, &ret, &qe);
-        if (rc == 0 && json_is_true(json_object_get(ret, "running")))
-            break;
-        if (rc == 0)
-            snprintf(qe.msg, sizeof(qe.msg), "status %s",
-                     json_string_value(json_object_get(ret, "status")) ?: "?");
-        json_decref(ret);
-        ret = NULL;
-        {
-            struct timespec ts = {0, 50 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-    }
-    if (v->images_deferred) {
-        if (open_images(a, v, err, sizeof(err)) < 0)
-            /* Running, but no rbd snapshot of it can be taken here. */
-            FAIL("SNAPSHOT_FAILED", "vm %s started, but its rbd disks cannot "
-                 "be opened: %s", m->name, err);
-        v->images_deferred = 0;
-    }
-    log_info("event=vm_start vm=%s result=started start_ms=%.3f "
-             "command_ms=%.3f", m->name, mono_ms() - t0, cmd_ms);
-    r = json_pack("{s:s,s:s,s:f,s:f,s:b}", "vm", m->name, "state", "running",
-                  "start_ms", mono_ms() - t0, "command_ms", cmd_ms,
-                  "already_running", 0);
-cleanup:
-    json_decref(ret);
-    if (claimed) {
-        pthread_mutex_lock(&a->mu);
-        v->starting = 0;
-        pthread_mutex_unlock(&a->mu);
-    }
-    return r;
-}
-
-static json_t *
-h_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
-           size_t msglen)
-{
-    json_t *spec = json_object_get(args, "spec");
-    const char *xml = json_string_value(json_object_get(spec, "xml"));
-    json_t *jname = json_object_get(spec, "vm");
-    const char *name = json_string_value(jname);
-    struct vm *v;
-
-    if (jname && !name)
-        FAIL("BAD_REQUEST", "args.spec.vm must be a string");
-    if (name && xml)
-        FAIL("BAD_REQUEST", "args.spec takes vm (a configured VM) or xml "
-             "(a libvirt domain), not both");
-    if (xml)
-        return vm_start_xml(a, xml, code, msg, msglen);
-    if (!name)
-        FAIL("BAD_REQUEST", "args.spec needs vm (a VM of the agent config) "
-             "or xml (a libvirt domain)");
-    if (!(v = find_vm(a, name)))
-        FAIL("UNKNOWN_VM", "unknown vm %s", name);
-    if (v->cfg->driver != CFG_DRIVER_QMP)
-        FAIL("BAD_REQUEST", "vm %s uses the libvirt driver: start it with "
-             "args.spec.xml", name);
-    return vm_start_cmd(a, v, code, msg, msglen);
-cleanup:
-    return NULL;
-}
-
-static json_t *
-h_vm_stop(struct agent *a, json_t *args, const char **code, char *msg,
-          size_t msglen)
-{
-    const char *name = json_string_value(json_object_get(args, "vm"));
-    struct qmp_err qe;
-    struct vm *v;
-
-    if (!(v = find_vm(a, name)))
-        FAIL("UNKNOWN_VM", "unknown vm %s", name);
-    if (vm_poweroff(v, a->cfg.qmp_timeout_ms, &qe) < 0)
-        FAIL(vm_err_code(&qe), "%s", qe.msg);
-    log_info("event=vm_stop vm=%s", name);
-    return json_pack("{s:s,s:s}", "vm", name, "state", "shutoff");
-cleanup:
-    return NULL;
-}
-
-json_t *
-agent_handle(struct agent *a, const struct proto_request *req,
-             const char **code, char *msg, size_t msglen,
-             json_t **err_result)
-{
-    json_t *r = NULL;
-
-    *err_result = NULL;
-    switch (req->cmd) {
-    case PROTO_CMD_HELLO:
-        r = h_hello(a);
-        break;
-    case PROTO_CMD_INVENTORY:
-        r = h_inventory(a);
-        break;
-    case PROTO_CMD_PREPARE:
-        r = h_prepare(a, req->args, code, msg, msglen, err_result);
-        break;
-    case PROTO_CMD_COMMIT:
-        r = h_commit(a, req->args, code, msg, msglen, err_result);
-        break;
-    case PROTO_CMD_ABORT:
-        r = h_abort(a, req->args, code, msg, msglen);
-        break;
-    case PROTO_CMD_RESUME:
-        r = h_resume(a, req->args, code, msg, msglen);
-        break;
-    case PROTO_CMD_SNAP_LIST:
-        r = h_snap_list(a, req->args, code, msg, msglen);
-        break;
-    case PROTO_CMD_SNAP_DELETE:
-        r = h_snap_delete(a, req->args, code, msg, msglen);
-        break;
-    case PROTO_CMD_VM_START:
-        r = h_vm_start(a, req->args, code, msg, msglen);
-        break;
-    case PROTO_CMD_VM_STOP:
-        r = h_vm_stop(a, req->args, code, msg, msglen);
-        break;
-    case PROTO_CMD_STATS:
-        r = h_stats(a);
-        break;
-    default:
-        *code = "UNKNOWN_COMMAND";
-        snprintf(msg, msglen, "unknown command");
-    }
-    if (!r && !*code) {
-        *code = "INTERNAL";
-        snprintf(msg, msglen, "handler returned nothing");
-    }
-    return r;
 }

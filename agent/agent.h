@@ -1,24 +1,29 @@
 /*
- * agent: the agent's state (config, VMs, journal, transactions) and the
- * command handlers of agent-protocol §4.  agent_handle runs in a request
- * thread; handlers that touch several VMs drive each VM from its own thread
- * so that one slow VM never delays the others' pause window.
+ * agent: the agent's state (config, VMs, hypervisor connections, Ceph,
+ * journal, transactions, counters), its start and stop, and lookups of its
+ * VMs and disks.  What runs on that state lives in files of its own:
  *
- * Locking: a.mu guards the transaction table and the needs_resume flags;
- * it is never held across a VM call.  Each VM's own mutex serializes calls
- * to that VM (vm.h).
+ *   dispatch.c   the command table; cmd_txn.c, cmd_snap.c, cmd_vm.c,
+ *                cmd_info.c: the handlers, by family
+ *   txn_vm.c     one VM's part of a prepare and of a commit
+ *   resume.c     resuming VMs;  quiesce.c: guest freeze and thaw
+ *   reaper.c     the lease and resume-retry thread
+ *   recover.c    what a previous run left undone (journal, fencing)
+ *
+ * Locking: a.mu guards the transaction table, the VMs' needs_resume,
+ * starting, paused_at and quiesce fields, and the reaper's retry state; it
+ * is never held across a VM call.  Each VM's own mutex serializes calls to
+ * that VM (vm.h).
  */
 #ifndef CP_AGENT_H
 #define CP_AGENT_H
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <jansson.h>
-#include <libvirt/libvirt.h>
+#include <stddef.h>
 
 #include "config.h"
 #include "journal.h"
-#include "proto.h"
 #include "rbdsnap.h"
 #include "txn.h"
 #include "vm.h"
@@ -29,13 +34,16 @@ struct agent {
     int nvms;
     struct journal *journal;
     struct rbdsnap_cluster *ceph;
-    virConnectPtr lv;
+    struct vm_host host;        /* the hypervisor drivers' connections */
     pthread_mutex_t mu;
     pthread_cond_t cond;        /* CLOCK_MONOTONIC; txn state changes */
     struct txn_table txns;
     pthread_t reaper;
     int reaper_started;
     int stopping;
+    /* reaper.c: a resume retry of vms[i] is running / last started */
+    int retrying[CFG_MAX_VMS];
+    double last_retry[CFG_MAX_VMS];
     double started_ms;
     atomic_long connections, requests, errors;
     atomic_long n_prepared, n_committed, n_aborted, n_expired;
@@ -43,20 +51,29 @@ struct agent {
     atomic_long n_thaw_failed;  /* guests possibly left frozen (outage) */
 };
 
-/* Opens Ceph images, libvirt, the journal; resumes journaled VMs; starts
- * the lease reaper.  On -1, err says what failed. */
+/*
+ * Opens the hypervisor connections, Ceph and its images, the journal;
+ * connects to every VM; undoes what the journal says a previous run left
+ * done (recover.c); starts the reaper.  On -1, err says what failed.
+ */
 int agent_start(struct agent *a, const struct agent_config *cfg, char *err,
                 size_t errlen);
 /* Resumes the VMs of live transactions, stops the reaper, frees. */
 void agent_stop(struct agent *a);
 
-/*
- * Runs one validated request.  Returns the result object (new reference)
- * or NULL with *code/msg set; *err_result may receive partial facts for an
- * error reply (new reference or NULL).
- */
-json_t *agent_handle(struct agent *a, const struct proto_request *req,
-                     const char **code, char *msg, size_t msglen,
-                     json_t **err_result);
+/* The VM named name, or NULL. */
+struct vm *agent_find_vm(struct agent *a, const char *name);
+/* "vm/node" → VM and disk index; -1 when unknown. */
+int agent_find_disk(struct agent *a, const char *id, struct vm **vmp,
+                    int *idx);
+/* Opens the VM's rbd disks that are not open yet; -1 with err on the
+ * first failure (those opened stay open). */
+int agent_open_images(struct agent *a, struct vm *v, char *err,
+                      size_t errlen);
+/* Waits on a.cond (a.mu held) for at most ms. */
+void agent_wait(struct agent *a, double ms);
+/* Txn id once it is not in a transitional state (the owner of one
+ * broadcasts a.cond when it leaves it), or NULL when unknown (a.mu held). */
+struct txn *agent_txn_stable(struct agent *a, const char *id);
 
 #endif

@@ -10,6 +10,7 @@
 
 #include "log.h"
 #include "runcmd.h"
+#include "vm.h"
 
 #define SET(dst, v) snprintf((dst), sizeof(dst), "%s", (v))
 
@@ -130,6 +131,7 @@ config_load(const char *path, struct agent_config *cfg, char *err,
                     }
                 vm = &cfg->vms[cfg->nvms++];
                 SET(vm->name, name);
+                SET(vm->driver, "qmp");
                 vm->start_timeout_ms = 60000;
             } else if (strcmp(section, "agent") && strcmp(section, "tls") &&
                        strcmp(section, "ceph") && strcmp(section, "libvirt")) {
@@ -196,12 +198,9 @@ config_load(const char *path, struct agent_config *cfg, char *err,
                 goto bad;
         }
         else if (vm && strcmp(k, "driver") == 0) {
-            if (strcmp(v, "qmp") == 0)
-                vm->driver = CFG_DRIVER_QMP;
-            else if (strcmp(v, "libvirt") == 0)
-                vm->driver = CFG_DRIVER_LIBVIRT;
-            else
+            if (!vm_driver_find(v))
                 goto bad;
+            SET(vm->driver, v);
         } else if (vm && strcmp(k, "qmp") == 0)
             SET(vm->qmp, v);
         else if (vm && strcmp(k, "qga") == 0) {
@@ -258,19 +257,12 @@ bad:
     for (int i = 0; i < cfg->nvms; i++) {
         struct cfg_vm *m = &cfg->vms[i];
         int all_rbd = m->ndisks > 0;
-        if (m->driver == CFG_DRIVER_QMP && !m->qmp[0]) {
-            snprintf(err, errlen, "%s: [vm %s] needs qmp = SOCKET", path,
-                     m->name);
+        const struct vm_ops *drv = vm_driver_find(m->driver);
+        if (drv->config_check &&
+            drv->config_check(cfg, m, path, err, errlen) < 0)
             goto cleanup;
-        }
         if (m->start[0]) {
             char buf[sizeof(m->start)], *argv[RUNCMD_MAX_ARGS];
-            if (m->driver != CFG_DRIVER_QMP) {
-                snprintf(err, errlen, "%s: [vm %s] start = is for the qmp "
-                         "driver (libvirt: vm.start with spec.xml)", path,
-                         m->name);
-                goto cleanup;
-            }
             /* -n tells the operator now, not at the first failover. */
             runcmd_split(m->start, buf, sizeof(buf), argv, RUNCMD_MAX_ARGS);
             if (access(argv[0], X_OK) < 0) {
@@ -278,15 +270,6 @@ bad:
                          m->name, argv[0], strerror(errno));
                 goto cleanup;
             }
-        }
-        if (m->driver == CFG_DRIVER_LIBVIRT) {
-            if (!cfg->libvirt_uri[0]) {
-                snprintf(err, errlen, "%s: [vm %s] uses libvirt but [libvirt] "
-                         "uri is not set", path, m->name);
-                goto cleanup;
-            }
-            if (!m->domain[0])
-                SET(m->domain, m->name);
         }
         for (int d = 0; d < m->ndisks; d++)
             if (m->disks[d].backend != CFG_BACKEND_RBD)

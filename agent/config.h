@@ -12,7 +12,6 @@
 #define CFG_MAX_DISKS 16
 
 enum cfg_backend { CFG_BACKEND_RBD, CFG_BACKEND_QCOW2 };
-enum cfg_driver { CFG_DRIVER_QMP, CFG_DRIVER_LIBVIRT };
 enum cfg_method { CFG_METHOD_AUTO, CFG_METHOD_RBD, CFG_METHOD_QMP };
 
 struct cfg_disk {
@@ -25,7 +24,7 @@ struct cfg_disk {
 
 struct cfg_vm {
     char name[256];
-    enum cfg_driver driver;
+    char driver[32];        /* a row of the VM driver table (vm.h) */
     char qmp[1024];
     char qga[108];          /* guest agent socket, "" none (sun_path size) */
     char domain[256];

@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <libvirt/virterror.h>
 
 #include "agent.h"
 #include "config.h"
 #include "log.h"
 #include "server.h"
+#include "tls.h"
 
 static volatile sig_atomic_t stop_flag;
 
@@ -24,14 +24,6 @@ on_signal(int sig)
 {
     (void)sig;
     stop_flag = 1;
-}
-
-/* libvirt prints every error to stderr by default; ours go through log.c. */
-static void
-quiet_libvirt(void *opaque, virErrorPtr e)
-{
-    (void)opaque;
-    (void)e;
 }
 
 static void
@@ -79,7 +71,7 @@ main(int argc, char **argv)
         fprintf(stderr, "cutpointd: %s\n", err);
         return 1;
     }
-    if (server_tls_check(&cfg, err, sizeof(err)) < 0) {
+    if (tls_check(&cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "cutpointd: %s: tls: %s\n", path, err);
         return 1;
     }
@@ -89,7 +81,6 @@ main(int argc, char **argv)
     }
     if (log_parse_level(cfg.log_level, &lvl) == 0)
         log_set_level(lvl);
-    virSetErrorFunc(NULL, quiet_libvirt);
 
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;

@@ -28,25 +28,10 @@ static const struct {
     const char *name;
     struct field fields[MAX_FIELDS];
 } commands[PROTO_CMD_COUNT] = {
-    [PROTO_CMD_HELLO] = {"hello", {{0}}},
-    [PROTO_CMD_INVENTORY] = {"inventory", {{0}}},
-    [PROTO_CMD_PREPARE] = {"prepare", {{"txn", F_NAME, 1},
-                                       {"vms", F_STRLIST, 1},
-                                       {"lease_ms", F_MS, 1},
-                                       {"quiesce", F_NAME, 0},
-                                       {"freeze_timeout_ms", F_MS, 0}}},
-    [PROTO_CMD_COMMIT] = {"commit", {{"txn", F_NAME, 1},
-                                     {"snapshots", F_SNAPMAP, 1},
-                                     {"budget_ms", F_MS, 1}}},
-    [PROTO_CMD_ABORT] = {"abort", {{"txn", F_NAME, 1},
-                                   {"snapshots", F_SNAPMAP, 0}}},
-    [PROTO_CMD_RESUME] = {"resume", {{"vms", F_STRLIST, 1}}},
-    [PROTO_CMD_SNAP_LIST] = {"snapshot.list", {{"disk", F_STRING, 1}}},
-    [PROTO_CMD_SNAP_DELETE] = {"snapshot.delete", {{"disk", F_STRING, 1},
-                                                   {"name", F_NAME, 1}}},
-    [PROTO_CMD_VM_START] = {"vm.start", {{"spec", F_OBJECT, 1}}},
-    [PROTO_CMD_VM_STOP] = {"vm.stop", {{"vm", F_STRING, 1}}},
-    [PROTO_CMD_STATS] = {"stats", {{0}}},
+#define CMD(id, name, handler, roles, ...) \
+    [PROTO_CMD_##id] = {name, {__VA_ARGS__}},
+#include "commands.def"
+#undef CMD
 };
 
 static const char *type_names[] = {

@@ -17,18 +17,11 @@
 #define PROTO_HDR 4
 #define PROTO_MAX_NAME 128         /* txn, snapshot and id string limit */
 
+/* The commands, from the command table (commands.def). */
 enum proto_cmd {
-    PROTO_CMD_HELLO,
-    PROTO_CMD_INVENTORY,
-    PROTO_CMD_PREPARE,
-    PROTO_CMD_COMMIT,
-    PROTO_CMD_ABORT,
-    PROTO_CMD_RESUME,
-    PROTO_CMD_SNAP_LIST,
-    PROTO_CMD_SNAP_DELETE,
-    PROTO_CMD_VM_START,
-    PROTO_CMD_VM_STOP,
-    PROTO_CMD_STATS,
+#define CMD(id, ...) PROTO_CMD_##id,
+#include "commands.def"
+#undef CMD
     PROTO_CMD_COUNT
 };
 

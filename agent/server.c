@@ -17,11 +17,12 @@
 #include <unistd.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 
+#include "dispatch.h"
 #include "log.h"
 #include "mono.h"
 #include "proto.h"
+#include "tls.h"
 
 #define MAX_CONNS 1024
 /* A peer that does not finish the TLS handshake in this time is dropped,
@@ -61,66 +62,6 @@ struct server {
     pthread_mutex_t qmu;
     struct reply *qhead, *qtail;
 };
-
-static void
-ssl_err(char *err, size_t errlen, const char *what)
-{
-    unsigned long e = ERR_get_error();
-    char buf[256];
-
-    ERR_error_string_n(e, buf, sizeof(buf));
-    snprintf(err, errlen, "%s: %s", what, e ? buf : "failed");
-    ERR_clear_error();
-}
-
-static SSL_CTX *
-make_ctx(const struct agent_config *cfg, char *err, size_t errlen)
-{
-    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
-
-    if (!ctx) {
-        ssl_err(err, errlen, "SSL_CTX_new");
-        return NULL;
-    }
-    /* TLS 1.3 only (agent-protocol §1.1). */
-    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
-    SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION);
-    SSL_CTX_set_num_tickets(ctx, 0);
-    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
-                     SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    if (SSL_CTX_use_certificate_chain_file(ctx, cfg->cert) != 1) {
-        ssl_err(err, errlen, cfg->cert);
-        goto fail;
-    }
-    if (SSL_CTX_use_PrivateKey_file(ctx, cfg->key, SSL_FILETYPE_PEM) != 1 ||
-        SSL_CTX_check_private_key(ctx) != 1) {
-        ssl_err(err, errlen, cfg->key);
-        goto fail;
-    }
-    if (SSL_CTX_load_verify_locations(ctx, cfg->ca, NULL) != 1) {
-        ssl_err(err, errlen, cfg->ca);
-        goto fail;
-    }
-    /* Mutual auth: no client certificate, or one not chaining to our CA,
-     * fails the handshake (agent-protocol §1.2). */
-    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
-                       NULL);
-    return ctx;
-fail:
-    SSL_CTX_free(ctx);
-    return NULL;
-}
-
-int
-server_tls_check(const struct agent_config *cfg, char *err, size_t errlen)
-{
-    SSL_CTX *ctx = make_ctx(cfg, err, errlen);
-
-    if (!ctx)
-        return -1;
-    SSL_CTX_free(ctx);
-    return 0;
-}
 
 /* ---- connections ---- */
 
@@ -274,7 +215,7 @@ work_main(void *arg)
     uint8_t *buf;
     size_t len = 0;
 
-    res = agent_handle(a, &w->req, &code, msg, sizeof(msg), &errres);
+    res = dispatch_run(a, &w->req, &code, msg, sizeof(msg), &errres);
     if (res) {
         buf = proto_reply_ok(w->req.id, res, &len);
     } else {
@@ -396,7 +337,7 @@ conn_handshake(struct server *s, struct conn *c)
     {
         char why[300];
         long v = SSL_get_verify_result(c->ssl);
-        ssl_err(why, sizeof(why), "handshake");
+        tls_err(why, sizeof(why), "handshake");
         log_warnx("event=tls_refused conn=%llu peer=%s verify=\"%s\" "
                   "msg=\"%s\"", (unsigned long long)c->id, c->peer,
                   X509_verify_cert_error_string(v), why);
@@ -567,7 +508,7 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
     int one = 1, ret = -1;
 
     pthread_mutex_init(&s.qmu, NULL);
-    if (!(s.ctx = make_ctx(&a->cfg, err, errlen)))
+    if (!(s.ctx = tls_ctx_new(&a->cfg, err, errlen)))
         goto cleanup;
     if (inet_pton(AF_INET, a->cfg.listen_addr, &sa.sin_addr) != 1) {
         snprintf(err, errlen, "listen address %s is not an IPv4 address",

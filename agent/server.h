@@ -1,7 +1,7 @@
 /*
  * server: the TLS 1.3 mutual-auth listener (agent-protocol §1, §2).
  * One epoll loop owns every socket and SSL object; each valid request runs
- * in its own thread (agent_handle) and posts its reply frame back to the
+ * in its own thread (dispatch_run) and posts its reply frame back to the
  * loop through a queue and an eventfd, so a request that waits on a slow
  * VM never blocks other connections or other requests on the same one.
  *
@@ -20,10 +20,6 @@
 #include <stddef.h>
 
 #include "agent.h"
-
-/* Builds the TLS context (checks CA, cert and key); 0 or -1. */
-int server_tls_check(const struct agent_config *cfg, char *err,
-                     size_t errlen);
 
 /* Runs until *stop becomes non-zero.  0 on a clean stop, -1 on setup
  * failure (err). */

@@ -1,4 +1,4 @@
-/* vm: see vm.h. */
+/* vm: see vm.h.  The driver table, and the VM calls that go through it. */
 #include "vm.h"
 
 #include <errno.h>
@@ -6,20 +6,79 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <libvirt/libvirt-qemu.h>
-#include <libvirt/virterror.h>
 
-#include "log.h"
-#include "qga.h"
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
 
-static void
-lv_err(struct qmp_err *err, const char *what)
+/*
+ * The driver table.  Its order is the order of `drivers` in hello, and
+ * its index is the slot of a driver's connection in struct vm_host.
+ */
+static const struct vm_ops *const drivers[] = {
+    &vm_qmp_ops,
+    &vm_libvirt_ops,
+};
+#define NDRIVERS ((int)(sizeof(drivers) / sizeof(drivers[0])))
+_Static_assert(sizeof(drivers) / sizeof(drivers[0]) <= VM_MAX_DRIVERS,
+               "struct vm_host has a slot per driver");
+
+const struct vm_ops *
+vm_driver_at(int i)
 {
-    const char *m = virGetLastErrorMessage();
+    return i >= 0 && i < NDRIVERS ? drivers[i] : NULL;
+}
 
-    err->kind = QMP_E_ERROR;
-    err->cls[0] = '\0';
-    snprintf(err->msg, sizeof(err->msg), "%s: %s", what, m ? m : "error");
+static int
+driver_index(const char *name)
+{
+    for (int i = 0; i < NDRIVERS; i++)
+        if (name && strcmp(drivers[i]->name, name) == 0)
+            return i;
+    return -1;
+}
+
+const struct vm_ops *
+vm_driver_find(const char *name)
+{
+    return vm_driver_at(driver_index(name));
+}
+
+int
+vm_host_open(struct vm_host *h, struct agent_config *cfg, char *err,
+             size_t errlen)
+{
+    memset(h, 0, sizeof(*h));
+    for (int i = 0; i < NDRIVERS; i++) {
+        if (drivers[i]->conn_open &&
+            drivers[i]->conn_open(cfg, &h->conn[i], err, errlen) < 0)
+            return -1;
+        if (drivers[i]->discover && h->conn[i])
+            drivers[i]->discover(h->conn[i], cfg);
+    }
+    return 0;
+}
+
+void
+vm_host_close(struct vm_host *h)
+{
+    for (int i = 0; i < NDRIVERS; i++) {
+        if (h->conn[i] && drivers[i]->conn_close)
+            drivers[i]->conn_close(h->conn[i]);
+        h->conn[i] = NULL;
+    }
+}
+
+int
+vm_host_create(struct vm_host *h, const char *definition, const char **via,
+               char *name, size_t namelen, struct qmp_err *err)
+{
+    for (int i = 0; i < NDRIVERS; i++)
+        if (drivers[i]->create && h->conn[i]) {
+            *via = drivers[i]->name;
+            return drivers[i]->create(h->conn[i], definition, name, namelen,
+                                      err);
+        }
+    return VM_ENODRIVER;
 }
 
 const char *
@@ -28,66 +87,73 @@ vm_err_code(const struct qmp_err *err)
     return err->kind == QMP_E_TIMEOUT ? "QMP_TIMEOUT" : "QMP_ERROR";
 }
 
-/* QMP events of the VM: STOP/RESUME are our own doing (debug); the ones
- * that mean the guest went away are worth an info line. */
-static void
-on_qmp_event(const char *event, json_t *msg, void *opaque)
+/* snap_mon.call over vm_qmp: the monitor the QMP snapshot backend uses. */
+static int
+snap_call(void *opaque, const char *cmd, json_t *args, int timeout_ms,
+          json_t **ret, struct snap_err *err)
 {
-    const struct vm *v = opaque;
+    struct qmp_err qe;
 
-    (void)msg;
-    if (strcmp(event, "SHUTDOWN") == 0 || strcmp(event, "GUEST_PANICKED") == 0
-        || strcmp(event, "RESET") == 0)
-        log_info("event=qmp_event vm=%s qmp_event=%s", v->cfg->name, event);
-    else
-        log_debug("event=qmp_event vm=%s qmp_event=%s", v->cfg->name, event);
+    if (vm_qmp(opaque, cmd, args, timeout_ms, ret, &qe) == 0)
+        return 0;
+    err->kind = qe.kind == QMP_E_TIMEOUT ? SNAP_E_TIMEOUT :
+                qe.kind == QMP_E_ERROR ? SNAP_E_REFUSED : SNAP_E_MONITOR;
+    snprintf(err->msg, sizeof(err->msg), "%s", qe.msg);
+    return -1;
+}
+
+void
+vm_snap_disk(struct vm *v, int d, struct snap_disk *out)
+{
+    out->node = v->cfg->disks[d].node;
+    out->img = v->img[d];
+    out->mon = &v->mon;
 }
 
 int
-vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn)
+vm_open(struct vm *v, const struct cfg_vm *cfg, struct vm_host *h)
 {
+    int i = driver_index(cfg->driver);
+
     memset(v, 0, sizeof(*v));
+    if (i < 0)
+        return -1;
     v->cfg = cfg;
-    v->conn = conn;
+    v->ops = drivers[i];
+    v->snap = snap_backend_find(config_method_name(cfg->method));
+    if (!v->snap)
+        return -1;
+    v->mon.call = snap_call;
+    v->mon.opaque = v;
     pthread_mutex_init(&v->mu, NULL);
-    if (cfg->driver == CFG_DRIVER_QMP) {
-        v->qmp = qmp_new(cfg->qmp);
-        if (!v->qmp)
-            return -1;
-        qmp_set_event_cb(v->qmp, on_qmp_event, v);
+    if (v->ops->open && v->ops->open(v, h ? h->conn[i] : NULL) < 0) {
+        pthread_mutex_destroy(&v->mu);
+        v->cfg = NULL;
+        return -1;
     }
     return 0;
 }
 
 void
-vm_destroy(struct vm *v)
+vm_close(struct vm *v)
 {
     if (!v || !v->cfg)
         return;
     for (int i = 0; i < CFG_MAX_DISKS; i++)
         rbdsnap_image_free(v->img[i]);
-    qmp_free(v->qmp);
-    qga_free(v->qga);
-    v->qga = NULL;
+    if (v->ops->close)
+        v->ops->close(v);
+    if (v->guest && v->ops->guest_close)
+        v->ops->guest_close(v->guest);
+    v->guest = NULL;
     pthread_mutex_destroy(&v->mu);
     v->cfg = NULL;
 }
 
-static virDomainPtr
-lookup(struct vm *v, struct qmp_err *err)
-{
-    virDomainPtr d = v->conn ? virDomainLookupByName(v->conn, v->cfg->domain)
-                             : NULL;
-
-    if (!d)
-        lv_err(err, "virDomainLookupByName");
-    return d;
-}
-
 /* Bounded lock: a VM stuck in a long call does not stall unrelated
  * requests (inventory, resume of other VMs) beyond the deadline. */
-static int
-lock_vm(struct vm *v, int timeout_ms, struct qmp_err *err, const char *what)
+int
+vm_lock(struct vm *v, int timeout_ms, struct qmp_err *err, const char *what)
 {
     struct timespec ts;
 
@@ -108,180 +174,70 @@ lock_vm(struct vm *v, int timeout_ms, struct qmp_err *err, const char *what)
     return 0;
 }
 
-static int
-lv_qmp(struct vm *v, const char *cmd, json_t *args, json_t **ret,
-       struct qmp_err *err)
+void
+vm_unlock(struct vm *v)
 {
-    virDomainPtr d = NULL;
-    json_t *req = NULL, *rep = NULL, *e;
-    char *s = NULL, *out = NULL;
-    int rc = -1;
+    pthread_mutex_unlock(&v->mu);
+}
 
-    if (!(d = lookup(v, err)))
-        goto cleanup;
-    req = json_pack("{s:s}", "execute", cmd);
-    if (args)
-        json_object_set(req, "arguments", args);
-    s = json_dumps(req, JSON_COMPACT);
-    log_debug("event=qmp_send vm=%s via=libvirt json=%s", v->cfg->name, s);
-    if (virDomainQemuMonitorCommand(d, s, &out, 0) < 0) {
-        lv_err(err, cmd);
-        goto cleanup;
-    }
-    log_debug("event=qmp_recv vm=%s via=libvirt json=%s", v->cfg->name, out);
-    rep = json_loads(out, 0, NULL);
-    /* A reply that is neither a return nor an error is a failure: taking
-     * it as success would report a refused snapshot as made (invariant 3). */
-    if (!json_is_object(rep) || (!json_object_get(rep, "error") &&
-                                 !json_object_get(rep, "return"))) {
-        err->kind = QMP_E_PROTO;
-        err->cls[0] = '\0';
-        snprintf(err->msg, sizeof(err->msg), "%s: libvirt returned a reply "
-                 "with neither return nor error", cmd);
-        goto cleanup;
-    }
-    if ((e = json_object_get(rep, "error"))) {
-        const char *desc = json_string_value(json_object_get(e, "desc"));
-        err->kind = QMP_E_ERROR;
-        snprintf(err->cls, sizeof(err->cls), "%s",
-                 json_string_value(json_object_get(e, "class")) ?: "");
-        snprintf(err->msg, sizeof(err->msg), "%s: %s", cmd, desc ? desc : "?");
-        goto cleanup;
-    }
-    if (ret)
-        *ret = json_incref(json_object_get(rep, "return"));
-    rc = 0;
-cleanup:
-    if (d)
-        virDomainFree(d);
-    free(s);
-    free(out);
-    json_decref(req);
-    json_decref(rep);
-    json_decref(args);
-    return rc;
+/* An operation the VM's driver does not have. */
+static int
+unsupported(struct vm *v, const char *what, struct qmp_err *err)
+{
+    err->kind = QMP_E_ERROR;
+    err->cls[0] = '\0';
+    snprintf(err->msg, sizeof(err->msg), "%s: vm %s: the %s driver cannot "
+             "do this", what, v->cfg->name, v->ops->name);
+    return -1;
+}
+
+int
+vm_connect(struct vm *v, int timeout_ms, struct qmp_err *err)
+{
+    if (!v->ops->connect)
+        return 0;
+    return v->ops->connect(v, timeout_ms, err);
+}
+
+int
+vm_stop(struct vm *v, int timeout_ms, struct qmp_err *err)
+{
+    return v->ops->pause(v, timeout_ms, err);
+}
+
+int
+vm_cont(struct vm *v, int timeout_ms, struct qmp_err *err)
+{
+    return v->ops->resume(v, timeout_ms, err);
+}
+
+const char *
+vm_state(struct vm *v, int timeout_ms)
+{
+    return v->ops->state(v, timeout_ms);
 }
 
 int
 vm_qmp(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
        json_t **ret, struct qmp_err *err)
 {
-    int rc;
-
-    if (lock_vm(v, timeout_ms, err, cmd) < 0) {
+    if (!v->ops->qmp) {
         json_decref(args);
-        return -1;
+        return unsupported(v, cmd, err);
     }
-    if (v->cfg->driver == CFG_DRIVER_QMP)
-        rc = qmp_call(v->qmp, cmd, args, timeout_ms, ret, err);
-    else
-        rc = lv_qmp(v, cmd, args, ret, err);
-    pthread_mutex_unlock(&v->mu);
-    return rc;
-}
-
-int
-vm_stop(struct vm *v, int timeout_ms, struct qmp_err *err)
-{
-    virDomainPtr d;
-    int rc;
-
-    if (v->cfg->driver == CFG_DRIVER_QMP)
-        return vm_qmp(v, "stop", NULL, timeout_ms, NULL, err);
-    if (lock_vm(v, timeout_ms, err, "suspend") < 0)
-        return -1;
-    rc = -1;
-    if ((d = lookup(v, err))) {
-        rc = virDomainSuspend(d);
-        if (rc < 0)
-            lv_err(err, "virDomainSuspend");
-        virDomainFree(d);
-    }
-    pthread_mutex_unlock(&v->mu);
-    return rc;
-}
-
-int
-vm_cont(struct vm *v, int timeout_ms, struct qmp_err *err)
-{
-    virDomainPtr d;
-    int rc, st, reason;
-
-    if (v->cfg->driver == CFG_DRIVER_QMP)
-        return vm_qmp(v, "cont", NULL, timeout_ms, NULL, err);
-    if (lock_vm(v, timeout_ms, err, "resume") < 0)
-        return -1;
-    rc = -1;
-    if ((d = lookup(v, err))) {
-        /* virDomainResume of a running domain is an error; resuming a
-         * running VM is fine in our protocol (§4.6). */
-        if (virDomainGetState(d, &st, &reason, 0) == 0 &&
-            st == VIR_DOMAIN_RUNNING)
-            rc = 0;
-        else if ((rc = virDomainResume(d)) < 0)
-            lv_err(err, "virDomainResume");
-        virDomainFree(d);
-    }
-    pthread_mutex_unlock(&v->mu);
-    return rc;
-}
-
-const char *
-vm_state(struct vm *v, int timeout_ms)
-{
-    struct qmp_err err;
-    json_t *ret = NULL;
-    const char *s = "unknown";
-    virDomainPtr d;
-    int st, reason;
-
-    if (v->cfg->driver == CFG_DRIVER_LIBVIRT) {
-        if (lock_vm(v, timeout_ms, &err, "state") < 0)
-            return s;
-        if ((d = lookup(v, &err))) {
-            if (virDomainGetState(d, &st, &reason, 0) == 0)
-                s = st == VIR_DOMAIN_RUNNING ? "running" :
-                    st == VIR_DOMAIN_PAUSED ? "paused" :
-                    st == VIR_DOMAIN_SHUTOFF ? "shutoff" : "unknown";
-            virDomainFree(d);
-        } else {
-            s = "shutoff";
-        }
-        pthread_mutex_unlock(&v->mu);
-        return s;
-    }
-    if (vm_qmp(v, "query-status", NULL, timeout_ms, &ret, &err) < 0)
-        return err.kind == QMP_E_IO && !strstr(err.msg, "busy") ?
-            "shutoff" : "unknown";
-    if (json_is_true(json_object_get(ret, "running")))
-        s = "running";
-    else if (json_is_string(json_object_get(ret, "status")))
-        s = strcmp(json_string_value(json_object_get(ret, "status")),
-                   "shutdown") == 0 ? "shutoff" : "paused";
-    json_decref(ret);
-    return s;
+    return v->ops->qmp(v, cmd, args, timeout_ms, ret, err);
 }
 
 int
 vm_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err)
 {
-    virDomainPtr d;
-    int rc = -1;
+    if (!v->ops->poweroff)
+        return unsupported(v, "vm.stop", err);
+    return v->ops->poweroff(v, timeout_ms, err);
+}
 
-    if (v->cfg->driver == CFG_DRIVER_QMP) {
-        rc = vm_qmp(v, "quit", NULL, timeout_ms, NULL, err);
-        if (rc < 0 && err->kind == QMP_E_IO)
-            rc = 0;     /* QEMU may close before replying */
-        return rc;
-    }
-    if (lock_vm(v, timeout_ms, err, "destroy") < 0)
-        return -1;
-    if ((d = lookup(v, err))) {
-        rc = virDomainDestroy(d);
-        if (rc < 0)
-            lv_err(err, "virDomainDestroy");
-        virDomainFree(d);
-    }
-    pthread_mutex_unlock(&v->mu);
-    return rc;
+int
+vm_is_standby(const struct vm *v)
+{
+    return v->cfg->start[0] && v->ops->present && !v->ops->present(v);
 }

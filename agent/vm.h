@@ -1,32 +1,131 @@
 /*
- * vm: one managed VM and its hypervisor driver.
- *   qmp     — QMP over the VM's UNIX socket (qmp.c);
- *   libvirt — virDomainSuspend/Resume/GetState, and raw QMP through
- *             virDomainQemuMonitorCommand (QMP transaction snapshots).
- * Every call takes the VM's mutex, so one VM's calls are serialized while
- * other VMs proceed in parallel; a hung QEMU stalls only its own VM, and
- * each QMP call is bounded by its deadline.
- * Errors use struct qmp_err: QMP_E_TIMEOUT → QMP_TIMEOUT, others → QMP_ERROR.
+ * vm: one managed VM, and the hypervisor drivers that run VMs.
+ *
+ * A driver is an operations table, struct vm_ops, in its own file:
+ *   vm_qmp.c      "qmp"      QEMU over the VM's QMP UNIX socket (qmp.c)
+ *   vm_libvirt.c  "libvirt"  libvirt domains (the only file that calls
+ *                            libvirt)
+ * The driver table in vm.c lists them; a VM's `driver =` in the config
+ * names its row.  Adding a driver adds a vm_*.c file and a table row.
+ *
+ * Every call on a VM takes the VM's mutex (vm_lock), so one VM's calls
+ * are serialized while other VMs proceed in parallel; a hung QEMU stalls
+ * only its own VM, and each call is bounded by its deadline.
+ * Errors use struct qmp_err: QMP_E_TIMEOUT → QMP_TIMEOUT, others →
+ * QMP_ERROR (vm_err_code).
  */
 #ifndef CP_VM_H
 #define CP_VM_H
 
 #include <pthread.h>
 #include <jansson.h>
-#include <libvirt/libvirt.h>
 
 #include "config.h"
 #include "qmp.h"
 #include "rbdsnap.h"
+#include "snap.h"
 
-struct qga_conn;
+struct vm;
+/* An open channel to a VM's guest agent; its type is the driver's. */
+struct vm_guest;
+
+struct vm_ops {
+    const char *name;           /* config `driver =`, inventory `driver` */
+
+    /* ---- the driver's hypervisor connection (any op may be NULL) ---- */
+    /* Checks one [vm] section of this driver at config load (and may fill
+     * defaults); errors name path and the VM. */
+    int (*config_check)(const struct agent_config *cfg, struct cfg_vm *m,
+                        const char *path, char *err, size_t errlen);
+    /* Opens the connection when cfg configures one; *conn stays NULL
+     * otherwise. */
+    int (*conn_open)(const struct agent_config *cfg, void **conn, char *err,
+                     size_t errlen);
+    void (*conn_close)(void *conn);
+    /* Adds to cfg the running VMs the connection knows that cfg does not
+     * name, when cfg asks for discovery. */
+    void (*discover)(void *conn, struct agent_config *cfg);
+    /* vm.start from a definition (libvirt: domain XML); name gets the
+     * started VM's name. */
+    int (*create)(void *conn, const char *definition, char *name,
+                  size_t namelen, struct qmp_err *err);
+
+    /* ---- one VM ---- */
+    /* Sets up v->priv (no I/O); conn is the driver's connection. */
+    int (*open)(struct vm *v, void *conn);
+    void (*close)(struct vm *v);
+    /* 1 when the VM has something to talk to now (qmp: its socket
+     * exists); a configured VM without one is a standby. */
+    int (*present)(const struct vm *v);
+    /* Connects to the VM's monitor now, so that no pause window holds a
+     * connect (design "Coordinator latency"). */
+    int (*connect)(struct vm *v, int timeout_ms, struct qmp_err *err);
+    int (*pause)(struct vm *v, int timeout_ms, struct qmp_err *err);
+    /* Resuming a running VM is success (agent-protocol §4.6). */
+    int (*resume)(struct vm *v, int timeout_ms, struct qmp_err *err);
+    /* "running", "paused", "shutoff" or "unknown" (never fails). */
+    const char *(*state)(struct vm *v, int timeout_ms);
+    /* Raw QMP to the VM's QEMU (the QMP snapshot backend uses it); args
+     * stolen, *ret new reference (may be NULL). */
+    int (*qmp)(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
+               json_t **ret, struct qmp_err *err);
+    /* vm.stop: stops the VM for good. */
+    int (*poweroff)(struct vm *v, int timeout_ms, struct qmp_err *err);
+    /* vm.start of a configured VM that is shut off: starts it and waits
+     * until it runs, by deadline (mono_ms); *cmd_ms is the time the
+     * driver's own start step took. */
+    int (*start)(struct vm *v, double deadline, double *cmd_ms,
+                 struct qmp_err *err);
+
+    /* ---- the guest (quiesce fs-freeze, agent-protocol §4.3) ---- */
+    /* 1 when the VM has a guest agent channel configured. */
+    int (*guest_configured)(const struct vm *v);
+    int (*guest_open)(const struct vm *v, struct vm_guest **out, char *err,
+                      size_t errlen);
+    /* *nfs: the number of filesystems frozen / thawed. */
+    int (*guest_freeze)(struct vm_guest *g, int timeout_ms, int *nfs,
+                        char *err, size_t errlen);
+    int (*guest_thaw)(struct vm_guest *g, int *nfs, char *err,
+                      size_t errlen);
+    void (*guest_close)(struct vm_guest *g);
+};
+
+extern const struct vm_ops vm_qmp_ops;
+extern const struct vm_ops vm_libvirt_ops;
+
+/* The driver table: its row of name, or NULL. */
+const struct vm_ops *vm_driver_find(const char *name);
+/* Row i of the table, or NULL past its end (for iteration). */
+const struct vm_ops *vm_driver_at(int i);
+
+#define VM_MAX_DRIVERS 8
+
+/* This agent's hypervisor connections, one slot per row of the table. */
+struct vm_host {
+    void *conn[VM_MAX_DRIVERS];
+};
+
+/* Opens every driver's connection that cfg configures, and lets each add
+ * the VMs it discovers to cfg.  On -1 err says what failed. */
+int vm_host_open(struct vm_host *h, struct agent_config *cfg, char *err,
+                 size_t errlen);
+void vm_host_close(struct vm_host *h);
+/* Returned by vm_host_create when no connected driver creates VMs. */
+#define VM_ENODRIVER (-2)
+/* vm.start from a definition, through the first connected driver that can
+ * (*via: its name). */
+int vm_host_create(struct vm_host *h, const char *definition,
+                   const char **via, char *name, size_t namelen,
+                   struct qmp_err *err);
 
 struct vm {
     const struct cfg_vm *cfg;          /* borrowed from the agent config */
+    const struct vm_ops *ops;          /* its driver */
+    void *priv;                        /* the driver's per-VM state */
     pthread_mutex_t mu;
-    struct qmp_conn *qmp;              /* qmp driver */
-    virConnectPtr conn;                /* libvirt driver (shared, borrowed) */
     struct rbdsnap_image *img[CFG_MAX_DISKS];   /* rbd disks, or NULL */
+    const struct snap_ops *snap;       /* the backend of cfg->method */
+    struct snap_mon mon;               /* this VM's monitor, for snap_qmp */
     int needs_resume;                  /* a resume failed: the reaper retries */
     int starting;                      /* a vm.start runs (guarded by agent mu) */
     int images_deferred;               /* rbd disks not open yet: a standby VM
@@ -36,27 +135,38 @@ struct vm {
     double paused_at;                  /* start of the stop that paused it, 0 if
                                           not paused by us (guarded by agent mu) */
     /* quiesce of the current txn (set by prepare; guarded by agent mu) */
-    struct qga_conn *qga;              /* open guest agent: thaw pending */
+    struct vm_guest *guest;            /* open guest agent: thaw pending */
     const char *consistency;           /* "crash" or "fs-freeze" */
     double freeze_ms, thaw_ms;         /* thaw_ms < 0: no thaw yet */
     char freeze_error[256];
     char thaw_error[256];              /* "" unless the last thaw failed */
 };
 
-int vm_init(struct vm *v, const struct cfg_vm *cfg, virConnectPtr conn);
-void vm_destroy(struct vm *v);
+/* Sets v up for cfg with the driver cfg->driver names (no I/O). */
+int vm_open(struct vm *v, const struct cfg_vm *cfg, struct vm_host *h);
+void vm_close(struct vm *v);
 
-/* Each takes the VM's mutex for its duration. */
+/* Each takes the VM's mutex for its duration (through its driver). */
+int vm_connect(struct vm *v, int timeout_ms, struct qmp_err *err);
 int vm_stop(struct vm *v, int timeout_ms, struct qmp_err *err);
 int vm_cont(struct vm *v, int timeout_ms, struct qmp_err *err);
-/* state: "running", "paused", "shutoff" or "unknown" (never fails). */
 const char *vm_state(struct vm *v, int timeout_ms);
-/* Raw QMP; args stolen; *ret new reference (may be NULL). */
 int vm_qmp(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
            json_t **ret, struct qmp_err *err);
-/* Stops the VM for good (QMP quit / virDomainDestroy). */
 int vm_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err);
+/* 1 for a configured VM that vm.start boots and that has nothing to talk
+ * to yet (a DR standby). */
+int vm_is_standby(const struct vm *v);
 
 const char *vm_err_code(const struct qmp_err *err);
+
+/* Disk d of v as the snapshot backends see it (borrows from v). */
+void vm_snap_disk(struct vm *v, int d, struct snap_disk *out);
+
+/* For drivers: takes v's mutex within timeout_ms, or fails with a
+ * QMP_E_TIMEOUT naming what was attempted. */
+int vm_lock(struct vm *v, int timeout_ms, struct qmp_err *err,
+            const char *what);
+void vm_unlock(struct vm *v);
 
 #endif

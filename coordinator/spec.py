@@ -19,7 +19,7 @@ MAX_MS = 600000
 # agent-protocol §4.3: prepare's optional `quiesce`.
 QUIESCE_MODES = ("crash", "fs-freeze")
 # The agent's fixed guest-agent deadlines around `quiesce: fs-freeze`
-# (agent/agent.c QGA_SYNC_MS, QGA_THAW_MS): a guest-sync-delimited before the
+# (agent/guest_qga.c QGA_SYNC_MS, QGA_THAW_MS): a guest-sync-delimited before the
 # freeze and before the thaw, then the thaw itself after `cont`.
 QGA_SYNC_MS = 1000
 QGA_THAW_MS = 5000

@@ -10,10 +10,12 @@ mkdir -p build-fuzz/corpus
 clang -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
     -fsanitize=fuzzer,address,undefined -Iagent \
     agent/proto.c agent/tests/fuzz_proto.c -ljansson -o build-fuzz/fuzz_proto
-# Seed corpus: well-formed frames of every command (built, not committed).
+# Seed corpus: well-formed frames of every command of the command table
+# agent/commands.def (built, not committed; a command without a seed fails).
 python3 - <<'PY'
-import json, struct, pathlib
+import json, re, struct, pathlib
 d = pathlib.Path("build-fuzz/corpus")
+table = re.findall(r'^CMD\(\w+, "([^"]+)"', pathlib.Path("agent/commands.def").read_text(), re.M)
 reqs = [
     {"id": 1, "cmd": "hello"},
     {"id": "a", "cmd": "inventory", "args": {}},
@@ -22,7 +24,14 @@ reqs = [
     {"id": 4, "cmd": "abort", "args": {"txn": "t1", "snapshots": {"vm1/disk0": "cp.g.t1"}}},
     {"id": 5, "cmd": "snapshot.delete", "args": {"disk": "vm1/disk0", "name": "x"}},
     {"id": 6, "cmd": "vm.start", "args": {"spec": {"xml": "<domain/>"}}},
+    {"id": 7, "cmd": "resume", "args": {"vms": ["vm1"]}},
+    {"id": 8, "cmd": "snapshot.list", "args": {"disk": "vm1/disk0"}},
+    {"id": 9, "cmd": "vm.stop", "args": {"vm": "vm1"}},
+    {"id": 10, "cmd": "stats"},
+    {"id": 11, "cmd": "vm.start", "args": {"spec": {"vm": "vm1"}}},
 ]
+missing = set(table) - {r["cmd"] for r in reqs}
+assert table and not missing, f"fuzz seeds: no seed for {sorted(missing)}"
 for i, r in enumerate(reqs):
     b = json.dumps(r).encode()
     (d / f"seed{i}").write_bytes(struct.pack(">I", len(b)) + b)

@@ -1,9 +1,7 @@
 /*
  * cmocka tests of qmp.c, replaying replies recorded from the real QEMU
- * (tests/qmp-replies/NAME.txt, made by tests/record_qmp.py) over a socketpair.
- * A fixture line "> {...}" is a request the client must send (its
- * "execute" is checked); "< {...}" is sent verbatim, except that a reply's
- * "id" is replaced by the id of the last request, as QEMU echoes ids.
+ * (tests/qmp-replies/NAME.txt, made by tests/record_qmp.py) over a
+ * socketpair, with the replay peer of fakepeer.h.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,88 +20,8 @@
 #include "mono.h"
 #include "qmp.h"
 
-struct replay {
-    int fd;
-    char *lines[64];
-    int n;
-    int chunk;          /* >0: send replies in pieces of this size */
-    int hang_after;     /* stop replying after this many requests (-1 off) */
-    int mismatches;
-};
-
-static void
-load(struct replay *r, const char *name)
-{
-    char path[1024], line[65536];
-    const char *dir = getenv("QMP_FIXTURES");
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/%s", dir ? dir : "qmp-replies", name);
-    f = fopen(path, "r");
-    if (!f)
-        fail_msg("cannot open fixture %s", path);
-    while (fgets(line, sizeof(line), f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (line[0] == '<' || line[0] == '>')
-            r->lines[r->n++] = strdup(line);
-    }
-    fclose(f);
-}
-
-static void *
-serve(void *arg)
-{
-    struct replay *r = arg;
-    json_int_t last_id = 0;
-    int requests = 0;
-    char buf[65536];
-
-    for (int i = 0; i < r->n; i++) {
-        const char *l = r->lines[i] + 2;
-        if (r->lines[i][0] == '>') {
-            json_t *want = json_loads(l, 0, NULL), *got;
-            if (fakepeer_read_line(r->fd, buf, sizeof(buf)) < 0) {
-                json_decref(want);
-                break;
-            }
-            got = json_loads(buf, 0, NULL);
-            if (!fakepeer_same_execute(got, want))
-                r->mismatches++;
-            last_id = json_integer_value(json_object_get(got, "id"));
-            json_decref(want);
-            json_decref(got);
-            if (r->hang_after >= 0 && ++requests > r->hang_after) {
-                sleep(1);   /* a hung QEMU: read, never answer */
-                break;
-            }
-        } else {
-            json_t *m = json_loads(l, 0, NULL);
-            char *s;
-            size_t len, off = 0;
-            if (json_object_get(m, "id"))
-                json_object_set_new(m, "id", json_integer(last_id));
-            s = json_dumps(m, JSON_COMPACT);
-            len = strlen(s);
-            s = realloc(s, len + 3);
-            strcpy(s + len, "\r\n");   /* QEMU ends lines with CRLF */
-            len += 2;
-            while (off < len) {
-                size_t n = r->chunk > 0 && (size_t)r->chunk < len - off ?
-                    (size_t)r->chunk : len - off;
-                if (write(r->fd, s + off, n) < 0)
-                    break;
-                off += n;
-            }
-            free(s);
-            json_decref(m);
-        }
-    }
-    return NULL;
-}
-
 struct fixture {
-    struct replay r;
-    pthread_t th;
+    struct fakepeer_qmp r;
     struct qmp_conn *q;
     int cfd;
     int events_stop, events_resume;
@@ -124,17 +42,8 @@ on_event(const char *ev, json_t *msg, void *opaque)
 static void
 start(struct fixture *f, const char **files, int chunk, int hang_after)
 {
-    int sv[2];
-
     memset(f, 0, sizeof(*f));
-    for (; *files; files++)
-        load(&f->r, *files);
-    f->r.chunk = chunk;
-    f->r.hang_after = hang_after;
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    f->r.fd = sv[1];
-    f->cfd = sv[0];
-    pthread_create(&f->th, NULL, serve, &f->r);
+    f->cfd = fakepeer_qmp_start(&f->r, files, chunk, hang_after);
     f->q = qmp_new("replay");
     qmp_set_event_cb(f->q, on_event, f);
 }
@@ -143,11 +52,8 @@ static void
 finish(struct fixture *f)
 {
     qmp_free(f->q);     /* closes cfd, so a blocked server returns */
-    pthread_join(f->th, NULL);
-    close(f->r.fd);
+    fakepeer_qmp_finish(&f->r);
     assert_int_equal(f->r.mismatches, 0);
-    for (int i = 0; i < f->r.n; i++)
-        free(f->r.lines[i]);
 }
 
 static void

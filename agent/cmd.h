@@ -1,0 +1,41 @@
+/*
+ * cmd: the command handlers, by family, one file each; the command table
+ * (commands.def) maps each command to one of them.
+ *
+ *   cmd_info.c  hello, inventory, stats
+ *   cmd_txn.c   prepare, commit, abort, resume (agent-protocol §4.3-4.6)
+ *   cmd_snap.c  snapshot.list, snapshot.delete
+ *   cmd_vm.c    vm.start, vm.stop
+ *
+ * Every handler gets the request's args, already validated against the
+ * table's argument fields (proto.c).  It returns the result object (new
+ * reference), or NULL with *code (a static string, agent-protocol §3.3)
+ * and msg set; *err_result may get partial facts for the error reply
+ * (§3.4; new reference).
+ */
+#ifndef CP_CMD_H
+#define CP_CMD_H
+
+#include <stdio.h>
+#include <jansson.h>
+
+#include "agent.h"
+
+typedef json_t *cmd_handler(struct agent *a, json_t *args, const char **code,
+                            char *msg, size_t msglen, json_t **err_result);
+
+/* Fails the handler with code and a formatted message (one cleanup:). */
+#define FAIL(c, ...) do { *code = (c); snprintf(msg, msglen, __VA_ARGS__); \
+                          goto cleanup; } while (0)
+
+cmd_handler cmd_hello, cmd_inventory, cmd_stats;
+cmd_handler cmd_prepare, cmd_commit, cmd_abort, cmd_resume;
+cmd_handler cmd_snap_list, cmd_snap_delete;
+cmd_handler cmd_vm_start, cmd_vm_stop;
+
+/* Deletes one member snapshot of disk d of v (abort and snapshot.delete).
+ * 1 deleted, 0 absent, -1 error (err). */
+int cmd_snap_delete_one(struct agent *a, struct vm *v, int d,
+                        const char *name, char *err, size_t errlen);
+
+#endif

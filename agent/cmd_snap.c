@@ -1,0 +1,83 @@
+/*
+ * cmd_snap: the member-snapshot commands (agent-protocol §4.7, §4.8):
+ * snapshot.list and snapshot.delete of one disk, through the backend that
+ * holds the disk (snap_disk_backend), and the single delete that abort
+ * uses too.
+ */
+#include "cmd.h"
+
+#include "log.h"
+
+/* The reply code of a backend error (agent-protocol §3.3). */
+static const char *
+snap_err_code(const struct snap_err *e)
+{
+    return e->kind == SNAP_E_STORAGE ? "SNAPSHOT_FAILED" :
+        e->kind == SNAP_E_TIMEOUT ? "QMP_TIMEOUT" : "QMP_ERROR";
+}
+
+int
+cmd_snap_delete_one(struct agent *a, struct vm *v, int d, const char *name,
+                    char *err, size_t errlen)
+{
+    struct snap_disk sd;
+    struct snap_err se = {0};
+    int rc;
+
+    vm_snap_disk(v, d, &sd);
+    rc = snap_disk_backend(&sd)->remove(&sd, name, a->cfg.qmp_timeout_ms,
+                                        &se);
+    if (rc == SNAP_ENOENT)
+        return 0;
+    if (rc == 0)
+        return 1;
+    snprintf(err, errlen, "%s", se.msg);
+    return -1;
+}
+
+json_t *
+cmd_snap_list(struct agent *a, json_t *args, const char **code, char *msg,
+              size_t msglen, json_t **err_result)
+{
+    const char *disk = json_string_value(json_object_get(args, "disk"));
+    json_t *list = NULL;
+    struct snap_disk sd;
+    struct snap_err se = {0};
+    struct vm *v;
+    int d;
+
+    (void)err_result;
+    if (agent_find_disk(a, disk, &v, &d) < 0)
+        FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
+    vm_snap_disk(v, d, &sd);
+    if (snap_disk_backend(&sd)->list(&sd, a->cfg.qmp_timeout_ms, &list,
+                                     &se) < 0)
+        FAIL(snap_err_code(&se), "%s", se.msg);
+    return json_pack("{s:s,s:o}", "disk", disk, "snapshots", list);
+cleanup:
+    return NULL;
+}
+
+json_t *
+cmd_snap_delete(struct agent *a, json_t *args, const char **code, char *msg,
+                size_t msglen, json_t **err_result)
+{
+    const char *disk = json_string_value(json_object_get(args, "disk"));
+    const char *name = json_string_value(json_object_get(args, "name"));
+    struct vm *v;
+    int d, rc;
+    char err[512];
+
+    (void)err_result;
+    if (agent_find_disk(a, disk, &v, &d) < 0)
+        FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
+    rc = cmd_snap_delete_one(a, v, d, name, err, sizeof(err));
+    if (rc < 0)
+        FAIL("SNAPSHOT_FAILED", "%s", err);
+    log_info("event=snapshot_delete disk=%s name=%s deleted=%d", disk, name,
+             rc);
+    return json_pack("{s:s,s:s,s:b}", "disk", disk, "name", name, "deleted",
+                     rc == 1);
+cleanup:
+    return NULL;
+}

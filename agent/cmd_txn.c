@@ -1,0 +1,328 @@
+/*
+ * cmd_txn: the transaction commands (agent-protocol §4.3-4.6, §5):
+ *
+ *   prepare  parse ─► begin (replay a known txn, BUSY checks, PREPARING)
+ *            ─► journal (durable before any pause) ─► pause (freezes,
+ *            then stops, one thread per VM) ─► sort the outcome ─►
+ *            PREPARED with the lease armed, or undo (resume what was
+ *            paused, thaw) and fail the whole prepare
+ *   commit   begin (replay, validate disks, claim the txn before its lease
+ *            expires) ─► each VM's commit in parallel (txn_vm.c) ─►
+ *            COMMITTED or FAILED
+ *   abort    claim ─► resume (if still paused) ─► delete the member
+ *            snapshots ─► ABORTED
+ *   resume   cont the named VMs
+ *
+ * prepare's steps are prepare.c; one VM's part of each is txn_vm.c.  A
+ * txn's state lives in the table of txn.c; a request that finds its txn in
+ * a transitional state waits for the owner (agent_txn_stable).
+ */
+#include "cmd.h"
+
+#include <string.h>
+
+#include "log.h"
+#include "mono.h"
+#include "par.h"
+#include "prepare.h"
+#include "quiesce.h"
+#include "reaper.h"
+#include "resume.h"
+#include "txn_vm.h"
+
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* The stored error code of a failed txn, as the static string. */
+static const char *
+code_static(const char *c)
+{
+    static const char *codes[] = {"BUDGET_EXCEEDED", "SNAPSHOT_FAILED",
+                                  "QMP_TIMEOUT", "QMP_ERROR", "INTERNAL"};
+
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (strcmp(c, codes[i]) == 0)
+            return codes[i];
+    return "INTERNAL";
+}
+
+/* ---- prepare (the steps: prepare.c) ---------------------------------- */
+
+json_t *
+cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
+            size_t msglen, json_t **err_result)
+{
+    struct prepare p = {.a = a};
+    json_t *result = NULL;
+
+    if (prepare_parse(&p, args, code, msg, msglen) < 0 ||
+        prepare_begin(&p, &result, code, msg, msglen) != 0 ||
+        prepare_journal(&p, code, msg, msglen) < 0)
+        return result;
+    prepare_pause(&p);
+    prepare_sort(&p);
+    if (p.failed >= 0) {
+        prepare_undo(&p, code, msg, msglen, err_result);
+        return NULL;
+    }
+    return prepare_done(&p);
+}
+
+/* ---- commit ---------------------------------------------------------- */
+
+/*
+ * Finds txn id PREPARED and claims it for this commit (COMMITTING), after
+ * the request's disks were checked, so that a bad request changes
+ * nothing.  t_arrive: when the commit arrived; its budget counts from
+ * there.  Returns 0 with jobs[0..*n) ready, 1 with *replay (a finished
+ * commit's stored result, or NULL with the error set), or -1 with the
+ * error set.
+ */
+static int
+commit_begin(struct agent *a, json_t *args, double t_arrive,
+             struct txn_vm_commit *jobs, int *n, struct txn **xp,
+             json_t **replay, const char **code, char *msg, size_t msglen,
+             json_t **err_result)
+{
+    const char *id = json_string_value(json_object_get(args, "txn"));
+    json_t *snaps = json_object_get(args, "snapshots"), *nv;
+    json_int_t budget = json_integer_value(json_object_get(args, "budget_ms"));
+    enum txn_claim claim;
+    const char *key;
+    struct txn *x;
+
+    pthread_mutex_lock(&a->mu);
+    x = agent_txn_stable(a, id);
+    if (!x) {
+        pthread_mutex_unlock(&a->mu);
+        FAIL("UNKNOWN_TXN", "txn %s was never prepared here (or the agent "
+             "restarted)", id);
+    }
+    switch (x->state) {
+    case TXN_COMMITTED:
+        *replay = json_deep_copy(x->commit_result);
+        pthread_mutex_unlock(&a->mu);
+        return 1;
+    case TXN_FAILED:
+        *code = code_static(x->err_code);
+        snprintf(msg, msglen, "%s", x->err_msg);
+        *err_result = json_deep_copy(x->commit_result);
+        pthread_mutex_unlock(&a->mu);
+        return 1;
+    case TXN_EXPIRED:
+        pthread_mutex_unlock(&a->mu);
+        FAIL("EXPIRED", "txn %s: lease expired before commit; its VMs were "
+             "resumed", id);
+    case TXN_ABORTED:
+        pthread_mutex_unlock(&a->mu);
+        FAIL("ABORTED", "txn %s was aborted", id);
+    default:
+        break;
+    }
+    /* Validate disks before claiming, so a bad request changes nothing. */
+    *n = x->nvms;
+    for (int i = 0; i < *n; i++) {
+        jobs[i] = (struct txn_vm_commit){.a = a, .x = x, .vmidx = i,
+                                         .t_arrive = t_arrive,
+                                         .deadline = t_arrive +
+                                                     (double)budget};
+        jobs[i].vm = agent_find_vm(a, x->vms[i]);
+    }
+    json_object_foreach(snaps, key, nv) {
+        struct vm *v;
+        int d, k;
+        if (agent_find_disk(a, key, &v, &d) < 0) {
+            pthread_mutex_unlock(&a->mu);
+            FAIL("UNKNOWN_DISK", "unknown disk %s", key);
+        }
+        for (k = 0; k < *n; k++)
+            if (jobs[k].vm == v)
+                break;
+        if (k == *n) {
+            pthread_mutex_unlock(&a->mu);
+            FAIL("UNKNOWN_DISK", "disk %s is not on a VM of txn %s", key, id);
+        }
+        jobs[k].disks[jobs[k].ndisks] = d;
+        jobs[k].names[jobs[k].ndisks++] = json_string_value(nv);
+        json_object_set(x->created, key, nv);
+    }
+    claim = txn_claim_commit(&a->txns, x);
+    pthread_mutex_unlock(&a->mu);
+    if (claim == TXN_CLAIM_EXPIRE) {
+        reaper_expire(a, x);
+        FAIL("EXPIRED", "txn %s: lease expired before commit; its VMs were "
+             "resumed", id);
+    }
+    if (claim != TXN_CLAIM_COMMIT)
+        FAIL("INTERNAL", "txn %s in unexpected state", id);
+    *xp = x;
+    return 0;
+cleanup:
+    return -1;
+}
+
+json_t *
+cmd_commit(struct agent *a, json_t *args, const char **code, char *msg,
+           size_t msglen, json_t **err_result)
+{
+    const char *id = json_string_value(json_object_get(args, "txn"));
+    json_int_t budget = json_integer_value(json_object_get(args, "budget_ms"));
+    struct txn_vm_commit jobs[CFG_MAX_VMS];
+    double t_arrive = mono_ms();
+    const char *ecode = NULL;
+    char emsg[512] = "";
+    json_t *vmarr, *result = NULL;
+    struct txn *x = NULL;
+    int n = 0;
+
+    if (commit_begin(a, args, t_arrive, jobs, &n, &x, &result, code, msg,
+                     msglen, err_result) != 0)
+        return result;
+
+    par_run(txn_vm_commit, jobs, sizeof(*jobs), n);
+
+    vmarr = json_array();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(vmarr, jobs[i].out);
+        /* BUDGET_EXCEEDED outranks SNAPSHOT_FAILED outranks the rest */
+        if (jobs[i].code && (!ecode || (strcmp(jobs[i].code,
+                                               "BUDGET_EXCEEDED") == 0 &&
+                                        strcmp(ecode, "BUDGET_EXCEEDED")))) {
+            ecode = jobs[i].code;
+            snprintf(emsg, sizeof(emsg), "%s", jobs[i].msg);
+        }
+    }
+    result = json_pack("{s:s,s:s,s:o,s:f}", "txn", id, "state",
+                       ecode ? "failed" : "committed", "vms", vmarr,
+                       "budget_ms", (double)budget);
+    pthread_mutex_lock(&a->mu);
+    txn_finish_commit(&a->txns, x, json_deep_copy(result), ecode, emsg);
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    if (ecode) {
+        log_warnx("event=commit_failed txn=%s code=%s msg=\"%s\"", id, ecode,
+                  emsg);
+        *code = ecode;
+        snprintf(msg, msglen, "%s", emsg);
+        *err_result = result;
+        return NULL;
+    }
+    atomic_fetch_add(&a->n_committed, 1);
+    log_info("event=committed txn=%s vms=%d snapshots=%zu total_ms=%.3f", id,
+             n, json_object_size(json_object_get(args, "snapshots")),
+             mono_ms() - t_arrive);
+    return result;
+}
+
+/* ---- abort ----------------------------------------------------------- */
+
+json_t *
+cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
+          size_t msglen, json_t **err_result)
+{
+    const char *id = json_string_value(json_object_get(args, "txn"));
+    json_t *extra = json_object_get(args, "snapshots"), *todo, *nv;
+    json_t *resumed = json_array(), *deleted = json_array();
+    json_t *not_deleted = json_array(), *timings = json_array();
+    struct vm *vms[CFG_MAX_VMS];
+    struct resume_job rj[CFG_MAX_VMS];
+    struct txn *x;
+    const char *key;
+    int was_prepared = 0, n = 0;
+
+    (void)code, (void)msg, (void)msglen, (void)err_result;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        x = agent_txn_stable(a, id);
+        if ((x = txn_begin_abort(&a->txns, id, &was_prepared)))
+            break;
+        agent_wait(a, 10);
+    }
+    todo = json_deep_copy(x->created);
+    if (was_prepared)
+        for (int i = 0; i < x->nvms; i++)
+            if ((vms[n] = agent_find_vm(a, x->vms[i])))
+                n++;
+    pthread_mutex_unlock(&a->mu);
+    if (extra)
+        json_object_update(todo, extra);
+
+    resume_vms(a, vms, n, id, "abort", rj);
+    for (int i = 0; i < n; i++)
+        if (rj[i].rc == 0) {
+            json_t *o = json_pack("{s:s,s:f,s:f}", "vm", vms[i]->cfg->name,
+                                  "cont_ms", rj[i].cont_ms, "paused_ms",
+                                  rj[i].paused_ms);
+            /* The thaw ran in resume_one (after cont, before this reply):
+             * an aborted fs-freeze txn can leave a guest frozen too. */
+            quiesce_report_thaw(a, o, vms[i]);
+            json_array_append_new(resumed, json_string(vms[i]->cfg->name));
+            json_array_append_new(timings, o);
+        }
+    json_object_foreach(todo, key, nv) {
+        struct vm *v;
+        int d, rc;
+        char err[512] = "";
+        if (agent_find_disk(a, key, &v, &d) < 0) {
+            json_array_append_new(not_deleted, json_pack(
+                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
+                "error", "UNKNOWN_DISK"));
+            continue;
+        }
+        rc = cmd_snap_delete_one(a, v, d, json_string_value(nv), err,
+                                 sizeof(err));
+        if (rc == 1)
+            json_array_append_new(deleted, json_pack(
+                "{s:s,s:s}", "disk", key, "name", json_string_value(nv)));
+        else if (rc < 0)
+            json_array_append_new(not_deleted, json_pack(
+                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
+                "error", err));
+    }
+    json_decref(todo);
+    pthread_mutex_lock(&a->mu);
+    txn_finish_abort(&a->txns, x);
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    atomic_fetch_add(&a->n_aborted, 1);
+    log_info("event=aborted txn=%s resumed=%zu deleted=%zu not_deleted=%zu",
+             id, json_array_size(resumed), json_array_size(deleted),
+             json_array_size(not_deleted));
+    return json_pack("{s:s,s:s,s:o,s:o,s:o,s:o}", "txn", id, "state",
+                     "aborted", "resumed", resumed, "deleted", deleted,
+                     "not_deleted", not_deleted, "timings", timings);
+}
+
+/* ---- resume ---------------------------------------------------------- */
+
+json_t *
+cmd_resume(struct agent *a, json_t *args, const char **code, char *msg,
+           size_t msglen, json_t **err_result)
+{
+    json_t *jvms = json_object_get(args, "vms"), *v, *arr;
+    struct vm *vms[CFG_MAX_VMS];
+    struct resume_job rj[CFG_MAX_VMS];
+    size_t i;
+    int n = (int)json_array_size(jvms);
+
+    (void)err_result;
+    if (n > CFG_MAX_VMS)
+        FAIL("BAD_REQUEST", "too many VMs");
+    json_array_foreach(jvms, i, v)
+        if (!(vms[i] = agent_find_vm(a, json_string_value(v))))
+            FAIL("UNKNOWN_VM", "unknown vm %s", json_string_value(v));
+    resume_vms(a, vms, n, NULL, "resume", rj);
+    for (int k = 0; k < n; k++)
+        if (rj[k].rc < 0)
+            FAIL(vm_err_code(&rj[k].err), "vm %s: %s", vms[k]->cfg->name,
+                 rj[k].err.msg);
+    arr = json_array();
+    for (int k = 0; k < n; k++)
+        json_array_append_new(arr, json_pack("{s:s,s:f,s:f}", "vm",
+                                             vms[k]->cfg->name, "cont_ms",
+                                             rj[k].cont_ms, "paused_ms",
+                                             rj[k].paused_ms));
+    return json_pack("{s:o}", "vms", arr);
+cleanup:
+    return NULL;
+}

@@ -1,0 +1,159 @@
+/*
+ * cmd_vm: starting and stopping VMs (agent-protocol §4.9): vm.start of a
+ * configured VM (its driver's start: for qmp, the `start =` command) or
+ * of a definition (spec.xml, through a driver that creates VMs: libvirt),
+ * and vm.stop.
+ */
+#include "cmd.h"
+
+#include <string.h>
+
+#include "log.h"
+#include "mono.h"
+
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* vm.start from a definition (spec.xml: a transient libvirt domain). */
+static json_t *
+vm_start_xml(struct agent *a, const char *xml, const char **code, char *msg,
+             size_t msglen)
+{
+    char name[256];
+    const char *via = "";
+    double t0 = mono_ms();
+    struct qmp_err qe;
+    int rc;
+
+    rc = vm_host_create(&a->host, xml, &via, name, sizeof(name), &qe);
+    if (rc == VM_ENODRIVER)
+        FAIL("BAD_REQUEST", "args.spec.xml needs the libvirt driver "
+             "([libvirt] uri)");
+    if (rc < 0)
+        FAIL(vm_err_code(&qe), "%s", qe.msg);
+    log_info("event=vm_start vm=%s via=%s start_ms=%.3f", name, via,
+             mono_ms() - t0);
+    return json_pack("{s:s,s:s,s:f}", "vm", name, "state", "running",
+                     "start_ms", mono_ms() - t0);
+cleanup:
+    return NULL;
+}
+
+/*
+ * vm.start of a configured VM (agent-protocol §4.9):
+ *
+ *   state running/paused ─────────────────────────► reply, nothing run
+ *   state unknown (QMP hung) ─────────────────────► BUSY, nothing run
+ *   shutoff ─► the driver's start (qmp: run `start =`, then query-status
+ *              until "running"; deadline start_timeout_ms) ─► open
+ *              deferred rbd disks ─► reply
+ *
+ * v->starting (under a.mu) makes a second concurrent vm.start of the VM,
+ * or a prepare, BUSY.
+ */
+static json_t *
+vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
+             size_t msglen)
+{
+    const struct cfg_vm *m = v->cfg;
+    char err[512] = "";
+    struct qmp_err qe = {0};
+    const char *st;
+    double t0 = mono_ms(), end = t0 + m->start_timeout_ms, cmd_ms = 0;
+    json_t *r = NULL;
+    int claimed = 0;
+
+    if (!m->start[0])
+        FAIL("BAD_REQUEST", "vm %s has no start command in the agent "
+             "config ([vm %s] start = ...)", m->name, m->name);
+    pthread_mutex_lock(&a->mu);
+    if (v->starting) {
+        pthread_mutex_unlock(&a->mu);
+        FAIL("BUSY", "vm %s: a vm.start is already running", m->name);
+    }
+    v->starting = claimed = 1;
+    pthread_mutex_unlock(&a->mu);
+
+    /* Never a second QEMU on the same disks: a VM that answers is left. */
+    st = vm_state(v, a->cfg.qmp_timeout_ms);
+    if (strcmp(st, "running") == 0 || strcmp(st, "paused") == 0) {
+        log_info("event=vm_start vm=%s result=already_%s", m->name, st);
+        r = json_pack("{s:s,s:s,s:f,s:b}", "vm", m->name, "state", st,
+                      "start_ms", 0.0, "already_running", 1);
+        goto cleanup;
+    }
+    if (strcmp(st, "unknown") == 0)
+        FAIL("BUSY", "vm %s: its QMP socket %s exists but does not answer; "
+             "not starting a second QEMU", m->name, m->qmp);
+    if (v->ops->start(v, end, &cmd_ms, &qe) < 0)
+        FAIL(vm_err_code(&qe), "%s", qe.msg);
+    if (v->images_deferred) {
+        if (agent_open_images(a, v, err, sizeof(err)) < 0)
+            /* Running, but no rbd snapshot of it can be taken here. */
+            FAIL("SNAPSHOT_FAILED", "vm %s started, but its rbd disks cannot "
+                 "be opened: %s", m->name, err);
+        v->images_deferred = 0;
+    }
+    log_info("event=vm_start vm=%s result=started start_ms=%.3f "
+             "command_ms=%.3f", m->name, mono_ms() - t0, cmd_ms);
+    r = json_pack("{s:s,s:s,s:f,s:f,s:b}", "vm", m->name, "state", "running",
+                  "start_ms", mono_ms() - t0, "command_ms", cmd_ms,
+                  "already_running", 0);
+cleanup:
+    if (claimed) {
+        pthread_mutex_lock(&a->mu);
+        v->starting = 0;
+        pthread_mutex_unlock(&a->mu);
+    }
+    return r;
+}
+
+json_t *
+cmd_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
+             size_t msglen, json_t **err_result)
+{
+    json_t *spec = json_object_get(args, "spec");
+    const char *xml = json_string_value(json_object_get(spec, "xml"));
+    json_t *jname = json_object_get(spec, "vm");
+    const char *name = json_string_value(jname);
+    struct vm *v;
+
+    (void)err_result;
+    if (jname && !name)
+        FAIL("BAD_REQUEST", "args.spec.vm must be a string");
+    if (name && xml)
+        FAIL("BAD_REQUEST", "args.spec takes vm (a configured VM) or xml "
+             "(a libvirt domain), not both");
+    if (xml)
+        return vm_start_xml(a, xml, code, msg, msglen);
+    if (!name)
+        FAIL("BAD_REQUEST", "args.spec needs vm (a VM of the agent config) "
+             "or xml (a libvirt domain)");
+    if (!(v = agent_find_vm(a, name)))
+        FAIL("UNKNOWN_VM", "unknown vm %s", name);
+    if (!v->ops->start)
+        FAIL("BAD_REQUEST", "vm %s uses the %s driver: start it with "
+             "args.spec.xml", name, v->ops->name);
+    return vm_start_cmd(a, v, code, msg, msglen);
+cleanup:
+    return NULL;
+}
+
+json_t *
+cmd_vm_stop(struct agent *a, json_t *args, const char **code, char *msg,
+            size_t msglen, json_t **err_result)
+{
+    const char *name = json_string_value(json_object_get(args, "vm"));
+    struct qmp_err qe;
+    struct vm *v;
+
+    (void)err_result;
+    if (!(v = agent_find_vm(a, name)))
+        FAIL("UNKNOWN_VM", "unknown vm %s", name);
+    if (vm_poweroff(v, a->cfg.qmp_timeout_ms, &qe) < 0)
+        FAIL(vm_err_code(&qe), "%s", qe.msg);
+    log_info("event=vm_stop vm=%s", name);
+    return json_pack("{s:s,s:s}", "vm", name, "state", "shutoff");
+cleanup:
+    return NULL;
+}

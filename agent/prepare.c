@@ -1,0 +1,305 @@
+/* prepare: see prepare.h. */
+#include "prepare.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "log.h"
+#include "par.h"
+#include "quiesce.h"
+#include "resume.h"
+
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* Ends a prepare that failed: the txn is forgotten (a.mu not held). */
+static void
+fail_prepare(struct agent *a, struct txn *x)
+{
+    pthread_mutex_lock(&a->mu);
+    txn_fail_prepare(&a->txns, x);
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* 1 when vms names exactly the VMs of x (any order). */
+static int
+same_vms(const struct txn *x, json_t *vms)
+{
+    size_t i;
+    json_t *v;
+
+    if ((size_t)x->nvms != json_array_size(vms))
+        return 0;
+    json_array_foreach(vms, i, v) {
+        int found = 0;
+        for (int k = 0; k < x->nvms; k++)
+            found |= strcmp(x->vms[k], json_string_value(v)) == 0;
+        if (!found)
+            return 0;
+    }
+    return 1;
+}
+
+/* Step 1: the arguments, and the VMs they name. */
+int
+prepare_parse(struct prepare *p, json_t *args, const char **code, char *msg,
+              size_t msglen)
+{
+    const char *quiesce = json_string_value(json_object_get(args, "quiesce"));
+    json_t *jft = json_object_get(args, "freeze_timeout_ms"), *v;
+    size_t i;
+
+    p->id = json_string_value(json_object_get(args, "txn"));
+    p->jvms = json_object_get(args, "vms");
+    p->lease = json_integer_value(json_object_get(args, "lease_ms"));
+    p->n = (int)json_array_size(p->jvms);
+    p->freeze_ms = p->a->cfg.freeze_timeout_ms;
+    p->failed = -1;
+    if (p->n > CFG_MAX_VMS)
+        FAIL("BAD_REQUEST", "too many VMs (%d > %d)", p->n, CFG_MAX_VMS);
+    if (quiesce && strcmp(quiesce, "crash") && strcmp(quiesce, "fs-freeze"))
+        FAIL("BAD_REQUEST", "args.quiesce must be \"crash\" or "
+             "\"fs-freeze\", got \"%s\"", quiesce);
+    p->freeze = quiesce && strcmp(quiesce, "fs-freeze") == 0;
+    /* The coordinator sizes its wait for PREPARED on the freeze timeout it
+     * sends; taking the smaller of it and ours keeps that wait long enough
+     * by construction, whatever this agent's config says.  Absent (older
+     * coordinators): our config alone. */
+    if (jft && json_integer_value(jft) < p->freeze_ms)
+        p->freeze_ms = (int)json_integer_value(jft);
+    json_array_foreach(p->jvms, i, v) {
+        p->names[i] = json_string_value(v);
+        if (!(p->vms[i] = agent_find_vm(p->a, p->names[i])))
+            FAIL("UNKNOWN_VM", "unknown vm %s", p->names[i]);
+    }
+    return 0;
+cleanup:
+    return -1;
+}
+
+/* A prepare of a txn the table knows (a.mu held): replays the stored
+ * result of the same prepare, else the error its state calls for. */
+static json_t *
+prepare_known(struct prepare *p, struct txn *x, const char **code, char *msg,
+              size_t msglen)
+{
+    switch (x->state) {
+    case TXN_PREPARED:
+        if (same_vms(x, p->jvms))
+            return json_deep_copy(x->prepare_result);
+        *code = "BAD_REQUEST";
+        snprintf(msg, msglen, "txn %s is already prepared with other VMs",
+                 p->id);
+        break;
+    case TXN_EXPIRED:
+        *code = "EXPIRED";
+        snprintf(msg, msglen, "txn %s: lease expired", p->id);
+        break;
+    case TXN_ABORTED:
+        *code = "ABORTED";
+        snprintf(msg, msglen, "txn %s was aborted", p->id);
+        break;
+    default:
+        *code = "BAD_REQUEST";
+        snprintf(msg, msglen, "txn %s is already %s", p->id,
+                 txn_state_name(x->state));
+    }
+    return NULL;
+}
+
+/*
+ * Step 2: enters PREPARING.  Returns 0 with p->x set, or 1 when the txn
+ * is known (*replay: its stored result, or NULL with the error set), or
+ * -1 with the error set.
+ */
+int
+prepare_begin(struct prepare *p, json_t **replay, const char **code,
+              char *msg, size_t msglen)
+{
+    struct agent *a = p->a;
+    struct txn *x;
+    int rc = -1;
+
+    pthread_mutex_lock(&a->mu);
+    if ((x = agent_txn_stable(a, p->id))) {
+        *replay = prepare_known(p, x, code, msg, msglen);
+        rc = 1;
+        goto cleanup;
+    }
+    for (int k = 0; k < p->n; k++) {
+        if (p->vms[k]->starting)
+            /* vm.start is still opening its disks: no cut of it yet. */
+            FAIL("BUSY", "vm %s is being started (vm.start)", p->names[k]);
+        if (p->vms[k]->needs_resume)
+            /* A background resume is pending: pausing now would let that
+             * late `cont` break the new cut. */
+            FAIL("BUSY", "vm %s has a pending resume (QEMU not answering)",
+                 p->names[k]);
+    }
+    p->x = txn_begin_prepare(&a->txns, p->id, p->names, p->n, code, msg,
+                             msglen);
+    rc = p->x ? 0 : -1;
+cleanup:
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+/*
+ * Step 3: durable before the pause (agent-protocol §7): a crash after
+ * `stop` must leave a record that makes the next start resume the VM.
+ * One write for all VMs, so that no VM's pause waits for another's fsync.
+ * With fs-freeze the same write records `frozen` for every VM with a guest
+ * agent, before its freeze: a crash before the thaw must leave a record
+ * that makes the next start thaw the guest.
+ */
+int
+prepare_journal(struct prepare *p, const char **code, char *msg,
+                size_t msglen)
+{
+    char jerr[256] = "out of memory";
+    struct journal_entry *je = calloc((size_t)(2 * p->n + 1), sizeof(*je));
+    int nje = 0, rc = -1;
+
+    for (int k = 0; je && k < p->n; k++) {
+        je[nje].kind = JOURNAL_PAUSED;
+        snprintf(je[nje].txn, sizeof(je[nje].txn), "%s", p->x->id);
+        snprintf(je[nje].vm, sizeof(je[nje].vm), "%s", p->names[k]);
+        nje++;
+        if (p->freeze && p->vms[k]->ops->guest_configured(p->vms[k])) {
+            je[nje] = je[nje - 1];
+            je[nje].kind = JOURNAL_FROZEN;
+            nje++;
+        }
+    }
+    if (je)
+        rc = journal_put(p->a->journal, je, nje, jerr, sizeof(jerr));
+    free(je);
+    if (rc < 0) {
+        fail_prepare(p->a, p->x);
+        FAIL("INTERNAL", "no VM paused: %s", jerr);
+    }
+    return 0;
+cleanup:
+    return -1;
+}
+
+/* Step 4: all freezes first, then all stops: the freeze wait (up to sync
+ * + freeze deadlines) is outside every VM's pause window. */
+void
+prepare_pause(struct prepare *p)
+{
+    for (int k = 0; k < p->n; k++) {
+        p->jobs[k] = (struct txn_vm_prep){.a = p->a, .vm = p->vms[k],
+                                          .txn = p->x->id, .journaled = 1,
+                                          .freeze_timeout_ms = p->freeze_ms};
+        quiesce_reset(p->a, p->vms[k]);
+    }
+    if (p->freeze)
+        par_run(txn_vm_freeze, p->jobs, sizeof(p->jobs[0]), p->n);
+    par_run(txn_vm_pause, p->jobs, sizeof(p->jobs[0]), p->n);
+}
+
+/* Step 5: what each stop left: paused (undo it if the prepare fails),
+ * refused by QEMU (not paused), or unknown (the reaper resumes it). */
+void
+prepare_sort(struct prepare *p)
+{
+    struct agent *a = p->a;
+
+    for (int k = 0; k < p->n; k++) {
+        struct txn_vm_prep *j = &p->jobs[k];
+
+        if (j->rc < 0 && p->failed < 0)
+            p->failed = k;
+        if (!j->journaled)
+            continue;
+        if (j->rc == 0) {
+            p->undo[p->nundo++] = p->vms[k];
+        } else if (j->qmp_kind == QMP_E_ERROR) {
+            /* QEMU refused the stop: not paused, nothing to undo. */
+            char jerr[256];
+            journal_remove(a->journal, p->vms[k]->cfg->name, jerr,
+                           sizeof(jerr));
+        } else {
+            /* Timed out or lost: a hung QEMU may still run the queued
+             * `stop` later.  The reaper keeps sending `cont` in the
+             * background, so the error reply is not delayed by it. */
+            pthread_mutex_lock(&a->mu);
+            p->vms[k]->needs_resume = 1;
+            snprintf(p->vms[k]->needs_resume_txn,
+                     sizeof(p->vms[k]->needs_resume_txn), "%s", p->x->id);
+            pthread_mutex_unlock(&a->mu);
+        }
+    }
+}
+
+/* Step 6a: all or nothing: resume what was paused, thaw the rest, and
+ * fail with the first VM's error and the partial facts (§3.4). */
+void
+prepare_undo(struct prepare *p, const char **code, char *msg, size_t msglen,
+             json_t **err_result)
+{
+    struct resume_job rj[CFG_MAX_VMS];
+    struct txn_vm_prep *f = &p->jobs[p->failed];
+    json_t *arr = json_array();
+
+    resume_vms(p->a, p->undo, p->nundo, p->x->id, "prepare_failed", rj);
+    for (int k = 0; k < p->n; k++)
+        if (p->jobs[k].rc < 0)      /* not paused: thaw now */
+            quiesce_thaw(p->a, p->vms[k], p->x->id);
+    for (int k = 0, u = 0; k < p->n; k++) {
+        struct txn_vm_prep *j = &p->jobs[k];
+        json_t *o = json_pack("{s:s,s:b}", "vm", p->names[k], "stopped",
+                              j->rc == 0);
+
+        if (j->journaled)
+            json_object_set_new(o, "stop_ms", json_real(j->t1 - j->t0));
+        if (j->rc == 0 && u < p->nundo) {
+            json_object_set_new(o, "resumed", json_boolean(rj[u].rc == 0));
+            json_object_set_new(o, "cont_ms", json_real(rj[u].cont_ms));
+            json_object_set_new(o, "paused_ms", json_real(rj[u].paused_ms));
+            u++;
+        } else if (j->rc < 0) {
+            json_object_set_new(o, "error", json_string(j->msg));
+        }
+        json_array_append_new(arr, o);
+    }
+    *err_result = json_pack("{s:s,s:o}", "txn", p->id, "vms", arr);
+    fail_prepare(p->a, p->x);
+    log_warnx("event=prepare_failed txn=%s code=%s msg=\"%s\"", p->id,
+              f->code, f->msg);
+    *code = f->code;
+    snprintf(msg, msglen, "%s", f->msg);
+}
+
+/* Step 6b: every VM is paused: PREPARED, and the lease is armed. */
+json_t *
+prepare_done(struct prepare *p)
+{
+    struct agent *a = p->a;
+    json_t *arr = json_array(), *result;
+
+    for (int k = 0; k < p->n; k++) {
+        json_t *o;
+
+        p->x->t_stop0[k] = p->jobs[k].t0;
+        p->x->t_stop1[k] = p->jobs[k].t1;
+        o = json_pack("{s:s,s:f}", "vm", p->names[k], "stop_ms",
+                      p->jobs[k].t1 - p->jobs[k].t0);
+        quiesce_report(a, o, p->vms[k], 0);
+        json_array_append_new(arr, o);
+    }
+    result = json_pack("{s:s,s:s,s:o,s:I}", "txn", p->id, "state",
+                       "prepared", "vms", arr, "lease_ms", p->lease);
+    pthread_mutex_lock(&a->mu);
+    txn_prepared(&a->txns, p->x, (double)p->lease, json_deep_copy(result));
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    atomic_fetch_add(&a->n_prepared, 1);
+    log_info("event=prepared txn=%s vms=%d lease_ms=%lld", p->id, p->n,
+             (long long)p->lease);
+    return result;
+}

@@ -1,0 +1,65 @@
+/*
+ * prepare: the steps of a prepare request (agent-protocol §4.3), which
+ * cmd_prepare (cmd_txn.c) runs in this order:
+ *
+ *   parse ─► begin ─┬─ known txn: replay its result or its error
+ *                   └─ PREPARING ─► journal ─► pause ─► sort ─┬─► done
+ *                                     │                       │   PREPARED,
+ *                                     │ write failed:         │   lease armed
+ *                                     ▼ nothing paused        └─► undo
+ *                                  (forgotten)                    resume what
+ *                                                                 paused, thaw,
+ *                                                                 forgotten
+ *
+ * A prepare is all or nothing: every VM paused, or none left paused.
+ * Steps that can fail fill *code and msg (agent-protocol §3.3).
+ */
+#ifndef CP_PREPARE_H
+#define CP_PREPARE_H
+
+#include <stddef.h>
+#include <jansson.h>
+
+#include "agent.h"
+#include "txn_vm.h"
+
+struct prepare {
+    struct agent *a;
+    const char *id;
+    json_t *jvms;
+    json_int_t lease;
+    int n;
+    int freeze;                 /* quiesce: fs-freeze */
+    int freeze_ms;
+    const char *names[CFG_MAX_VMS];
+    struct vm *vms[CFG_MAX_VMS];
+    struct txn *x;
+    struct txn_vm_prep jobs[CFG_MAX_VMS];
+    int failed;                 /* index of the first VM that failed, -1 */
+    struct vm *undo[CFG_MAX_VMS];   /* paused: resumed if the prepare fails */
+    int nundo;
+};
+
+/* The arguments, and the VMs they name.  0 or -1. */
+int prepare_parse(struct prepare *p, json_t *args, const char **code,
+                  char *msg, size_t msglen);
+/* Enters PREPARING: 0 with p->x set, 1 when the txn is known (*replay:
+ * its stored result, or NULL with the error set), -1 with the error set
+ * (BUSY, ...). */
+int prepare_begin(struct prepare *p, json_t **replay, const char **code,
+                  char *msg, size_t msglen);
+/* Journals every VM as paused (and frozen) in one durable write, before
+ * any pause.  0, or -1 with the txn forgotten. */
+int prepare_journal(struct prepare *p, const char **code, char *msg,
+                    size_t msglen);
+/* Freezes (fs-freeze) then stops every VM, one thread per VM. */
+void prepare_pause(struct prepare *p);
+/* Sorts the stops' outcomes; p->failed >= 0 when one failed. */
+void prepare_sort(struct prepare *p);
+/* A stop failed: undoes the rest and fails with the partial facts. */
+void prepare_undo(struct prepare *p, const char **code, char *msg,
+                  size_t msglen, json_t **err_result);
+/* Every VM is paused: PREPARED; returns the result. */
+json_t *prepare_done(struct prepare *p);
+
+#endif

@@ -1,0 +1,171 @@
+/* recover: see recover.h. */
+#include "recover.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "quiesce.h"
+#include "resume.h"
+
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* The journal's entry of (kind, vm) among e[0..n), or NULL. */
+static const struct journal_entry *
+entry_of(const struct journal_entry *e, int n, enum journal_kind kind,
+         const char *vm)
+{
+    for (int i = 0; i < n; i++)
+        if (e[i].kind == kind && strcmp(e[i].vm, vm) == 0)
+            return &e[i];
+    return NULL;
+}
+
+/* A VM the config no longer names: nothing to resume; drop its entries. */
+static void
+recover_unknown(struct agent *a, const char *vm,
+                const struct journal_entry *p, const struct journal_entry *fz)
+{
+    char jerr[256];
+
+    if (p)
+        log_warnx("event=journal_resume txn=%s vm=%s result=unknown_vm",
+                  p->txn, p->vm);
+    if (fz)
+        log_warnx("event=journal_thaw txn=%s vm=%s result=unknown_vm",
+                  fz->txn, fz->vm);
+    journal_remove(a->journal, vm, jerr, sizeof(jerr));
+    journal_remove_kind(a->journal, JOURNAL_FROZEN, vm, NULL, jerr,
+                        sizeof(jerr));
+}
+
+/* Logs the outcome of the recovery thaw of fz, and drops its entry. */
+static void
+recover_thawed(struct agent *a, struct vm *v, const struct journal_entry *fz,
+               char *err, size_t errlen)
+{
+    char jerr[256];
+
+    pthread_mutex_lock(&a->mu);
+    if (!err[0] && v->thaw_error[0])
+        snprintf(err, errlen, "%s", v->thaw_error);
+    pthread_mutex_unlock(&a->mu);
+    if (!err[0])
+        log_info("event=journal_thaw txn=%s vm=%s result=ok", fz->txn,
+                 fz->vm);
+    else
+        log_warnx("event=journal_thaw txn=%s vm=%s result=failed "
+                  "entry=dropped msg=\"%s\"", fz->txn, fz->vm, err);
+    /* quiesce_thaw removed it when the txns agree; this covers an entry of
+     * an older txn, and the failure that is dropped on purpose. */
+    if (journal_remove_kind(a->journal, JOURNAL_FROZEN, fz->vm, NULL, jerr,
+                            sizeof(jerr)) < 0)
+        log_warnx("event=journal_error vm=%s msg=\"%s\"", fz->vm, jerr);
+}
+
+/* One configured VM with a `paused` entry p and/or a `frozen` entry fz. */
+static void
+recover_vm(struct agent *a, struct vm *v, const struct journal_entry *p,
+           const struct journal_entry *fz)
+{
+    char err[256] = "";
+    int deferred;
+
+    if (fz) {
+        struct vm_guest *g = NULL;
+
+        if (v->ops->guest_open(v, &g, err, sizeof(err)) == 0) {
+            pthread_mutex_lock(&a->mu);
+            v->guest = g;       /* quiesce_thaw takes it */
+            pthread_mutex_unlock(&a->mu);
+        }
+    }
+    pthread_mutex_lock(&a->mu);
+    v->thaw_error[0] = '\0';
+    pthread_mutex_unlock(&a->mu);
+    if (p) {
+        struct resume_job j = {.a = a, .vm = v, .why = "journal",
+                               .txn = p->txn};
+
+        resume_one(&j);     /* cont, then quiesce_thaw if v->guest is open */
+        atomic_fetch_add(&a->resumed_by_journal, j.rc == 0);
+        log_info("event=journal_resume txn=%s vm=%s result=%s", p->txn,
+                 p->vm, j.rc == 0 ? "resumed" : "retrying");
+        pthread_mutex_lock(&a->mu);
+        deferred = v->guest != NULL;
+        pthread_mutex_unlock(&a->mu);
+        if (fz && deferred) {
+            /* cont failed: the reaper's retry thaws after its cont, and
+             * the entry stays until a thaw is answered. */
+            log_warnx("event=journal_thaw txn=%s vm=%s result=deferred "
+                      "msg=\"thaw after the resume retry\"", fz->txn,
+                      fz->vm);
+            return;
+        }
+    } else {
+        quiesce_thaw(a, v, fz->txn);
+    }
+    if (fz)
+        recover_thawed(a, v, fz, err, sizeof(err));
+}
+
+void
+recover_journal(struct agent *a)
+{
+    struct journal_entry *e = NULL;
+    int n = 0;
+
+    if (journal_entries(a->journal, &e, &n) < 0)
+        return;
+    for (int i = 0; i < n; i++) {
+        const struct journal_entry *p, *fz;
+        struct vm *v;
+
+        /* one pass per VM: at its first entry */
+        if (entry_of(e, i, JOURNAL_PAUSED, e[i].vm) ||
+            entry_of(e, i, JOURNAL_FROZEN, e[i].vm))
+            continue;
+        p = entry_of(e, n, JOURNAL_PAUSED, e[i].vm);
+        fz = entry_of(e, n, JOURNAL_FROZEN, e[i].vm);
+        if (!(v = agent_find_vm(a, e[i].vm)))
+            recover_unknown(a, e[i].vm, p, fz);
+        else
+            recover_vm(a, v, p, fz);
+    }
+    free(e);
+}
+
+void
+recover_fence(struct agent *a)
+{
+    char path[1100], old[256] = "", cur[256], err[256];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s.rados-client", a->cfg.journal);
+    if ((f = fopen(path, "r"))) {
+        if (!fgets(old, sizeof(old), f))
+            old[0] = '\0';
+        old[strcspn(old, "\n")] = '\0';
+        fclose(f);
+    }
+    if (rbdsnap_client_addr(a->ceph, cur, sizeof(cur), err, sizeof(err)) < 0) {
+        log_warnx("event=rados_addr_failed msg=\"%s\"", err);
+        return;
+    }
+    if (old[0] && strcmp(old, cur) != 0) {
+        if (rbdsnap_blocklist(a->ceph, old, 3600, err, sizeof(err)) < 0)
+            log_warnx("event=fence_previous_failed addr=%s msg=\"%s\"", old,
+                      err);
+        else
+            log_info("event=fence_previous addr=%s", old);
+    }
+    if ((f = fopen(path, "w"))) {
+        fprintf(f, "%s\n", cur);
+        fflush(f);
+        fsync(fileno(f));
+        fclose(f);
+    }
+}

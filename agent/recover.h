@@ -1,0 +1,39 @@
+/*
+ * recover: at start, undo what a previous run of the agent left done
+ * (agent-protocol §7, invariant 2): resume the VMs its journal says are
+ * paused, thaw the guests it says may be frozen, and fence the previous
+ * run's Ceph client so that its lingering watches do not slow snapshots.
+ */
+#ifndef CP_RECOVER_H
+#define CP_RECOVER_H
+
+#include "agent.h"
+
+/*
+ * Per VM named in the journal:
+ *
+ *   paused + frozen:  open the guest agent, cont, then thaw (resume_one;
+ *                     a paused guest cannot answer the thaw).  If cont
+ *                     fails, the reaper's retry thaws after its cont.
+ *   paused only:      cont.
+ *   frozen only:      thaw (killed after cont, or between freeze and
+ *                     stop, or a thaw that failed before).
+ *   not configured:   log unknown_vm and drop its entries.
+ *
+ * The recovery thaw is tried once: a failure is logged (journal_thaw
+ * result=failed) and the entry dropped, since retrying a guest agent that
+ * does not answer would only repeat the log; the guest may still be frozen
+ * and needs an operator.  A thaw of a guest that is not frozen is harmless
+ * (guest-fsfreeze-thaw returns 0), so an entry left by a freeze that never
+ * happened costs one round trip.
+ */
+void recover_journal(struct agent *a);
+
+/*
+ * Records this agent's RADOS client address next to the journal and
+ * blocklists the one recorded by the previous run, if any (see
+ * rbdsnap_blocklist for why).  Failures are logged, not fatal.
+ */
+void recover_fence(struct agent *a);
+
+#endif

@@ -1,0 +1,161 @@
+/* txn_vm: see txn_vm.h. */
+#include "txn_vm.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "mono.h"
+#include "quiesce.h"
+#include "resume.h"
+
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+void *
+txn_vm_freeze(void *arg)
+{
+    struct txn_vm_prep *j = arg;
+
+    quiesce_freeze(j->a, j->vm, j->txn, j->freeze_timeout_ms);
+    return NULL;
+}
+
+void *
+txn_vm_pause(void *arg)
+{
+    struct txn_vm_prep *j = arg;
+    struct qmp_err err;
+
+    j->t0 = mono_ms();
+    j->rc = vm_stop(j->vm, j->a->cfg.qmp_timeout_ms, &err);
+    j->t1 = mono_ms();
+    if (j->rc == 0) {
+        pthread_mutex_lock(&j->a->mu);
+        j->vm->paused_at = j->t0;
+        pthread_mutex_unlock(&j->a->mu);
+    }
+    if (j->rc < 0) {
+        j->qmp_kind = err.kind;
+        j->code = vm_err_code(&err);
+        snprintf(j->msg, sizeof(j->msg), "vm %s: %s", j->vm->cfg->name,
+                 err.msg);
+    }
+    return NULL;
+}
+
+/* Step 1: snapshot every disk of the VM through its backend, by the
+ * budget deadline. */
+static void
+commit_snapshot(struct txn_vm_commit *j)
+{
+    struct snap_err err = {0};
+
+    for (int k = 0; k < j->ndisks; k++) {
+        memset(&j->m[k], 0, sizeof(j->m[k]));
+        vm_snap_disk(j->vm, j->disks[k], &j->m[k].disk);
+        j->m[k].name = j->names[k];
+    }
+    j->ts0 = mono_ms();
+    if (j->ndisks > 0 &&
+        j->vm->snap->create(j->m, j->ndisks, j->deadline, &j->budget_hit,
+                            &err) < 0) {
+        j->code = "INTERNAL";
+        snprintf(j->msg, sizeof(j->msg), "%s", err.msg);
+    }
+    j->ts1 = mono_ms();
+}
+
+/* Step 2: resume at once: this VM's disks are done (or the budget is
+ * spent).  The pause ends when cont returns, not after the journal. */
+static void
+commit_resume(struct txn_vm_commit *j)
+{
+    struct resume_job r = {.a = j->a, .vm = j->vm, .why = "commit",
+                           .txn = j->x->id};
+
+    j->tc0 = mono_ms();
+    resume_one(&r);
+    j->tc1 = mono_ms();
+    j->resumed = r.rc == 0;
+    if (j->resumed) {
+        j->tc1 = j->tc0 + r.cont_ms;
+    } else {
+        j->resume_code = vm_err_code(&r.err);
+        snprintf(j->resume_msg, sizeof(j->resume_msg), "vm %s: %s (resume "
+                 "is being retried)", j->vm->cfg->name, r.err.msg);
+    }
+}
+
+/* Step 3 (invariant 3): a disk counts as done only if its snapshot
+ * exists; the backend checks, after cont, where its create alone is no
+ * proof. */
+static void
+commit_confirm(struct txn_vm_commit *j)
+{
+    if (j->vm->snap->confirm)
+        j->vm->snap->confirm(j->m, j->ndisks);
+}
+
+/* Step 4: the VM's entry of the reply, and its error if any:
+ * BUDGET_EXCEEDED or SNAPSHOT_FAILED for the first failed disk, then a
+ * failed resume. */
+static void
+commit_report(struct txn_vm_commit *j)
+{
+    struct txn *x = j->x;
+    json_t *disks = json_array();
+
+    for (int k = 0; k < j->ndisks; k++) {
+        char did[400];
+        json_t *o;
+
+        snprintf(did, sizeof(did), "%s/%s", j->vm->cfg->name,
+                 j->vm->cfg->disks[j->disks[k]].node);
+        o = json_pack("{s:s,s:s,s:f,s:b}", "disk", did, "name", j->names[k],
+                      "snapshot_ms", j->m[k].ms, "ok", j->m[k].ok);
+        if (!j->m[k].ok) {
+            json_object_set_new(o, "error", json_string(j->m[k].err));
+            if (!j->code) {
+                j->code = j->budget_hit ? "BUDGET_EXCEEDED" :
+                    "SNAPSHOT_FAILED";
+                snprintf(j->msg, sizeof(j->msg), "%s@%s: %s", did,
+                         j->names[k], j->m[k].err);
+            }
+        }
+        json_array_append_new(disks, o);
+    }
+    if (j->budget_hit && !j->code) {
+        j->code = "BUDGET_EXCEEDED";
+        snprintf(j->msg, sizeof(j->msg), "vm %s: snapshots exceeded the "
+                 "budget", j->vm->cfg->name);
+    }
+    if (j->resume_code && !j->code) {
+        j->code = j->resume_code;
+        snprintf(j->msg, sizeof(j->msg), "%s", j->resume_msg);
+    }
+    j->out = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:o,s:b}",
+                       "vm", j->vm->cfg->name,
+                       "stop_ms", x->t_stop1[j->vmidx] - x->t_stop0[j->vmidx],
+                       "barrier_ms", j->t_arrive - x->t_stop1[j->vmidx],
+                       "snapshot_ms", j->ts1 - j->ts0,
+                       "cont_ms", j->tc1 - j->tc0,
+                       "paused_ms", j->tc1 - x->t_stop0[j->vmidx],
+                       "method", j->vm->snap->name, "disks", disks,
+                       "resumed", j->resumed);
+    quiesce_report(j->a, j->out, j->vm, 1);
+}
+
+void *
+txn_vm_commit(void *arg)
+{
+    struct txn_vm_commit *j = arg;
+    struct snap_member m[CFG_MAX_DISKS];
+
+    j->m = m;
+    commit_snapshot(j);
+    commit_resume(j);
+    commit_confirm(j);
+    commit_report(j);
+    j->m = NULL;
+    return NULL;
+}
