@@ -22,9 +22,8 @@ from cutpoint.api.cli import (
 )
 from cutpoint.api.cli.benchcp import control_plane as bench_control_plane
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
+from cutpoint.api.version import VERSION
 from cutpoint.bench.quiesce import cli as bench_quiesce
-
-VERSION = "0.1.0"
 
 app = typer.Typer(
     name="cutpoint",

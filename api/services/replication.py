@@ -1,4 +1,4 @@
-"""Group-level replication through the control plane (issue 6, item 2).
+"""Group-level replication through the control plane.
 
 `run(sf, settings, snapshot_id)` replicates every member disk of one
 committed group snapshot to its group's replication target site with
@@ -37,6 +37,7 @@ from cutpoint.api.models import (
     DrPolicy,
     Group,
     GroupSnapshot,
+    Job,
     MemberReplication,
     SnapState,
     utcnow,
@@ -83,6 +84,45 @@ def default_rate_mbps() -> float | None:
         raise ReplicationFailed("bad_rate", "CUTPOINT_REPLICATION_RATE_MBPS must be a "
                                 f"positive number of MB/s, got {raw!r}")
     return rate
+
+
+# DR retention of a group that has no policy of its own.
+DR_KEEP_LAST = 48
+
+
+def request(s: Session, snap: GroupSnapshot, *, verify_full: bool, jobs: int,
+            actor: str | None) -> Job:
+    """The replicate job of one committed group snapshot (409 if it is not committed)."""
+    from cutpoint.api.errors import Conflict
+    from cutpoint.api.services import jobs as job_service
+
+    if snap.state != SnapState.committed:
+        raise Conflict(f"snapshot {snap.txn} is {snap.state.value}, not committed",
+                       code="not_committed")
+    return job_service.create(s, "replicate", actor=actor, group_id=snap.group_id,
+                              snapshot_id=snap.id,
+                              params={"verify_full": verify_full, "jobs": jobs})
+
+
+def dr_policy(s: Session, g: Group) -> DrPolicy:
+    """The group's DR retention policy, or the default one (not stored)."""
+    return s.get(DrPolicy, g.id) or DrPolicy(group_id=g.id, keep_last=DR_KEEP_LAST,
+                                             keep_within_seconds=0)
+
+
+def set_dr_policy(s: Session, g: Group, *, keep_last: int | None,
+                  keep_within_s: int | None) -> DrPolicy:
+    """Change the fields given (None: keep) of the group's DR retention policy."""
+    p = s.get(DrPolicy, g.id)
+    if p is None:
+        p = DrPolicy(group_id=g.id, keep_last=DR_KEEP_LAST, keep_within_seconds=0)
+        s.add(p)
+    if keep_last is not None:
+        p.keep_last = keep_last
+    if keep_within_s is not None:
+        p.keep_within_seconds = keep_within_s
+    s.commit()
+    return p
 
 
 def base_for(s: Session, snap: GroupSnapshot) -> GroupSnapshot | None:
@@ -276,7 +316,7 @@ def achieved_dr_rpo_s(s: Session, group_id: int, now: dt.datetime) -> float | No
 def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
     """DR copies to delete now, oldest first: never a base (flagged, or the base
     of a copy running now), never the newest DR point."""
-    pol = s.get(DrPolicy, g.id) or DrPolicy(group_id=g.id, keep_last=48, keep_within_seconds=0)
+    pol = dr_policy(s, g)
     snaps = list(s.scalars(select(GroupSnapshot).where(
         GroupSnapshot.group_id == g.id, GroupSnapshot.dr_verified_at.is_not(None))
         .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc())))

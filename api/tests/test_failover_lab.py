@@ -1,4 +1,4 @@
-"""Planned failover through the API against the lab (issue 6 item 3).
+"""Planned failover through the API against the lab.
 
 A 2-VM writer group (2 primary hosts x 1 guest x 2 RBD disks, the writer
 ring across both guests) is defined through the API; two group snapshots

@@ -1,4 +1,4 @@
-"""quiesce (issue 8 item 4) through the coordinator: group spec / group file
+"""quiesce through the coordinator: group spec / group file
 → PREPARE → per-member consistency in the result and the transaction log.
 
 The agent side replays `data/quiesce_replies.json`: the prepare and commit
