@@ -95,9 +95,11 @@ def replication(
                          changes=_rounds(changes), jobs=jobs)
     if not 1 <= jobs <= 64:
         raise typer.BadParameter("--jobs wants 1..64")
+    from cutpoint.coordinator.dr.replicate import ReplicationError
+
     try:
         rb.sync_binary()
-    except FileNotFoundError as exc:
+    except ReplicationError as exc:
         typer.echo(f"cutpoint bench: error: {exc}", err=True)
         raise typer.Exit(2) from None
     try:

@@ -137,7 +137,8 @@ def group_file(
     state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
 ) -> None:
     """Write the group file G of the running lab (for `cutpoint snapshot -g G`)."""
-    from cutpoint.coordinator.groupfile import GroupFileError, write_group_file
+    from cutpoint.coordinator.groupfile import GroupFileError
+    from cutpoint.lab.groupfile import write_group_file
     from cutpoint.lab.status import load_status
 
     try:

@@ -31,8 +31,8 @@ from cutpoint.coordinator import (
     load_group_file,
     pool_for,
     take_group_snapshot,
-    write_group_file,
 )
+from cutpoint.lab.groupfile import write_group_file
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")]

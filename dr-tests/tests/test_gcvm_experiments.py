@@ -96,8 +96,8 @@ class Group:
     """Agents on every lab host and a group file for every primary VM."""
 
     def __init__(self, status: dict[str, Any], tmp: Path) -> None:
-        from cutpoint.coordinator import write_group_file
         from cutpoint.lab.agents import start_agents
+        from cutpoint.lab.groupfile import write_group_file
         self.status = status
         self.certs = Path(status["state_dir"]) / "certs"
         self.agents = start_agents(status, self.certs)

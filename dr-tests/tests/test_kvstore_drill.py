@@ -4,7 +4,7 @@ Four tiny guests on two primary hosts run the store and its clients. Each
 guest is a ZHT node: server, secondary of its predecessor's partitions,
 and a client. Their disks are RBD images on the primary Ceph cluster.
 Every snapshot the drill checks is first replicated to the DR Ceph
-cluster with the project's group replication (`coordinator.replicate`,
+cluster with the project's group replication (`coordinator.dr.replicate`,
 one `cutpoint-sync` per disk: the first copy full, later ones
 incremental), and everything after that reads the DR copies. The drill
 does five things:
@@ -67,8 +67,8 @@ class Drill:
     """One store on the lab: snapshots, exports, restored copies."""
 
     def __init__(self, status: dict[str, Any], tmp: Path, group: str) -> None:
-        from cutpoint.coordinator import write_group_file
         from cutpoint.lab.agents import start_agents
+        from cutpoint.lab.groupfile import write_group_file
         self.status = status
         self.tmp = tmp
         self.group = group
@@ -146,12 +146,12 @@ class Drill:
 
     def replicate(self, snap: str, verify_full: bool = False) -> Any:
         """Every member disk's snap to the DR cluster with the project's
-        group replication (coordinator.replicate: one cutpoint-sync per
+        group replication (coordinator.dr.replicate: one cutpoint-sync per
         disk), incrementally from the previous replicated snapshot.
         Asserts invariant 5: each member verified at DR, hence a recovery
         point, and the DR snapshot (the engine's completion marker) is
         there."""
-        from cutpoint.coordinator.replicate import (
+        from cutpoint.coordinator.dr.replicate import (
             MemberCopy,
             list_snaps,
             replicate_group,
