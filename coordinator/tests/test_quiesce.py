@@ -4,7 +4,7 @@
 The agent side replays `data/quiesce_replies.json`: the prepare and commit
 replies of the real `cutpointd` driving the Debian PostgreSQL VM with its
 qemu-guest-agent live ("live") and stopped inside the guest ("dead"),
-recorded by `cutpoint bench quiesce` (cutpoint.bench.quiesce.record_replies).
+recorded by `cutpoint-lab bench quiesce` (cutpoint.bench.quiesce.record_replies).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Replication between the lab's two Ceph sites: driving `cutpoint-sync`
-and the `cutpoint bench replication` benchmark.
+and the `cutpoint-lab bench replication` benchmark.
 
 The first half is a small toolkit the sync tests share (run the engine,
 write known extents, sum `rbd diff`, hash a snapshot through `rbd export`).

@@ -1,6 +1,6 @@
 """The lab status: `<state dir>/status.json`, written as the lab comes up.
 
-Other code reads it through `load_status()`; `cutpoint lab status --json`
+Other code reads it through `load_status()`; `cutpoint-lab status --json`
 prints the same dict.  It is rewritten after each bring-up phase (field
 `phase`), so teardown after a failed or killed `lab up` knows what exists.
 """
@@ -24,7 +24,7 @@ def load_status(state_dir: str | os.PathLike[str] | None = None) -> dict[str, An
     try:
         return json.loads((d / FILE).read_text())
     except FileNotFoundError:
-        raise LabNotUp(f"no lab is up: {d / FILE} does not exist (run `cutpoint lab up`)") from None
+        raise LabNotUp(f"no lab is up: {d / FILE} does not exist (run `cutpoint-lab up`)") from None
     except ValueError as exc:
         raise LabNotUp(f"lab status {d / FILE} is unreadable: {exc}") from None
 

@@ -20,7 +20,7 @@ does five things:
    boot on the DR host (new addresses, so the copies run isolated next to
    the running primaries). The store cold-restarts (load, replay,
    reconcile, serve; the membership epoch goes up), and
-   `cutpoint check kvstore --live` finds the digests the offline check
+   `cutpoint-lab check kvstore --live` finds the digests the offline check
    predicted.
 4. Negative control, fsync off: DR clones boot again, as
    `--no-fsync --simulate-power-loss` with clients. Every guest is
@@ -51,6 +51,7 @@ from cutpoint.lab.errors import LabError
 pytestmark = pytest.mark.lab
 
 CLI = [str(Path(sys.executable).parent / "cutpoint")]
+LAB_CLI = [str(Path(sys.executable).parent / "cutpoint-lab")]
 DISK_MB = 32
 PARTS = 8
 LAB = {"hosts": 2, "vms_per_host": 2, "disks": 1, "workload": "kvstore",
@@ -58,7 +59,9 @@ LAB = {"hosts": 2, "vms_per_host": 2, "disks": 1, "workload": "kvstore",
 
 
 def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True,
+    """`cutpoint ARGS`; the test bed's own commands (`check ...`) are `cutpoint-lab`'s."""
+    cli = LAB_CLI if args and args[0] == "check" else CLI
+    return subprocess.run([*cli, *args], capture_output=True, text=True,
                           timeout=timeout, check=False,
                           env=dict(os.environ, COLUMNS="250"))
 

@@ -1,4 +1,4 @@
-"""`cutpoint bench control-plane`: API latency and scheduler capacity.
+"""`cutpoint-lab bench control-plane`: API latency and scheduler capacity.
 
 Part 1, API latency: a fresh SQLite database with G groups, the API under
 uvicorn (one process), sequential requests over HTTP/1.1 keep-alive:
