@@ -242,11 +242,16 @@ class AgentBooter:
                 if isinstance(r, BaseException)]
 
     def leftovers(self, req: BootRequest) -> dict[str, list[str]]:
-        """The request's VMs that their agents still list as anything but shut off."""
+        """The request's VMs that their agents still list as anything but shut
+        off (an unreachable agent's are listed: nobody can say they stopped).
+        Nothing for a request it started nothing for: a drill, or VMs no
+        agent was named for."""
+        if req.purpose not in self.purposes:
+            return {}
         try:
             states = self.states(req, [v.name for v in req.vms])
-        except BootError as exc:
-            return {"vms": [str(exc)]}
+        except NoAgent:
+            return {}
         return {"vms": sorted(f"{vm} ({s})" for vm, s in states.items()
                               if s not in ("shutoff", "absent"))}
 

@@ -149,7 +149,11 @@ class Drill:
 
     def cleanup(self) -> dict[str, Any]:
         s = self.spec
-        errors: list[str] = list(self.booter.stop(self.request, self.guests))
+        errors: list[str] = []
+        try:
+            errors += self.booter.stop(self.request, self.guests)
+        except Exception as exc:  # noqa: BLE001  recorded; the clones still go
+            errors.append(f"booter stop: {type(exc).__name__}: {exc}")
         pool = s.site.get("pool", "rbd")
         for c in self.clones:
             last = ""
@@ -170,7 +174,10 @@ class Drill:
             except RbdError as exc:
                 errors.append(str(exc))
         left = leftovers(s.site, self.tag)
-        left.update(self.booter.leftovers(self.request))
+        try:
+            left.update(self.booter.leftovers(self.request))
+        except Exception as exc:  # noqa: BLE001  cannot tell: reported, not hidden
+            errors.append(f"booter leftovers: {type(exc).__name__}: {exc}")
         ok = not errors and not any(left.values())
         self.event("cleanup", "ok" if ok else "failed", errors=errors, leftovers=left)
         return {"ok": ok, "errors": errors, "leftovers": left}

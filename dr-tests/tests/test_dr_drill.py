@@ -12,7 +12,10 @@ ring across both guests, 1 DR host).  The writer keeps writing throughout.
   scratch image, QEMU or link is left; a fourth group snapshot is
   replicated while the drill runs;
 - a drill of a recovery point with no writer records fails, with its
-  evidence (check output, console log, HTML report), and cleans up too.
+  evidence (check output, console log, HTML report), and cleans up too;
+- a drill with the product's booter (the DR agents) is refused, with the
+  reason in its report, and leaves no clone behind;
+- a planned failover through the DR agent, then failback of the deltas.
 """
 
 from __future__ import annotations
@@ -220,6 +223,24 @@ def test_drill_with_failing_check_reports_evidence(env: Env, tmp_path: Path) -> 
                                    f"{site['pool']}/{image}"), capture_output=True, check=False)
             subprocess.run(rbd_cmd(site, "rm", "--no-progress", f"{site['pool']}/{image}"),
                            capture_output=True, check=False)
+
+
+def test_agent_booter_drill_is_refused_and_leaves_nothing(env: Env, tmp_path: Path) -> None:
+    """The product's booter cannot boot clones: the drill fails with that
+    reason in its report, and its clones are gone again."""
+    from cutpoint.coordinator.dr.boot import AgentBooter
+
+    if env.last is None:
+        snap = env.snapshot()
+        assert env.replicate(snap, None).recovery_point
+        env.last = snap
+    report = run_drill(drill_spec(env.status, env.last, report_dir=str(tmp_path)),
+                       AgentBooter())
+    assert report["verdict"] == "failed" and report["checks"] == []
+    assert report["error"].startswith("DrillBootUnsupported: "), report["error"]
+    assert "captured definition" in report["error"]
+    assert report["cleanup"]["ok"], report["cleanup"]
+    assert not any(leftovers(env.status["sites"]["dr"], f"drill-{report['drill_id']}").values())
 
 
 def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
