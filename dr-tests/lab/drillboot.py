@@ -232,8 +232,14 @@ class LabBooter:
 def stop_guests(guests: list[dict[str, Any]], grace_s: float = 10) -> None:
     """Stop the lab QEMUs of booted guests by their `pid`: SIGTERM first, so
     QEMU closes its RBD images and leaves no watch or lock; SIGKILL after
-    `grace_s`.  (A standby's tap stays for its next boot; lab down removes it.)"""
-    kill_pids([int(g.get("pid") or 0) for g in guests], grace=grace_s)
+    `grace_s`.  Returns once each is gone from /proc (its parent reaped it),
+    or after 10 s more.  (A standby's tap stays for its next boot; lab down
+    removes it.)"""
+    pids = [int(g.get("pid") or 0) for g in guests]
+    kill_pids(pids, grace=grace_s)
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(p and Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.1)
 
 
 def stop_standbys(status: dict[str, Any]) -> list[int]:

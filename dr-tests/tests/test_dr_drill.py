@@ -43,6 +43,7 @@ from cutpoint.coordinator.dr.replicate import (
 )
 from cutpoint.lab.ceph import rbd_cmd
 from cutpoint.lab.drillboot import LabBooter, drill_spec
+from cutpoint.lab.proc import pid_alive
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=1, workload="writer")]
@@ -313,7 +314,7 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
         # to the primary.
         assert booter.stop(boot, res.guests) == []
         for g in guests:
-            assert not Path(f"/proc/{g['pid']}").exists(), g
+            assert not pid_alive(g["pid"]), g
         # 256 distinct random 4 KiB blocks of non-zero data per disk (rbd
         # bench fills its buffer with one random byte: 0 one time in 256).
         size = 64 << 20
