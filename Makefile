@@ -26,9 +26,11 @@ demo: setup
 fuzz: setup
 	scripts/fuzz.sh $${FUZZ_SECONDS:-60}
 
+# ruff, then the package floors (import-linter contracts in setup.cfg).
 lint: setup
 	.venv/bin/ruff check api coordinator agent/client dr-tests
+	.venv/bin/lint-imports
 
 clean:
-	-.venv/bin/cutpoint lab down
+	-.venv/bin/cutpoint-lab down
 	rm -rf build build-asan build-fuzz

@@ -1,7 +1,8 @@
 /*
  * qga: client of the QEMU guest agent (qemu-guest-agent) over the VM's
- * virtio-serial chardev socket, for `quiesce: fs-freeze` (issue 8 item 4,
- * spec in dr-tests/checkers/quiesce.py).
+ * virtio-serial chardev socket, for `quiesce: fs-freeze` (the freeze and
+ * thaw rules: docs/agent-protocol.md; the guest side's checks:
+ * dr-tests/checkers/quiesce.py).
  *
  * Every call has a deadline (the guest may have no agent, or a hung one).
  * The agent has no request ids, so qga_sync sends guest-sync-delimited with

@@ -25,7 +25,7 @@ from cutpoint.api.routes import (
     tokens,
 )
 from cutpoint.api.services import audit as audit_service
-from cutpoint.api.services.snapshots import fail_unqueued
+from cutpoint.api.version import VERSION
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -33,24 +33,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("cutpoint.api")
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
-VERSION = "0.1.0"
-
-
-def _make_enqueue(settings: Settings) -> Callable[..., None]:
-    def enqueue(kind: str, job_id: str, *, session: Session) -> None:
-        from cutpoint.api.worker import send
-
-        try:
-            send(kind, job_id, settings)
-        except Exception as exc:  # the broker is down: nothing will run this job
-            from cutpoint.api.models import Job
-
-            job = session.get(Job, job_id)
-            if job is not None:
-                fail_unqueued(session, job, f"{type(exc).__name__}: {exc}")
-            raise Unavailable(f"the job broker refused the job: {exc}",
-                              code="broker_unavailable") from exc
-    return enqueue
 
 
 def create_app(settings: Settings | None = None,
@@ -65,7 +47,6 @@ def create_app(settings: Settings | None = None,
     app.state.session_factory = session_factory or get_sessionmaker(settings.database_url)
     app.state.read_session_factory = session_factory or get_sessionmaker(
         settings.database_url, readonly=True)
-    app.state.enqueue = _make_enqueue(settings)
     registry, http_requests, http_latency = make_registry(
         lambda: app.state.read_session_factory())
     errors.install(app)
@@ -73,7 +54,7 @@ def create_app(settings: Settings | None = None,
     v1 = APIRouter(prefix="/v1")
     for r in (sites, hosts, inventory, groups, snapshots, jobs, audit, tokens):
         v1.include_router(r.router)
-    from cutpoint.api.routes import drills, failover, replication  # DR (issue 6)
+    from cutpoint.api.routes import drills, failover, replication  # DR
     for r in (replication, drills, failover):
         v1.include_router(r.router)
     app.include_router(v1)

@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     celery_eager: bool = False
     worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
+    # What boots VMs at a DR site (failover, drills): `agent`, the site's
+    # agents, or a booter another package registers under the entry-point
+    # group `cutpoint.booters` (cutpoint.coordinator.dr.boot).
+    booter: str = "agent"
+
     page_max: int = Field(default=500, ge=1, le=10000)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -75,6 +80,15 @@ class Settings(BaseSettings):
             raise ValueError("must be a sqlite:// or postgresql+psycopg:// URL")
         if v.startswith("postgresql://"):
             v = "postgresql+psycopg://" + v[len("postgresql://"):]
+        return v
+
+    @field_validator("booter")
+    @classmethod
+    def _known_booter(cls, v: str) -> str:
+        from cutpoint.coordinator.dr.boot import known_booters
+
+        if v not in known_booters():
+            raise ValueError(f"no booter named {v!r} (known: {', '.join(known_booters())})")
         return v
 
     @field_validator("redis_url")

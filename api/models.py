@@ -378,7 +378,7 @@ class AuditEntry(Base):
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
-# --- DR: replication, DR retention, fencing, drills (issue 6) ---------------
+# --- DR: replication, DR retention, fencing, drills --------------------------
 
 
 class MemberReplication(Base):

@@ -1,4 +1,4 @@
-"""Celery tasks.  Every task goes through `cutpoint_task` (STYLE.md Python 3):
+"""Celery tasks.  Every task goes through `cutpoint_task`, so that all share:
 
 - ids in, never objects; a job id names the row that tracks the work;
 - idempotent: a finished job is not run again, and a group snapshot
@@ -35,7 +35,7 @@ from cutpoint.api.models import (
     SnapState,
     utcnow,
 )
-from cutpoint.api.worker import _lazy, send
+from cutpoint.api.worker import _lazy
 from prometheus_client import Counter, Histogram
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -246,7 +246,7 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
     if summary["state"] != "committed":
         raise JobFailed(summary.get("error_code") or "aborted",
                         summary.get("reason") or "aborted")
-    _queue_replication(ctx, snap_id)  # DR (issue 6)
+    _queue_replication(ctx, snap_id)  # to the DR site, if the group has one
     return summary
 
 
@@ -323,7 +323,7 @@ def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
     if not lock.acquire(blocking=False):
         raise Skip("another tick is running")
     try:
-        return scheduler.tick(ctx.sf, ctx.settings, ctx.redis, send,
+        return scheduler.tick(ctx.sf, ctx.settings, ctx.redis,
                               get_sessionmaker(ctx.settings.database_url, readonly=True))
     finally:
         lock.release()
@@ -332,7 +332,7 @@ def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
 @cutpoint_task("retention_tick", job=False)
 def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
     """Queue a retention job for each group that has something to delete."""
-    from cutpoint.api.services import jobs, replication
+    from cutpoint.api.services import jobs, queue, replication
     from cutpoint.api.services import retention as ret
 
     n = 0
@@ -344,7 +344,7 @@ def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
                 continue
             job = jobs.create(s, "retention", actor="scheduler", group_id=g.id,
                               params={"group_id": g.id})
-            send("retention", job.id, ctx.settings)
+            queue.enqueue(s, ctx.settings, job)
             n += 1
     return {"groups": n}
 
@@ -366,7 +366,7 @@ def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
     return {"reachable": ok, "unreachable": bad}
 
 
-# --- DR (issue 6): replication, drills, failover ---------------------------
+# --- DR: replication, drills, failover --------------------------------------
 
 
 @cutpoint_task("replicate", job=False, max_retries=None)
@@ -494,9 +494,13 @@ def failover(ctx: Ctx) -> dict[str, Any] | None:
 
 
 def _queue_replication(ctx: Ctx, snap_id: int) -> None:
-    """After a commit: replicate the snapshot if its group has a replication target."""
+    """After a commit: replicate the snapshot if its group has a replication target.
+
+    A broker that refuses the replicate job fails that job (the queue's
+    rule), not the group snapshot, which is committed and can be replicated
+    later (`POST /v1/snapshots/{id}/replicate`)."""
     from cutpoint.api.models import Policy
-    from cutpoint.api.services import jobs
+    from cutpoint.api.services import jobs, queue
 
     with ctx.sf() as s:
         snap = s.get(GroupSnapshot, snap_id)
@@ -505,12 +509,8 @@ def _queue_replication(ctx: Ctx, snap_id: int) -> None:
             return
         job = jobs.create(s, "replicate", actor="scheduler", group_id=snap.group_id,
                           snapshot_id=snap.id, params={"jobs": 2})
-        job_id = job.id
-    try:
-        send("replicate", job_id, ctx.settings)
-    except Exception as exc:  # noqa: BLE001  recorded on the job (invariant 7)
-        with ctx.sf() as s:
-            j = s.get(Job, job_id)
-            if j is not None:
-                j.state, j.error_code, j.error = JobState.failed, "broker_unavailable", str(exc)
-                s.commit()
+        try:
+            queue.enqueue(s, ctx.settings, job)
+        except queue.BrokerUnavailable as exc:
+            log.warning("snapshot=%s job=%s event=replication_not_queued why=%s", snap_id,
+                        job.id, exc)

@@ -20,7 +20,7 @@ QUEUES = {
     # These two talk to agents: never on the scheduler queue.
     "retention_tick": "cutpoint.default",
     "inventory_tick": "cutpoint.default",
-    # DR (issue 6): long-running, they talk to agents and both Ceph sites.
+    # DR: long-running, they talk to agents and both Ceph sites.
     "replicate": "cutpoint.default",
     "drill": "cutpoint.default",
     "failover": "cutpoint.default",

@@ -10,11 +10,7 @@ Entry points shared by the CLI and the control plane:
 The transaction-log tables are `cutpoint.coordinator.txlog.METADATA`.
 """
 
-from cutpoint.coordinator.groupfile import (
-    GroupFileError,
-    load_group_file,
-    write_group_file,
-)
+from cutpoint.coordinator.groupfile import GroupFileError, load_group_file
 from cutpoint.coordinator.results import GroupSnapshotResult, VMTiming
 from cutpoint.coordinator.spec import AgentSpec, GroupSpec, SpecError, TlsSpec, VMSpec
 from cutpoint.coordinator.twophase import (
@@ -32,5 +28,5 @@ __all__ = [
     "METADATA", "AgentSpec", "CoordinatorError", "GroupBusy", "GroupFileError",
     "GroupSnapshotResult", "GroupSpec", "SpecError", "TlsSpec", "TxLog", "TxLogError",
     "TxnInFlight", "VMSpec", "VMTiming", "load_group_file", "new_txn_id", "pool_for",
-    "resolve_in_doubt", "take_group_snapshot", "write_group_file",
+    "resolve_in_doubt", "take_group_snapshot",
 ]

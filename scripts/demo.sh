@@ -19,16 +19,16 @@ if [ "${CUTPOINT_LAB_LOCK_HELD:-0}" != 1 ]; then
     echo "pid $$ (scripts/demo.sh)" > "$LOCK"
     export CUTPOINT_LAB_LOCK_HELD=1
 fi
-trap 'step "tearing the lab down (exit)"; cutpoint lab down || true' EXIT
+trap 'step "tearing the lab down (exit)"; cutpoint-lab down || true' EXIT
 
 step "lab up: 2 primary hosts x 2 guests x 2 RBD disks, workload labcheck"
 t0=$(date +%s%N)
-cutpoint lab up --hosts 2 --vms-per-host 2 --disks 2 --workload labcheck
+cutpoint-lab up --hosts 2 --vms-per-host 2 --disks 2 --workload labcheck
 t1=$(date +%s%N)
 echo "demo: lab up took $(( (t1 - t0) / 1000000 )) ms"
 
 step "lab status"
-cutpoint lab status
+cutpoint-lab status
 
 step "waiting for every guest's labcheck (disk patterns, pings to the other guests)"
 python - <<'PY'
@@ -69,12 +69,12 @@ PY
 
 step "lab down"
 trap - EXIT
-cutpoint lab down
+cutpoint-lab down
 step "after lab down: lab processes, namespaces and links"
 echo "  processes: $(pgrep -fc 'process=cplab-' || true) QEMU guests," \
      "$(pgrep -fc '/ceph/(primary|dr)/ceph.conf' || true) Ceph daemons"
 echo "  namespaces: $(ip netns list | grep -cE '^(primary|dr)-h' || true)"
 echo "  links: $(ip -o link | grep -cE 'cpbr0|cpv[pd][0-9]' || true)"
 step "control plane + DR: scheduled group snapshots replicated to site dr, then a drill at DR"
-python -m cutpoint.api.demo --seconds "${CUTPOINT_DEMO_SECONDS:-30}"
+cutpoint-lab demo --seconds "${CUTPOINT_DEMO_SECONDS:-30}"
 echo "demo: done"

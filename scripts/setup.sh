@@ -27,10 +27,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
     log "Debian packages: all ${#wanted[@]} present"
 fi
-# 2. Python virtualenv, rebuilt only when setup.cfg changes.
+# 2. Python virtualenv, rebuilt only when setup.cfg (or VERSION) changes.
 PY=/usr/bin/python3
 stamp=.venv/.setup-cfg.sha256
-want=$(sha256sum setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(sha256sum setup.cfg pyproject.toml VERSION | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
     $PY -m venv .venv

@@ -9,6 +9,7 @@ PYTEST="pytest -q -p no:cacheprovider --durations=10"
 
 # name | command
 SUITES=(
+  "lint|make --no-print-directory lint"
   "c-unit|meson test -C build --print-errorlogs"
   "c-asan|scripts/build-asan.sh && meson test -C build-asan --print-errorlogs"
   "fuzz|scripts/fuzz.sh 60"

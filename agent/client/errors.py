@@ -1,7 +1,6 @@
 """Typed errors of the agent client.
 
-Every error carries what was sent and what was received (STYLE.md Python
-rule 5), so a failure in a group snapshot can be reported with the exact
+Every error carries what was sent and what was received, so a failure in a group snapshot can be reported with the exact
 request and reply that caused it.
 """
 

@@ -1,4 +1,4 @@
-"""Integration tests of cutpointd against the lab (issue 3, tests 1-5).
+"""Integration tests of cutpointd against the lab.
 
 Real QEMU guests in host namespaces, real Ceph (cephx), real agents started
 by cutpoint.lab.agents; the coordinator side is cutpoint.agentclient.

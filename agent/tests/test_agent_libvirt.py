@@ -1,4 +1,4 @@
-"""Issue 3, test 6: the libvirt driver does prepare → commit on a libvirt domain.
+"""The libvirt driver does prepare → commit on a libvirt domain.
 
 A transient `type='qemu'` domain with one qcow2 disk is created through the
 real libvirtd (started by libvirt_env if it is not running); cutpointd uses

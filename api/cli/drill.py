@@ -1,5 +1,5 @@
 """`cutpoint drill run GROUP`, `cutpoint dr status GROUP`, `cutpoint dr replicate SNAPSHOT`,
-`cutpoint dr failover GROUP` (issue 6)."""
+`cutpoint dr failover GROUP`: disaster recovery through the API."""
 
 from __future__ import annotations
 

@@ -1,30 +1,24 @@
 """The `cutpoint` command: one Typer app, one sub-app per concern.
 
 Each sub-app lives in its own module next to this one and is registered
-below; keep this file a table of contents.
+below; keep this file a table of contents.  These are the operator's
+commands.
 """
 
 from __future__ import annotations
 
 import typer
 from cutpoint.api.cli import (
-    agent,
-    bench,
-    check,
     drill,
     group,
     inventory,
     job,
-    lab,
     rpo,
     server,
     token,
 )
-from cutpoint.api.cli.benchcp import control_plane as bench_control_plane
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
-from cutpoint.bench.quiesce import cli as bench_quiesce
-
-VERSION = "0.1.0"
+from cutpoint.api.version import VERSION
 
 app = typer.Typer(
     name="cutpoint",
@@ -32,7 +26,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-app.add_typer(lab.app, name="lab")
 app.add_typer(server.app, name="server")
 app.add_typer(token.app, name="token")
 app.add_typer(group.app, name="group")
@@ -40,11 +33,6 @@ app.add_typer(job.app, name="job")
 app.add_typer(rpo.app, name="rpo")
 app.add_typer(inventory.site_app, name="site")
 app.add_typer(inventory.host_app, name="host")
-app.add_typer(check.app, name="check")
-app.add_typer(bench.app, name="bench")
-bench.app.command("control-plane")(bench_control_plane)
-bench.app.command("quiesce")(bench_quiesce)
-app.add_typer(agent.app, name="agent")
 app.command("snapshot")(snapshot_cmd)
 app.add_typer(drill.app, name="drill"); app.add_typer(drill.dr_app, name="dr")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from cutpoint.api.deps import Admin, SessionDep
+from cutpoint.api.deps import Admin, SessionDep, SettingsDep
 from cutpoint.api.schemas.dr import FailoverRequest
 from cutpoint.api.schemas.jobs import JobPublic
-from cutpoint.api.services import failover, groups, jobs
-from fastapi import APIRouter, Path, Request, Response
+from cutpoint.api.services import failover, groups, jobs, queue
+from fastapi import APIRouter, Path, Response
 
 router = APIRouter(tags=["failover"])
 GroupRef = Annotated[str, Path(max_length=64, description="Group id or name")]
@@ -17,7 +17,7 @@ GroupRef = Annotated[str, Path(max_length=64, description="Group id or name")]
 
 @router.post("/groups/{group}/failover", status_code=202, response_model=JobPublic)
 def start_failover(group: GroupRef, data: FailoverRequest, session: SessionDep, token: Admin,
-                   request: Request, response: Response) -> JobPublic:
+                   settings: SettingsDep, response: Response) -> JobPublic:
     """Fence the primary and bring the group up at DR from a recovery point.
 
     planned: a final group snapshot is taken and replicated first (it is the
@@ -27,6 +27,6 @@ def start_failover(group: GroupRef, data: FailoverRequest, session: SessionDep, 
     g = groups.resolve(session, group)
     job = failover.request(session, g, data.recovery_point, data.mode, data.workload,
                            token.name, requested_at=requested_at)
-    request.app.state.enqueue("failover", job.id, session=session)
+    queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)

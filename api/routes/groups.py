@@ -26,9 +26,9 @@ from cutpoint.api.schemas.jobs import JobPublic
 from cutpoint.api.schemas.policy import PolicyPublic, PolicyUpdate
 from cutpoint.api.schemas.rpo import RpoMissPublic, RpoStatus
 from cutpoint.api.schemas.snapshots import SnapshotPublic
-from cutpoint.api.services import groups, jobs, rpo, snapshots
+from cutpoint.api.services import groups, jobs, queue, rpo, snapshots
 from cutpoint.api.services.common import paginate
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Path, Response
 from sqlalchemy import select
 
 router = APIRouter(prefix="/groups", tags=["groups"])
@@ -102,12 +102,12 @@ def remove_member(group: GroupRef, member_id: IdPath, session: SessionDep, _: Ad
 
 @router.post("/{group}/snapshots", status_code=202, response_model=JobPublic,
              responses={409: {"description": "A snapshot of this group is in flight"}})
-def take_snapshot(group: GroupRef, session: SessionDep, token: Operator, request: Request,
+def take_snapshot(group: GroupRef, session: SessionDep, token: Operator, settings: SettingsDep,
                   response: Response) -> JobPublic:
     """Start a group snapshot; returns its job.  One in flight per group (409 otherwise)."""
     g = groups.resolve(session, group)
     job = snapshots.request(session, g, trigger="manual", actor=token.name)
-    request.app.state.enqueue("group_snapshot", job.id, session=session)
+    queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)
 
@@ -137,12 +137,12 @@ def rpo_misses(group: GroupRef, session: SessionDep, _: Viewer, limit: Limit = 5
 
 
 @router.post("/{group}/retention", status_code=202, response_model=JobPublic)
-def run_retention(group: GroupRef, session: SessionDep, token: Operator, request: Request,
+def run_retention(group: GroupRef, session: SessionDep, token: Operator, settings: SettingsDep,
                   response: Response) -> JobPublic:
     """Apply the retention policy now (it also runs periodically)."""
     g = groups.resolve(session, group)
     job = jobs.create(session, "retention", actor=token.name, group_id=g.id,
                       params={"group_id": g.id})
-    request.app.state.enqueue("retention", job.id, session=session)
+    queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)

@@ -8,15 +8,16 @@ from cutpoint.api.deps import (
     Limit,
     Operator,
     SessionDep,
+    SettingsDep,
     Viewer,
 )
 from cutpoint.api.models import Host
 from cutpoint.api.schemas.common import Page
 from cutpoint.api.schemas.hosts import HostCreate, HostPublic, HostUpdate
 from cutpoint.api.schemas.jobs import JobPublic
-from cutpoint.api.services import hosts, jobs
+from cutpoint.api.services import hosts, jobs, queue
 from cutpoint.api.services.common import get_or_404, paginate
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from sqlalchemy import select
 
 router = APIRouter(prefix="/hosts", tags=["hosts"])
@@ -59,12 +60,12 @@ def delete_host(host_id: IdPath, session: SessionDep, _: Admin, if_match: IfMatc
 
 
 @router.post("/{host_id}/sync", status_code=202, response_model=JobPublic)
-def sync_host(host_id: IdPath, session: SessionDep, token: Operator, request: Request,
+def sync_host(host_id: IdPath, session: SessionDep, token: Operator, settings: SettingsDep,
               response: Response) -> JobPublic:
     """Pull the agent's inventory (VMs and disks) in a background job."""
     host = get_or_404(session, Host, host_id, "host")
     job = jobs.create(session, "inventory_sync", actor=token.name, host_id=host.id,
                       params={"host_id": host.id})
-    request.app.state.enqueue("inventory_sync", job.id, session=session)
+    queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)

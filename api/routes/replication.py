@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from cutpoint.api.deps import Admin, IdPath, Operator, SessionDep, Viewer
-from cutpoint.api.models import DrPolicy, FencingEpoch, GroupSnapshot, utcnow
+from cutpoint.api.deps import Admin, IdPath, Operator, SessionDep, SettingsDep, Viewer
+from cutpoint.api.models import FencingEpoch, GroupSnapshot, utcnow
 from cutpoint.api.schemas.dr import (
     DrPolicyPublic,
     DrPolicyUpdate,
@@ -14,9 +14,9 @@ from cutpoint.api.schemas.dr import (
     ReplicationPublic,
 )
 from cutpoint.api.schemas.jobs import JobPublic
-from cutpoint.api.services import groups, jobs, replication
+from cutpoint.api.services import groups, jobs, queue, replication
 from cutpoint.api.services.common import get_or_404
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy import select
 
 router = APIRouter(tags=["replication"])
@@ -53,28 +53,21 @@ def snapshot_replication(snapshot_id: IdPath, session: SessionDep, _: Viewer) \
 
 @router.post("/snapshots/{snapshot_id}/replicate", status_code=202, response_model=JobPublic)
 def replicate_snapshot(snapshot_id: IdPath, session: SessionDep, token: Operator,
-                       request: Request, response: Response,
+                       settings: SettingsDep, response: Response,
                        data: ReplicateRequest | None = None) -> JobPublic:
     """Replicate (or retry) one committed group snapshot to its group's DR site."""
-    from cutpoint.api.errors import Conflict
-
     s = get_or_404(session, GroupSnapshot, snapshot_id, "snapshot")
-    if s.state.value != "committed":
-        raise Conflict(f"snapshot {s.txn} is {s.state.value}, not committed",
-                       code="not_committed")
     data = data or ReplicateRequest()
-    job = jobs.create(session, "replicate", actor=token.name, group_id=s.group_id,
-                      snapshot_id=s.id, params={"verify_full": data.verify_full,
-                                                "jobs": data.jobs})
-    request.app.state.enqueue("replicate", job.id, session=session)
+    job = replication.request(session, s, verify_full=data.verify_full, jobs=data.jobs,
+                              actor=token.name)
+    queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)
 
 
 @router.get("/groups/{group}/dr-policy", response_model=DrPolicyPublic)
 def get_dr_policy(group: GroupRef, session: SessionDep, _: Viewer) -> DrPolicyPublic:
-    g = groups.resolve(session, group)
-    p = session.get(DrPolicy, g.id) or DrPolicy(keep_last=48, keep_within_seconds=0)
+    p = replication.dr_policy(session, groups.resolve(session, group))
     return DrPolicyPublic(keep_last=p.keep_last, keep_within=p.keep_within_seconds)
 
 
@@ -82,14 +75,6 @@ def get_dr_policy(group: GroupRef, session: SessionDep, _: Viewer) -> DrPolicyPu
 def put_dr_policy(group: GroupRef, data: DrPolicyUpdate, session: SessionDep, _: Admin) \
         -> DrPolicyPublic:
     """Retention at the DR site, separate from the primary's; bases are always kept."""
-    g = groups.resolve(session, group)
-    p = session.get(DrPolicy, g.id)
-    if p is None:
-        p = DrPolicy(group_id=g.id, keep_last=48, keep_within_seconds=0)
-        session.add(p)
-    if data.keep_last is not None:
-        p.keep_last = data.keep_last
-    if data.keep_within is not None:
-        p.keep_within_seconds = data.keep_within
-    session.commit()
+    p = replication.set_dr_policy(session, groups.resolve(session, group),
+                                  keep_last=data.keep_last, keep_within_s=data.keep_within)
     return DrPolicyPublic(keep_last=p.keep_last, keep_within=p.keep_within_seconds)

@@ -2,12 +2,16 @@
 
 The job's params name the recovery point (a group snapshot id or txn, or
 "latest": the newest DR recovery point) and the checks.  `run_job` builds a
-`cutpoint.coordinator.drill.DrillSpec` from the database (member disks of
-the recovery point -> DR images) and the lab (guest kernel/initrd and the DR
-host namespace the QEMU launcher runs in), runs it, mirrors each timeline
-event into the job's progress/message (what `cutpoint drill run` follows),
-and stores the report in the job result.  A drill whose check fails is a
-failed job whose result still holds the whole report (evidence).
+`cutpoint.coordinator.dr.drill.DrillSpec` from the database (member disks
+of the recovery point -> DR images, the DR site's Ceph access), runs it
+with the configured booter (setting `booter`), mirrors each timeline event
+into the job's progress/message (what `cutpoint drill run` follows), and
+stores the report in the job result.  A drill whose check fails is a failed
+job whose result still holds the whole report (evidence).
+
+A booter that cannot boot a drill's clones (the agent booter: see
+cutpoint.coordinator.dr.boot) is refused at the request, 409
+`drill_boot_unsupported`, before any job or clone exists.
 """
 
 from __future__ import annotations
@@ -54,60 +58,68 @@ def recovery_point(s: Session, g: Group, ref: str | int | None) -> GroupSnapshot
 
 
 def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
-            actor: str | None) -> Job:
+            actor: str | None, booter: str) -> Job:
+    from cutpoint.api.errors import ApiError
     from cutpoint.api.services import jobs
-    from cutpoint.coordinator.drill import CHECKS
+    from cutpoint.coordinator.dr import checks as drill_checks
+    from cutpoint.coordinator.dr.boot import (
+        DRILL,
+        DRILL_REFUSAL,
+        UnknownBooter,
+        load_booter,
+    )
 
-    unknown = [c for c in checks if c not in CHECKS]
+    unknown = [c for c in checks if c not in drill_checks.known()]
     if unknown:
-        from cutpoint.api.errors import ApiError
-        raise ApiError(f"unknown check(s) {unknown}; known: {sorted(CHECKS)}",
-                         code="unknown_check")
+        raise ApiError(f"unknown check(s) {unknown}; known: {drill_checks.known()}",
+                       code="unknown_check")
     snap = recovery_point(s, g, ref)
+    try:
+        can_drill = DRILL in load_booter(booter).purposes
+    except UnknownBooter as exc:
+        raise Conflict(str(exc), code="unknown_booter") from exc
+    if not can_drill:
+        raise Conflict(f"booter {booter!r} cannot boot a drill: {DRILL_REFUSAL}",
+                       code="drill_boot_unsupported")
     return jobs.create(s, "drill", actor=actor, group_id=g.id, snapshot_id=snap.id,
                        params={"group_id": g.id, "recovery_point": snap.txn,
                                "checks": checks or ["writer"]})
 
 
-def _lab_vm_index(status: dict[str, Any], vm: str, fallback: int) -> int:
-    for v in status.get("vms", []):
-        if v["name"] == vm:
-            return int(v["index"])
-    return fallback
-
-
 def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str) -> Any:
-    from cutpoint.api.services.replication import ceph_sites
-    from cutpoint.coordinator.drill import DrillSpec, DrillVM
-    from cutpoint.lab.status import load_status
+    """The DrillSpec of a recovery point: its member VMs and their images at DR."""
+    from cutpoint.api.services.replication import ReplicationFailed, ceph_sites
+    from cutpoint.coordinator.dr.boot import BootDisk, BootVM
+    from cutpoint.coordinator.dr.drill import DrillSpec
 
     g = s.get(Group, snap.group_id)
     assert g is not None
     target = g.policy.replication_target if g.policy else None
     if target is None:
         raise DrillFailed("no_target", f"group {g.name} has no replication target")
-    sites = ceph_sites()
-    status = load_status()
-    dr_hosts = [h for h in status["hosts"] if h["site"] == "dr"]
-    if not dr_hosts:
-        raise DrillFailed("no_dr_host", "the lab has no DR host")
-    by_vm: dict[str, list[dict[str, Any]]] = {}
+    try:
+        sites = ceph_sites()
+    except ReplicationFailed as exc:
+        raise DrillFailed(exc.code, str(exc)) from exc
+    if target.name not in sites:
+        raise DrillFailed("unknown_site", f"no Ceph configuration for site {target.name!r} "
+                          f"(have {sorted(sites)})")
+    by_vm: dict[str, list[BootDisk]] = {}
     for m in snap.members:
         disk = s.get(Disk, m.disk_id) if m.disk_id else None
         if disk is None or not disk.image:
             raise DrillFailed("not_replicable", f"member {m.disk} has no RBD image")
-        by_vm.setdefault(m.vm, []).append({"node": disk.node, "image": disk.image})
-    vms = [DrillVM(vm, _lab_vm_index(status, vm, 200 + k), sorted(d, key=lambda x: x["node"]))
-           for k, (vm, d) in enumerate(sorted(by_vm.items()))]
+        by_vm.setdefault(m.vm, []).append(BootDisk(disk.node, disk.image))
+    vms = [BootVM(vm, tuple(sorted(d, key=lambda x: x.node))) for vm, d in sorted(by_vm.items())]
     return DrillSpec(site=sites[target.name], recovery_point=snap.members[0].name, vms=vms,
-                     guest_image=status["image"], host_netns=dr_hosts[0]["netns"],
-                     accel=status.get("accel", "tcg"), checks=checks,
+                     checks=checks,
                      report_dir=os.environ.get("CP_DRILL_DIR", "/var/lib/cutpoint/drills"),
                      drill_id=drill_id)
 
 
 def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
-    from cutpoint.coordinator.drill import run_drill
+    from cutpoint.coordinator.dr.boot import load_booter
+    from cutpoint.coordinator.dr.drill import run_drill
 
     with sf() as s:
         job = s.get(Job, job_id)
@@ -129,7 +141,7 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
             j.message = f"{ev['step']} {ev['status']} {detail}".strip()[:255]
             s2.commit()
 
-    report = run_drill(spec, on_event=progress)
+    report = run_drill(spec, load_booter(settings.booter), on_event=progress)
     if report["verdict"] != "passed":
         why = report.get("error") or "; ".join(
             f"{c['name']}: {c['summary']}" for c in report["checks"] if not c["ok"]) \

@@ -15,8 +15,8 @@ both:      fence the primary (agents' `vm.stop` for every member VM; an
            unreachable host is recorded, not waited for), record fencing
            epoch n+1 (`fencing_epochs`: DR is the only writer from then on),
            disable the group's schedule at the fenced site, roll the DR
-           images back to the recovery point and boot the VMs on the DR host
-           (`cutpoint.coordinator.failover`).  Unplanned mode fences inside
+           images back to the recovery point and boot the VMs at DR
+           (`cutpoint.coordinator.dr.failover`).  Unplanned mode fences inside
            `failover()`; planned mode has fenced already and hands it the
            record.  A failure after the fence leaves the primary stopped
            and the group disabled: the job's error says where it stopped.
@@ -39,13 +39,16 @@ no scheduled snapshot runs during it, and a redelivered copy of the task
 (broker visibility timeout shorter than a failover) waits instead of
 fencing and booting a second time.
 
-The DR guests are started by the DR host's agent (`vm.start{spec: {vm}}`,
-docs/agent-protocol.md 4.9): it runs the start command its configuration
-gives each standby VM (in the lab the standby launcher,
-`cutpoint.lab.standby`) and replies once QMP says running; each VM's
-`start_ms` is in the timeline (`vm_start` steps).  `workload` (default
-`none`) is what the DR guests run after boot (written into the lab
-standby's spec before `vm.start`).
+The DR guests are booted by the configured booter (setting `booter`,
+cutpoint.coordinator.dr.boot).  The product's, `agent`, asks the DR agent
+that defines each VM (`vm.start{spec: {vm}}`, docs/agent-protocol.md 4.9):
+the registered host of the DR site whose inventory lists the VM
+(`dr_agent_for`), reached with the control plane's agent certificate.  The
+agent runs the start command its configuration gives that VM and replies
+once QMP says running; each VM's `start_ms` is in the timeline (`vm_start`
+steps), and a VM is ready when its agent lists it running.  `workload`
+(default `none`) is what the DR guests run after boot, for a booter that
+can set it.
 """
 
 from __future__ import annotations
@@ -145,21 +148,21 @@ def _wait_closed(site: dict[str, Any], specs: list[str], timeout_s: float = 60) 
     lock (`rbd lock ls` lists it as an `auto` locker) until it closes the
     image.  Watchers are no sign: the agent keeps every disk open."""
     import json
-    import subprocess
 
-    from cutpoint.lab.ceph import rbd_cmd
+    from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
 
     deadline = time.monotonic() + timeout_s
     pending = list(specs)
     while pending:
         still = []
         for spec in pending:
-            cp = subprocess.run(rbd_cmd(site, "lock", "ls", "--format", "json", spec),
-                                capture_output=True, text=True, timeout=60, check=False)
-            if cp.returncode != 0:
+            try:
+                out = rbd(site, "lock", "ls", "--format", "json", spec, timeout=60)
+            except RbdError as exc:
                 raise FailoverFailed("rbd_lock_ls_failed", f"rbd lock ls {spec}: "
-                                     f"rc={cp.returncode} {cp.stderr.strip()[-300:]}")
-            if json.loads(cp.stdout or "[]"):
+                                     f"rc={exc.returncode} {exc.stderr.strip()[-300:]}") \
+                    from exc
+            if json.loads(out or "[]"):
                 still.append(spec)
         pending = still
         if pending and time.monotonic() > deadline:
@@ -179,10 +182,8 @@ def _stopped_snapshot(sf: Any, settings: Any, g_id: int, online_id: int, job_id:
     `rbd snap create` of each disk is a consistent group cut, and its
     increment from the online snapshot is small.  It becomes the recovery
     point, so nothing written before the fence is lost."""
-    import subprocess
-
     from cutpoint.api.services import replication, snapshots
-    from cutpoint.lab.ceph import rbd_cmd
+    from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
 
     with sf() as s:
         online = s.get(GroupSnapshot, online_id)
@@ -197,7 +198,10 @@ def _stopped_snapshot(sf: Any, settings: Any, g_id: int, online_id: int, job_id:
             specs.append(f"{disk.pool or 'rbd'}/{disk.image}")
             members.append((m.disk_id, m.host, m.vm, m.disk))
         quiesce, gname = online.quiesce, g.name
-    sites = replication.ceph_sites()
+    try:
+        sites = replication.ceph_sites()
+    except replication.ReplicationFailed as exc:
+        raise FailoverFailed(exc.code, str(exc)) from exc
     if site_name not in sites:
         raise FailoverFailed("unknown_site", f"no Ceph configuration for {site_name!r}")
     site = sites[site_name]
@@ -207,11 +211,11 @@ def _stopped_snapshot(sf: Any, settings: Any, g_id: int, online_id: int, job_id:
     started = utcnow()
     t0 = time.monotonic()
     for spec in specs:
-        cp = subprocess.run(rbd_cmd(site, "snap", "create", "--no-progress", f"{spec}@{name}"),
-                            capture_output=True, text=True, timeout=120, check=False)
-        if cp.returncode != 0:
+        try:
+            rbd(site, "snap", "create", "--no-progress", f"{spec}@{name}", timeout=120)
+        except RbdError as exc:
             raise FailoverFailed("stopped_snapshot_failed", f"rbd snap create {spec}@{name}: "
-                                 f"rc={cp.returncode} {cp.stderr.strip()[-300:]}")
+                                 f"rc={exc.returncode} {exc.stderr.strip()[-300:]}") from exc
     ms = (time.monotonic() - t0) * 1000
     with sf() as s:
         snap = GroupSnapshot(group_id=g_id, txn=txn, state=SnapState.committed,
@@ -308,7 +312,14 @@ def breakdown(timeline: list[dict[str, Any]]) -> dict[str, float | None]:
 
 def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
     from cutpoint.api.services import drills
-    from cutpoint.coordinator.failover import BootSpec, FailoverError, failover
+    from cutpoint.coordinator.dr.boot import (
+        FAILOVER,
+        AgentRef,
+        BootRequest,
+        UnknownBooter,
+        load_booter,
+    )
+    from cutpoint.coordinator.dr.failover import FailoverError, failover
 
     with sf() as s:
         job = s.get(Job, job_id)
@@ -363,10 +374,16 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
     target = _target(sf, g_id)
     with sf() as s:
         dr_agent = dr_agent_for(s, settings, target, [v.name for v in spec.vms])
+    try:
+        booter = load_booter(settings.booter)
+    except UnknownBooter as exc:
+        raise FailoverFailed("unknown_booter", str(exc)) from exc
     _progress(sf, job_id, 0.4, f"failing over to {target}; recovery point {txn}", snap_id)
-    boot = BootSpec(site=spec.site, vms=spec.vms, guest_image=spec.guest_image,
-                    host_netns=spec.host_netns, accel=spec.accel, workload=workload,
-                    state_dir=f"/var/lib/cutpoint/failover/{job_id[:8]}", **dr_agent)
+    agents = {v.name: AgentRef(*dr_agent["agent"]) for v in spec.vms} if dr_agent else {}
+    tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key)) \
+        if settings.agent_ca and settings.agent_cert and settings.agent_key else None
+    boot = BootRequest(FAILOVER, spec.site, spec.vms, f"failover-{job_id[:8]}",
+                       workload=workload, agents=agents, tls=tls)
     mark("failover_start", {"recovery_point": txn})
 
     def do_fence() -> dict[str, Any]:
@@ -375,16 +392,14 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
         return fence(sf, settings, g_id, snap_id, job_id, target)
 
     try:
-        res = failover(boot, rp, do_fence, t_request=t_request)
+        res = failover(booter, boot, rp, do_fence, t_request=t_request)
     except FailoverError as exc:
         raise FailoverFailed("failover_failed", str(exc)) from exc
     out = res.as_dict()
     theirs = [e for e in out.pop("timeline", [])
               if not (fenced is not None and e["step"] == "fence")]  # ours, earlier
     timeline = sorted(ours + theirs, key=lambda e: e["t_s"])
-    # `stop_guests` needs each guest's tap too (cleanup from the job result).
-    taps = {g["name"]: g.get("tap") for g in res.guests}
-    guests = [{**g, "tap": taps.get(g.get("vm"))} for g in out.pop("guests", [])]
+    guests = out.pop("guests", [])
     # recovery_point: the group snapshot's txn, as the request names it (the
     # coordinator's is the member snapshot name: snapshot_name).
     return {"mode": mode, "snapshot_id": snap_id, "requested_at": float(requested_at),
@@ -393,12 +408,12 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
 
 
 def dr_agent_for(s: Session, settings: Any, site: str, vms: list[str]) -> dict[str, Any]:
-    """BootSpec keywords naming the DR agent that starts `vms`, from the API's hosts.
+    """The DR agent that starts `vms`, from the API's hosts: {agent, tls}.
 
     The registered host of `site` whose inventory lists every one of `vms`
     (the standby copies its agent starts with `vm.start`), reached with the
-    control plane's agent certificate.  No such host: {} (the coordinator
-    then uses the lab's DR agent)."""
+    control plane's agent certificate.  No such host, or no agent
+    certificate: {} (the boot then fails, naming the VMs no agent starts)."""
     from cutpoint.api.models import Site, Vm
 
     if not (settings.agent_ca and settings.agent_cert and settings.agent_key):

@@ -1,8 +1,8 @@
-"""Group-level replication through the control plane (issue 6, item 2).
+"""Group-level replication through the control plane.
 
 `run(sf, settings, snapshot_id)` replicates every member disk of one
 committed group snapshot to its group's replication target site with
-`cutpoint.coordinator.replicate.replicate_group` (cutpoint-sync, parallel,
+`cutpoint.coordinator.dr.replicate.replicate_group` (cutpoint-sync, parallel,
 bounded), records one `member_replications` row per member and attempt,
 and only when *every* member is verified sets `dr_verified_at` (the group
 snapshot is now a DR recovery point, invariant 5) and moves the
@@ -11,8 +11,7 @@ new one is verified, so the base an increment is running from is never
 deletable (invariant 6).
 
 Where the Ceph clusters are: `CP_CEPH_SITES_FILE` (JSON `{site name:
-{ceph_conf, keyring, client_id, pool}}`), else the lab status
-(`cutpoint.lab.status.load_status()["sites"]`).
+{ceph_conf, keyring, client_id, pool}}`).
 
 DR retention (`dr_plan` / `dr_apply`) is a separate policy (`dr_policies`)
 applied to the DR copies: it keeps the `keep_last` newest DR recovery
@@ -37,6 +36,7 @@ from cutpoint.api.models import (
     DrPolicy,
     Group,
     GroupSnapshot,
+    Job,
     MemberReplication,
     SnapState,
     utcnow,
@@ -52,21 +52,21 @@ class ReplicationFailed(Exception):
 
 
 def ceph_sites() -> dict[str, dict[str, Any]]:
+    """{site name: its Ceph access}, from the JSON file `CP_CEPH_SITES_FILE`."""
     path = os.environ.get("CP_CEPH_SITES_FILE")
-    if path:
+    if not path:
+        raise ReplicationFailed("no_ceph_sites", "no Ceph site configuration: set "
+                                "CP_CEPH_SITES_FILE to a JSON file of {site: {ceph_conf, "
+                                "keyring, client_id, pool}}")
+    try:
         with open(path) as f:
             sites = json.load(f)
-        if not isinstance(sites, dict):
-            raise ReplicationFailed("bad_sites_file", f"{path}: want an object of sites")
-        return sites
-    from cutpoint.lab.status import load_status
-
-    try:
-        return dict(load_status()["sites"])
-    except Exception as exc:
-        raise ReplicationFailed(
-            "no_ceph_sites", "no Ceph site configuration: set CP_CEPH_SITES_FILE or run "
-            f"the lab ({type(exc).__name__}: {exc})") from exc
+    except (OSError, ValueError) as exc:
+        raise ReplicationFailed("bad_sites_file", f"CP_CEPH_SITES_FILE={path}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(sites, dict):
+        raise ReplicationFailed("bad_sites_file", f"{path}: want an object of sites")
+    return sites
 
 
 def default_rate_mbps() -> float | None:
@@ -83,6 +83,45 @@ def default_rate_mbps() -> float | None:
         raise ReplicationFailed("bad_rate", "CUTPOINT_REPLICATION_RATE_MBPS must be a "
                                 f"positive number of MB/s, got {raw!r}")
     return rate
+
+
+# DR retention of a group that has no policy of its own.
+DR_KEEP_LAST = 48
+
+
+def request(s: Session, snap: GroupSnapshot, *, verify_full: bool, jobs: int,
+            actor: str | None) -> Job:
+    """The replicate job of one committed group snapshot (409 if it is not committed)."""
+    from cutpoint.api.errors import Conflict
+    from cutpoint.api.services import jobs as job_service
+
+    if snap.state != SnapState.committed:
+        raise Conflict(f"snapshot {snap.txn} is {snap.state.value}, not committed",
+                       code="not_committed")
+    return job_service.create(s, "replicate", actor=actor, group_id=snap.group_id,
+                              snapshot_id=snap.id,
+                              params={"verify_full": verify_full, "jobs": jobs})
+
+
+def dr_policy(s: Session, g: Group) -> DrPolicy:
+    """The group's DR retention policy, or the default one (not stored)."""
+    return s.get(DrPolicy, g.id) or DrPolicy(group_id=g.id, keep_last=DR_KEEP_LAST,
+                                             keep_within_seconds=0)
+
+
+def set_dr_policy(s: Session, g: Group, *, keep_last: int | None,
+                  keep_within_s: int | None) -> DrPolicy:
+    """Change the fields given (None: keep) of the group's DR retention policy."""
+    p = s.get(DrPolicy, g.id)
+    if p is None:
+        p = DrPolicy(group_id=g.id, keep_last=DR_KEEP_LAST, keep_within_seconds=0)
+        s.add(p)
+    if keep_last is not None:
+        p.keep_last = keep_last
+    if keep_within_s is not None:
+        p.keep_within_seconds = keep_within_s
+    s.commit()
+    return p
 
 
 def base_for(s: Session, snap: GroupSnapshot) -> GroupSnapshot | None:
@@ -134,7 +173,7 @@ def in_flight(s: Session, group_id: int) -> tuple[set[int], set[int]]:
 def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
         verify_full: bool = False, rate_mbps: float | None = None,
         state_dir: str | None = None) -> dict[str, Any]:
-    from cutpoint.coordinator.replicate import MemberCopy, replicate_group
+    from cutpoint.coordinator.dr.replicate import MemberCopy, replicate_group
 
     if rate_mbps is None:
         rate_mbps = default_rate_mbps()
@@ -276,7 +315,7 @@ def achieved_dr_rpo_s(s: Session, group_id: int, now: dt.datetime) -> float | No
 def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
     """DR copies to delete now, oldest first: never a base (flagged, or the base
     of a copy running now), never the newest DR point."""
-    pol = s.get(DrPolicy, g.id) or DrPolicy(group_id=g.id, keep_last=48, keep_within_seconds=0)
+    pol = dr_policy(s, g)
     snaps = list(s.scalars(select(GroupSnapshot).where(
         GroupSnapshot.group_id == g.id, GroupSnapshot.dr_verified_at.is_not(None))
         .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc())))
@@ -295,7 +334,7 @@ def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
 
 def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
     """Delete the DR copies `dr_plan` selects (rbd snap rm at the target site)."""
-    from cutpoint.coordinator.replicate import ReplicationError, _rbd
+    from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
 
     deleted, failed = [], []
     with sf() as s:
@@ -315,10 +354,10 @@ def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
                 site = sites.get(r.target_site)
                 try:
                     if site is None:
-                        raise ReplicationError(f"no Ceph configuration for {r.target_site}")
-                    _rbd(site, "snap", "rm", "--no-progress", f"{r.pool}/{r.image}@{r.snap}")
-                except ReplicationError as exc:
-                    if "No such file" not in exc.stderr:
+                        raise RbdError(f"no Ceph configuration for {r.target_site}")
+                    rbd(site, "snap", "rm", "--no-progress", f"{r.pool}/{r.image}@{r.snap}")
+                except RbdError as exc:
+                    if not exc.not_found:
                         ok = False
                         failed.append(f"{snap.txn} {r.disk}: {exc}")
                         continue

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import redis
 from cutpoint.api.config import Settings
 from cutpoint.api.errors import Conflict
-from cutpoint.api.models import Group, GroupSnapshot, Policy, utcnow
-from cutpoint.api.services import rpo, snapshots
+from cutpoint.api.models import Group, GroupSnapshot, Job, Policy, utcnow
+from cutpoint.api.services import queue, rpo, snapshots
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,12 +27,11 @@ log = logging.getLogger("cutpoint.scheduler")
 
 
 def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
-         send: Callable[[str, str, Settings], None],
          read_sf: sessionmaker[Session] | None = None) -> dict[str, Any]:
     now = utcnow()
     stats = {"groups": 0, "enqueued": 0, "misses": 0, "resent": 0, "errors": 0}
     try:
-        stats["resent"] = resend_orphans(read_sf or sf, settings, r, send, now)
+        stats["resent"] = resend_orphans(read_sf or sf, settings, r, now)
     except Exception:
         stats["errors"] += 1
         log.exception("event=orphan_scan_failed")
@@ -68,11 +66,7 @@ def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
                         job = snapshots.request(s, g, trigger="schedule", actor="scheduler")
                     except Conflict:
                         continue  # empty group, or a snapshot slipped in meanwhile
-                    try:
-                        send("group_snapshot", job.id, settings)
-                    except Exception as exc:
-                        snapshots.fail_unqueued(s, job, f"{type(exc).__name__}: {exc}")
-                        raise
+                    queue.enqueue(s, settings, job)
                     stats["enqueued"] += 1
         except Exception:
             stats["errors"] += 1
@@ -81,7 +75,7 @@ def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
 
 
 def resend_orphans(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
-                   send: Callable[[str, str, Settings], None], now: dt.datetime) -> int:
+                   now: dt.datetime) -> int:
     """Re-send the job of every in-flight snapshot nobody is working on.
 
     In flight for longer than the lock TTL with the group lock free means its
@@ -102,6 +96,8 @@ def resend_orphans(sf: sessionmaker[Session], settings: Settings, r: redis.Redis
                      ex=max(1, int(settings.group_lock_ttl_s))):
                 log.warning("group_id=%s snapshot=%s job=%s event=resend_orphan",
                             snap.group_id, snap.id, snap.job_id)
-                send("group_snapshot", snap.job_id, settings)
-                n += 1
+                job = s.get(Job, snap.job_id)
+                if job is not None:
+                    queue.enqueue(s, settings, job)
+                    n += 1
     return n

@@ -12,9 +12,7 @@ from cutpoint.api.models import (
     GroupDisk,
     GroupSnapshot,
     Job,
-    JobState,
     SnapState,
-    utcnow,
 )
 from cutpoint.api.schemas.snapshots import (
     MemberSnapshotPublic,
@@ -83,20 +81,3 @@ def _busy(g: Group, busy: GroupSnapshot | None) -> Conflict:
     extra = {"snapshot_id": busy.id, "job_id": busy.job_id} if busy is not None else {}
     return Conflict(f"group {g.name!r} already has a snapshot in flight",
                     code="snapshot_in_flight", extra=extra)
-
-
-def fail_unqueued(session: Session, job: Job, reason: str) -> None:
-    """The broker refused the task: nothing will run it, so close both rows."""
-    job.state = JobState.failed
-    job.error_code = "broker_unavailable"
-    job.error = reason
-    job.finished_at = utcnow()
-    if job.snapshot_id is not None:
-        snap = session.get(GroupSnapshot, job.snapshot_id)
-        if snap is not None:
-            snap.state = SnapState.failed
-            snap.inflight_group_id = None
-            snap.error_code = "broker_unavailable"
-            snap.error = reason
-            snap.finished_at = utcnow()
-    session.commit()

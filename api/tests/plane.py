@@ -39,7 +39,8 @@ class Plane:
             database_url=self.db, redis_url=self.env["CUTPOINT_REDIS_URL"],
             token_secret=SECRET,  # type: ignore[arg-type]
             agent_ca=certs["CUTPOINT_AGENT_CA"], agent_cert=certs["CUTPOINT_AGENT_CERT"],
-            agent_key=certs["CUTPOINT_AGENT_KEY"])
+            agent_key=certs["CUTPOINT_AGENT_KEY"],
+            booter=self.env.get("CUTPOINT_BOOTER", "agent"))
         self.sf = get_sessionmaker(self.db)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.log = tmp / "plane.log"
@@ -98,13 +99,17 @@ def wait_for(cond: Any, timeout: float, what: str, plane: Plane | None = None,
 
 
 def lab_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> Plane:
-    """A Plane that talks to the lab's agents with the lab's coordinator
-    certificate (`cutpoint.lab.agents` issues it under the lab's state dir)."""
+    """A Plane on the lab: its agents reached with the lab's coordinator
+    certificate (`cutpoint.lab.agents` issues it under the lab's state dir),
+    its two Ceph sites (CP_CEPH_SITES_FILE), and the lab's booter."""
+    from cutpoint.lab.status import write_sites_file
+
     certs = Path(lab["state_dir"]) / "certs"
     return Plane(tmp, redis_port, {"CUTPOINT_AGENT_CA": str(certs / "ca.pem"),
                                    "CUTPOINT_AGENT_CERT": str(certs / "coordinator.pem"),
                                    "CUTPOINT_AGENT_KEY": str(certs / "coordinator.key")},
-                 **env)
+                 **{"CP_CEPH_SITES_FILE": str(write_sites_file(lab, tmp / "ceph-sites.json")),
+                    "CUTPOINT_BOOTER": "lab", **env})
 
 
 def agent_vm_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \

@@ -36,7 +36,7 @@ REQUIRED = {
     ("GET", "/v1/groups/{group}/rpo/misses"): "viewer",
     ("POST", "/v1/groups/{group}/retention"): "operator",
     ("GET", "/v1/snapshots/{snapshot_id}"): "viewer",
-    # DR (issue 6)
+    # DR
     ("GET", "/v1/groups/{group}/replication"): "viewer",
     ("GET", "/v1/snapshots/{snapshot_id}/replication"): "viewer",
     ("POST", "/v1/snapshots/{snapshot_id}/replicate"): "operator",

@@ -61,6 +61,13 @@ def test_replication_state_per_snapshot_and_member(api: Any, session_factory: An
     s0 = doc["snapshots"][0]
     assert s0["state"] == "verified" and s0["attempts"] == 2 and s0["bytes_shipped"] == 2000
     assert all(abs(m["lag_s"] - 12.0) < 0.01 for m in s0["members"])
+    # A recovery point now; but the product's booter (the default) cannot
+    # boot a drill's clones: refused before any job or clone exists.
+    jobs_before = api.get("/v1/jobs").json()["items"]
+    r = api.post("/v1/groups/app/drills", json={"recovery_point": txn})
+    assert r.status_code == 409 and r.json()["code"] == "drill_boot_unsupported", r.text
+    assert "captured definition" in r.json()["detail"], r.text
+    assert api.get("/v1/jobs").json()["items"] == jobs_before
 
 
 def test_dr_policy_and_refusals(api: Any, dr_snapshot: Callable[..., int]) -> None:

@@ -11,20 +11,19 @@ from typing import Any
 
 from cutpoint.api.models import Job
 from cutpoint.api.services.failover import breakdown
+from queued import queued_tasks  # api/tests/queued.py
 
 
-def test_failover_job_carries_the_request_time(api: Any, app: Any, session_factory: Any,
+def test_failover_job_carries_the_request_time(api: Any, settings: Any, session_factory: Any,
                                                dr_snapshot: Callable[..., int]) -> None:
     dr_snapshot(disks=(0,), dr_verified_after_s=5)
     txn = "t1"
-    queued: list[tuple[str, str]] = []
-    app.state.enqueue = lambda kind, job_id, session: queued.append((kind, job_id))
     t0 = time.time()
     r = api.post("/v1/groups/app/failover", json={"mode": "unplanned", "recovery_point": txn})
     t1 = time.time()
     assert r.status_code == 202, r.text
     assert r.headers["Location"] == f"/v1/jobs/{r.json()['id']}"
-    assert queued == [("failover", r.json()["id"])]
+    assert queued_tasks(settings, r.json()["id"]) == ["cutpoint.failover"]
     with session_factory() as s:
         job = s.get(Job, r.json()["id"])
         assert job.params["mode"] == "unplanned" and job.params["recovery_point"] == txn

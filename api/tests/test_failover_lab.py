@@ -1,4 +1,4 @@
-"""Planned failover through the API against the lab (issue 6 item 3).
+"""Planned failover through the API against the lab.
 
 A 2-VM writer group (2 primary hosts x 1 guest x 2 RBD disks, the writer
 ring across both guests) is defined through the API; two group snapshots
@@ -130,7 +130,7 @@ def writer_verdict(site: dict[str, Any], images: list[str], snap: str | None) ->
 
 def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
                                           client: TestClient) -> None:
-    from cutpoint.coordinator.failover import stop_guests
+    from cutpoint.lab.drillboot import stop_guests, stop_standbys
 
     c = client
     t_start = time.monotonic()
@@ -239,13 +239,8 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
               f"p={at_online.p}: {at_dr.p - at_online.p} records written between its cut "
               f"and the fence are at DR through the stopped-disk snapshot")
     finally:
-        if not guests:  # the job did not report them: its QEMU pid files do
-            guests = [{"vm": f.parent.name, "pid": int(f.read_text().strip() or 0),
-                       "netns": next(h["netns"] for h in lab["hosts"] if h["site"] == "dr"),
-                       "tap": None}
-                      for f in Path(f"/var/lib/cutpoint/failover/{job_id[:8]}").glob("*/qemu.pid")]
-        stop_guests([{"pid": g.get("pid") or 0, "netns": g["netns"], "tap": g.get("tap") or "-"}
-                     for g in guests])
+        stop_guests(guests)
+        stop_standbys(lab)  # any the job did not report (a failed job)
     for g in guests:
         assert not Path(f"/proc/{g['pid']}").exists(), f"DR guest {g['vm']} left running"
     print(f"test time {time.monotonic() - t_start:.0f} s")
@@ -255,8 +250,8 @@ def test_unplanned_failover_records_an_unreachable_primary(
         lab: dict[str, Any], agents: list[dict[str, Any]], plane: Plane,
         client: TestClient) -> None:
     """Unplanned, one primary agent down: its host is recorded, not waited for."""
-    from cutpoint.coordinator.failover import stop_guests
     from cutpoint.lab.agents import stop_agent_pid
+    from cutpoint.lab.drillboot import stop_guests, stop_standbys
 
     c = client
     plane.start("worker")
@@ -298,5 +293,5 @@ def test_unplanned_failover_records_an_unreachable_primary(
         at_point = writer_verdict(lab["sites"]["primary"], images, f"cp.app.{point['txn']}")
         assert at_dr.ok and at_dr.p == at_point.p > 0, (at_dr.summary(), at_point.summary())
     finally:
-        stop_guests([{"pid": g.get("pid") or 0, "netns": g["netns"], "tap": g.get("tap") or "-"}
-                     for g in guests])
+        stop_guests(guests)
+        stop_standbys(lab)

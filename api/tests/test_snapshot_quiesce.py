@@ -1,5 +1,5 @@
 """Group policy quiesce → coordinator spec, and the level reached per member
-→ member_snapshots → GET /snapshots/{id} (issue 8 item 4).
+→ member_snapshots → GET /snapshots/{id}.
 
 The coordinator's per-VM facts are built from the real agent replies
 recorded in coordinator/tests/data/quiesce_replies.json (a guest agent that

@@ -1,6 +1,6 @@
 """Group snapshots against the lab: real cutpointd agents in host network
-namespaces, real QEMU guests on RBD disks, real Ceph (issue 4, items 1-2 and
-the fault tests of item 6).
+namespaces, real QEMU guests on RBD disks, real Ceph, and one injected fault per
+fault test.
 
 Lab: 2 primary hosts x 1 VM x 2 RBD disks.  Every test starts from running
 VMs with no member snapshot, injects at most one fault, and checks one
@@ -31,8 +31,8 @@ from cutpoint.coordinator import (
     load_group_file,
     pool_for,
     take_group_snapshot,
-    write_group_file,
 )
+from cutpoint.lab.groupfile import write_group_file
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")]

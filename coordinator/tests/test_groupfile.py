@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.coordinator import GroupFileError, load_group_file, write_group_file
+from cutpoint.coordinator import GroupFileError, load_group_file
 from cutpoint.coordinator.spec import GroupSpec, SpecError
+from cutpoint.lab.groupfile import write_group_file
 
 STATUS: dict[str, Any] = {
     "state_dir": "/x/lab",

@@ -1,10 +1,10 @@
-"""quiesce (issue 8 item 4) through the coordinator: group spec / group file
+"""quiesce through the coordinator: group spec / group file
 → PREPARE → per-member consistency in the result and the transaction log.
 
 The agent side replays `data/quiesce_replies.json`: the prepare and commit
 replies of the real `cutpointd` driving the Debian PostgreSQL VM with its
 qemu-guest-agent live ("live") and stopped inside the guest ("dead"),
-recorded by `cutpoint bench quiesce` (cutpoint.bench.quiesce.record_replies).
+recorded by `cutpoint-lab bench quiesce` (cutpoint.bench.quiesce.record_replies).
 """
 
 from __future__ import annotations

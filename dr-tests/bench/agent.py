@@ -1,4 +1,4 @@
-"""`cutpoint agent bench`: pause-window latencies of cutpointd per snapshot method.
+"""`cutpoint-lab bench agent`: pause-window latencies of cutpointd per snapshot method.
 
 On one lab host with 2 VMs x 2 RBD disks (Ceph with the tuned paxos
 settings), it runs `rounds` group snapshots (prepare → commit of every

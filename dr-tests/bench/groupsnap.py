@@ -99,7 +99,7 @@ def spread_vms(status: dict[str, Any], n: int) -> list[str]:
 async def _pause_rounds(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                         db_url: str, log: Log) -> list[dict[str, Any]]:
     from cutpoint.coordinator import TxLog, pool_for, take_group_snapshot
-    from cutpoint.coordinator.groupfile import spec_from_lab
+    from cutpoint.lab.groupfile import spec_from_lab
     rows = []
     txlog = TxLog(db_url)
     try:
@@ -299,7 +299,7 @@ def _wait_seq(status: dict[str, Any], at_least: int, timeout: float = 300) -> No
 async def _overhead_phases(status: dict[str, Any], cfg: OverheadConfig, certs: Path,
                            db_url: str, log: Log) -> list[dict[str, Any]]:
     from cutpoint.coordinator import TxLog, pool_for, take_group_snapshot
-    from cutpoint.coordinator.groupfile import spec_from_lab
+    from cutpoint.lab.groupfile import spec_from_lab
     spec = spec_from_lab(status, group="bench-overhead", certs_dir=certs)
     txlog = TxLog(db_url)
     pool = pool_for(spec)

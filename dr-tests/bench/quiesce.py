@@ -1,4 +1,4 @@
-"""`cutpoint bench quiesce`: pause with and without fs-freeze, same run.
+"""`cutpoint-lab bench quiesce`: pause with and without fs-freeze, same run.
 
 Issue 8 item 4.  Everything goes through the real parts: one Debian
 PostgreSQL VM (``debian-pg`` image, QEMU/TCG, qemu-guest-agent inside, under
@@ -376,7 +376,7 @@ def cli(
                   log=lambda m: typer.echo(m))
     except (QuiesceBenchError, subprocess.CalledProcessError, TimeoutError,
             RuntimeError) as exc:
-        typer.echo(f"cutpoint bench quiesce: error: {exc}", err=True)
+        typer.echo(f"cutpoint-lab bench quiesce: error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo("")
     typer.echo(table(doc))

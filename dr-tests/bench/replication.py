@@ -1,5 +1,5 @@
 """Replication between the lab's two Ceph sites: driving `cutpoint-sync`
-and the `cutpoint bench replication` benchmark.
+and the `cutpoint-lab bench replication` benchmark.
 
 The first half is a small toolkit the sync tests share (run the engine,
 write known extents, sum `rbd diff`, hash a snapshot through `rbd export`).
@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import statistics
 import struct
 import subprocess
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cutpoint.coordinator.dr.replicate import site_args, sync_binary
 from cutpoint.lab.ceph import rbd_cmd
 
 MiB = 1 << 20
@@ -42,26 +42,6 @@ class ReplicationError(Exception):
         self.stderr = stderr
         tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
         super().__init__(f"command failed (rc={returncode}): {' '.join(self.argv)}: {tail}")
-
-
-def sync_binary() -> str:
-    """Path of cutpoint-sync: $CUTPOINT_SYNC, the build tree, or PATH."""
-    env = os.environ.get("CUTPOINT_SYNC")
-    if env:
-        return env
-    built = REPO / "build" / "storage" / "sync" / "cutpoint-sync"
-    if built.is_file():
-        return str(built)
-    found = shutil.which("cutpoint-sync")
-    if found:
-        return found
-    raise FileNotFoundError(f"cutpoint-sync not found: build it (ninja -C build) or set "
-                            f"CUTPOINT_SYNC; looked at {built} and PATH")
-
-
-def site_args(prefix: str, site: dict[str, Any]) -> list[str]:
-    return [f"--{prefix}-conf", site["ceph_conf"], f"--{prefix}-id", site.get("client_id", "admin"),
-            f"--{prefix}-keyring", site["keyring"], f"--{prefix}-pool", site.get("pool", "rbd")]
 
 
 def sync_argv(status: dict[str, Any], image: str, snap: str, base: str | None = None,

@@ -97,12 +97,12 @@ class _Snapper:
 
 def bench_store(store: str, phase_s: float, rounds: int, interval: float,
                 log: Any = print) -> dict[str, Any]:
-    from cutpoint.coordinator import write_group_file
     from cutpoint.lab import config as C
     from cutpoint.lab import down as lab_down
     from cutpoint.lab import lock
     from cutpoint.lab import up as lab_up
     from cutpoint.lab.agents import start_agents, stop_agents
+    from cutpoint.lab.groupfile import write_group_file
     cfg = C.LabConfig(hosts=2, vms_per_host=2, disks=1, workload=store,
                       workload_args=ARGS[store], disk_size_mb=64)
     with lock.lab_lock(wait=True, log=log), tempfile.TemporaryDirectory() as tmp:

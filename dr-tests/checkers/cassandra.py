@@ -29,6 +29,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cutpoint.checkers.console import recovery_lines
 from cutpoint.checkers.postgres import CheckerInputError, parse_facts
 
 # Cassandra's own recovery/rejoin log lines worth showing in a report.
@@ -48,8 +49,7 @@ RECOVERY_PATTERNS = (
 _REPLAYED = re.compile(r"Log replay complete, (\d+) replayed mutations")
 _UP = re.compile(r"InetAddress /?([0-9.]+)(?::\d+)? is now UP")
 
-__all__ = ["CassCheck", "CheckerInputError", "check_cluster",
-           "is_prefix", "recovery_lines"]
+__all__ = ["CassCheck", "CheckerInputError", "check_cluster", "is_prefix"]
 
 
 @dataclass
@@ -81,16 +81,8 @@ class CassCheck:
         return asdict(self)
 
 
-def recovery_lines(console: str) -> list[str]:
-    out = []
-    for line in console.splitlines():
-        if any(p in line for p in RECOVERY_PATTERNS) and "CPCHECK" not in line:
-            out.append(line.strip().replace("\r", ""))
-    return out
-
-
 def node_facts(name: str, console: str) -> NodeFacts:
-    rec = recovery_lines(console)
+    rec = recovery_lines(console, RECOVERY_PATTERNS)
     m = _REPLAYED.findall(console)
     return NodeFacts(
         name=name, replay_complete=bool(m),

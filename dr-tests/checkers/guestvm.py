@@ -157,7 +157,7 @@ class DebianVM:
     # Extra QEMU arguments (e.g. a NIC on a tap for the Cassandra drill).
     extra_argv: list[str] = field(default_factory=list)
     # Run QEMU in this network namespace (a lab host), with these extra
-    # environment variables (e.g. the lab mark, so `cutpoint lab down`
+    # environment variables (e.g. the lab mark, so `cutpoint-lab down`
     # finds a guest whose owner died).
     netns: str | None = None
     env: dict[str, str] = field(default_factory=dict)

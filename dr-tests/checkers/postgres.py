@@ -27,6 +27,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cutpoint.checkers.console import recovery_lines
+
 # PostgreSQL's recovery log lines worth showing in a drill report.
 RECOVERY_PATTERNS = (
     "database system was interrupted",
@@ -70,15 +72,6 @@ class PgCheck:
         return asdict(self)
 
 
-def recovery_lines(console: str) -> list[str]:
-    """PostgreSQL's own recovery-related log lines, console noise removed."""
-    out = []
-    for line in console.splitlines():
-        if any(p in line for p in RECOVERY_PATTERNS) and "CPCHECK" not in line:
-            out.append(line.strip().replace("\r", ""))
-    return out
-
-
 def parse_facts(console: str) -> dict[str, Any] | None:
     """The last CPCHECK JSON on the console, or None if there is none."""
     found = _CPCHECK.findall(console)
@@ -94,7 +87,7 @@ def parse_facts(console: str) -> dict[str, Any] | None:
 
 def check_console(console: str) -> PgCheck:
     """Decide the drill from one console log (see the module docstring)."""
-    rec = recovery_lines(console)
+    rec = recovery_lines(console, RECOVERY_PATTERNS)
     redo_done = any("redo done at" in line for line in rec)
     ready = any("ready to accept connections" in line for line in rec)
     facts = parse_facts(console)

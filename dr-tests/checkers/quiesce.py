@@ -7,7 +7,7 @@ fallback to crash-consistent; the level reached is recorded per member.
 ``cutpointd`` implements this since a2f21dd (prepare arg ``quiesce``) and
 the coordinator passes a group's ``quiesce`` through (GroupSpec.quiesce);
 the pause with and without fs-freeze through the real coordinator and
-agent is measured by ``cutpoint bench quiesce`` (cutpoint.bench.quiesce).
+agent is measured by ``cutpoint-lab bench quiesce`` (cutpoint.bench.quiesce).
 This module stays as the reference of the sequence and as a QGA client.
 
 Spec (for the agent, ``cutpointd``; this module is the reference behaviour)

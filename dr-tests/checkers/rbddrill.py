@@ -12,7 +12,7 @@
 
 Every image this module makes starts with the drill's ``prefix``, so what a
 drill left behind on either cluster is found by name.  Replication is the
-project's own (`cutpoint.coordinator.replicate.replicate_group`, one
+project's own (`cutpoint.coordinator.dr.replicate.replicate_group`, one
 ``cutpoint-sync`` per member, the first copy full and later ones
 incremental from the previous replicated snapshot); the DR snapshots are
 cloned (never the primary ones) so a drill VM reads only the DR cluster.
@@ -108,7 +108,7 @@ class DrillImages:
         """Every member's ``snap`` to DR, incrementally from the previous
         replicated snapshot.  Raises unless invariant 5 holds: every member
         verified (and fully, with ``verify_full``) and its DR snapshot there."""
-        from cutpoint.coordinator.replicate import (
+        from cutpoint.coordinator.dr.replicate import (
             MemberCopy,
             list_snaps,
             replicate_group,

@@ -138,7 +138,7 @@ def start_agent(status: dict[str, Any], host: dict[str, Any], certs_dir: Path,
     if check.returncode != 0:
         raise LabError(f"cutpointd -n rejected {cfg}: {check.stderr.strip()}")
     with open(log, "ab") as lf:
-        # The lab mark lets `cutpoint lab down` find this agent even when
+        # The lab mark lets `cutpoint-lab down` find this agent even when
         # whoever started it died without calling stop_agents().
         env = dict(os.environ, **{MARK: str(status["state_dir"])})
         p = subprocess.Popen(["ip", "netns", "exec", host["netns"], str(binary), "-c", str(cfg)],

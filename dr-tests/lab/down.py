@@ -1,4 +1,4 @@
-"""`cutpoint lab down`: remove every trace of a lab, idempotently.
+"""`cutpoint-lab down`: remove every trace of a lab, idempotently.
 
 Leftovers are found two ways, so that a crash (kill -9 of `lab up`, QEMU or
 Ceph) or a deleted state dir still ends clean:

@@ -1,7 +1,7 @@
 """The lab lock: one lab per machine, flock on /run/lock/cutpoint-lab.lock.
 
 A process that already holds the lock for a longer span (a test session,
-scripts/demo.sh) exports CUTPOINT_LAB_LOCK_HELD=1 so that the `cutpoint lab`
+scripts/demo.sh) exports CUTPOINT_LAB_LOCK_HELD=1 so that the `cutpoint-lab`
 commands it runs do not try to take it a second time.
 """
 

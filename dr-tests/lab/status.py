@@ -1,6 +1,6 @@
 """The lab status: `<state dir>/status.json`, written as the lab comes up.
 
-Other code reads it through `load_status()`; `cutpoint lab status --json`
+Other code reads it through `load_status()`; `cutpoint-lab status --json`
 prints the same dict.  It is rewritten after each bring-up phase (field
 `phase`), so teardown after a failed or killed `lab up` knows what exists.
 """
@@ -24,7 +24,7 @@ def load_status(state_dir: str | os.PathLike[str] | None = None) -> dict[str, An
     try:
         return json.loads((d / FILE).read_text())
     except FileNotFoundError:
-        raise LabNotUp(f"no lab is up: {d / FILE} does not exist (run `cutpoint lab up`)") from None
+        raise LabNotUp(f"no lab is up: {d / FILE} does not exist (run `cutpoint-lab up`)") from None
     except ValueError as exc:
         raise LabNotUp(f"lab status {d / FILE} is unreadable: {exc}") from None
 
@@ -39,6 +39,18 @@ def write_status(status: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, d / FILE)
+
+
+def write_sites_file(status: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """The lab's Ceph sites as the control plane reads them (CP_CEPH_SITES_FILE):
+    {site: {ceph_conf, keyring, client_id, pool}}."""
+    keys = ("ceph_conf", "keyring", "client_id", "pool")
+    sites = {name: {k: s[k] for k in keys if k in s}
+             for name, s in status.get("sites", {}).items()}
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(sites, indent=2) + "\n")
+    return p
 
 
 def health(status: dict[str, Any]) -> dict[str, Any]:

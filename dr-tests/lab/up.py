@@ -1,4 +1,4 @@
-"""`cutpoint lab up`: network, two Ceph sites, tiny image, guests.
+"""`cutpoint-lab up`: network, two Ceph sites, tiny image, guests.
 
 Phases (status.json `phase` after each):
 
@@ -30,7 +30,7 @@ def up(cfg: C.LabConfig, log: Any = print, wait_boot: bool = True) -> dict[str, 
         return _up(cfg, log, wait_boot)
     except BaseException as exc:
         log(f"lab up failed: {exc}")
-        log(f"stopping what was started; logs stay in {cfg.state_dir} until `cutpoint lab down`")
+        log(f"stopping what was started; logs stay in {cfg.state_dir} until `cutpoint-lab down`")
         try:
             down.down(cfg.state_dir, log=log, keep_files=True)
         except Exception as exc2:  # noqa: BLE001 - the first error is the one to report

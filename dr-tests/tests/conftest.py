@@ -4,7 +4,7 @@ Use it as
 
     @pytest.mark.lab
     @pytest.mark.lab_config(hosts=2, vms_per_host=2, disks=2, workload="labcheck")
-    def test_x(lab):            # lab is the status dict of `cutpoint lab status --json`
+    def test_x(lab):            # lab is the status dict of `cutpoint-lab status --json`
         ...
 
 or with `@pytest.mark.parametrize("lab", [{...}], indirect=True)`.  Keys are

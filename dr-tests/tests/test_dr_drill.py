@@ -12,7 +12,10 @@ ring across both guests, 1 DR host).  The writer keeps writing throughout.
   scratch image, QEMU or link is left; a fourth group snapshot is
   replicated while the drill runs;
 - a drill of a recovery point with no writer records fails, with its
-  evidence (check output, console log, HTML report), and cleans up too.
+  evidence (check output, console log, HTML report), and cleans up too;
+- a drill with the product's booter (the DR agents) is refused, with the
+  reason in its report, and leaves no clone behind;
+- a planned failover through the DR agent, then failback of the deltas.
 """
 
 from __future__ import annotations
@@ -30,14 +33,17 @@ from typing import Any
 
 import pytest
 from cutpoint.bench.replication import pattern, write_extents
-from cutpoint.coordinator.drill import DrillVM, leftovers, run_drill, spec_from_lab
-from cutpoint.coordinator.replicate import (
+from cutpoint.coordinator.dr.boot import DRILL, BootDisk, BootRequest, BootVM
+from cutpoint.coordinator.dr.drill import leftovers, run_drill
+from cutpoint.coordinator.dr.replicate import (
     GroupReplication,
     MemberCopy,
     list_snaps,
     replicate_group,
 )
 from cutpoint.lab.ceph import rbd_cmd
+from cutpoint.lab.drillboot import LabBooter, drill_spec
+from cutpoint.lab.proc import pid_alive
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=1, workload="writer")]
@@ -75,8 +81,8 @@ class Env:
     """Agents + group file + coordinator log for the lab; remembers the replicated chain."""
 
     def __init__(self, status: dict[str, Any], tmp: Path) -> None:
-        from cutpoint.coordinator import write_group_file
         from cutpoint.lab.agents import start_agents
+        from cutpoint.lab.groupfile import write_group_file
 
         self.status = status
         self.certs = Path(status["state_dir"]) / "certs"
@@ -153,7 +159,7 @@ def test_drill_passes_cleans_up_while_replication_continues(env: Env, tmp_path: 
             during["error"] = exc
 
     events: list[dict[str, Any]] = []
-    spec = spec_from_lab(env.status, rp, report_dir=str(tmp_path))
+    spec = drill_spec(env.status, rp, report_dir=str(tmp_path))
     t = threading.Thread(target=replicate_meanwhile)
     started = threading.Event()
 
@@ -163,7 +169,8 @@ def test_drill_passes_cleans_up_while_replication_continues(env: Env, tmp_path: 
             started.set()
             t.start()
 
-    report = run_drill(spec, on_event=hook)
+    booter = LabBooter()
+    report = run_drill(spec, booter, on_event=hook)
     if started.is_set():
         t.join(timeout=600)
     assert "error" not in during, during.get("error")
@@ -171,8 +178,11 @@ def test_drill_passes_cleans_up_while_replication_continues(env: Env, tmp_path: 
     assert report["checks"][0]["name"] == "writer" and report["checks"][0]["ok"]
     assert report["checks"][0]["verdict"]["p"] > 0
     assert report["cleanup"]["ok"] and not any(report["cleanup"]["leftovers"].values())
-    assert not any(leftovers(env.status["sites"]["dr"], spec.host_netns,
-                             report["drill_id"]).values())
+    tag = f"drill-{report['drill_id']}"
+    assert not any(leftovers(env.status["sites"]["dr"], tag).values())
+    assert not any(booter.leftovers(BootRequest(DRILL, spec.site, spec.vms, tag)).values())
+    isolate = next(e for e in report["timeline"] if e["step"] == "isolate")
+    assert isolate["status"] == "ok" and isolate["uplink"] is None, isolate
     steps = [(e["step"], e["status"]) for e in report["timeline"]]
     assert ("boot", "ok") in steps and steps[-1] == ("verdict", "passed")
     assert sum(1 for s in steps if s == ("boot", "ok")) == len(env.vms)
@@ -195,9 +205,9 @@ def test_drill_with_failing_check_reports_evidence(env: Env, tmp_path: Path) -> 
         subprocess.run(rbd_cmd(p, "snap", "create", f"{p['pool']}/{image}@{snap}"), check=True)
         rep = replicate_group(p, d, [MemberCopy(image, snap)], state_dir=env.state_dir)
         assert rep.recovery_point
-        spec = spec_from_lab(env.status, snap, report_dir=str(tmp_path))
-        spec.vms = [DrillVM("blank", 9, [{"node": "disk0", "image": image}])]
-        report = run_drill(spec)
+        spec = drill_spec(env.status, snap, report_dir=str(tmp_path))
+        spec.vms = [BootVM("blank", (BootDisk("disk0", image),))]
+        report = run_drill(spec, LabBooter())
         assert report["verdict"] == "failed"
         assert report["error"] is None  # the drill ran; the check failed
         chk = report["checks"][0]
@@ -216,17 +226,35 @@ def test_drill_with_failing_check_reports_evidence(env: Env, tmp_path: Path) -> 
                            capture_output=True, check=False)
 
 
+def test_agent_booter_drill_is_refused_and_leaves_nothing(env: Env, tmp_path: Path) -> None:
+    """The product's booter cannot boot clones: the drill fails with that
+    reason in its report, and its clones are gone again."""
+    from cutpoint.coordinator.dr.boot import AgentBooter
+
+    if env.last is None:
+        snap = env.snapshot()
+        assert env.replicate(snap, None).recovery_point
+        env.last = snap
+    report = run_drill(drill_spec(env.status, env.last, report_dir=str(tmp_path)),
+                       AgentBooter())
+    assert report["verdict"] == "failed" and report["checks"] == []
+    assert report["error"].startswith("DrillBootUnsupported: "), report["error"]
+    assert "captured definition" in report["error"]
+    assert report["cleanup"]["ok"], report["cleanup"]
+    assert not any(leftovers(env.status["sites"]["dr"], f"drill-{report['drill_id']}").values())
+
+
 def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
                                                                       tmp_path: Path) -> None:
     """Last in the module: it stops the primary guests (fencing)."""
     from cutpoint.checkers.writer import RbdSpec, scan_specs
-    from cutpoint.coordinator.failover import (
-        BootSpec,
+    from cutpoint.coordinator.dr.boot import FAILOVER
+    from cutpoint.coordinator.dr.failover import (
         failback_replicate,
         failover,
         fence_via_agents,
-        stop_guests,
     )
+    from cutpoint.lab.drillboot import agent_ref, stop_guests
 
     p, d = env.status["sites"]["primary"], env.status["sites"]["dr"]
     if env.last is None:
@@ -241,24 +269,27 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
     targets = [(hosts[v["host"]]["address"], 7443, [v["name"]]) for v in env.vms]
     tls = (str(env.certs / "ca.pem"), str(env.certs / "coordinator.pem"),
            str(env.certs / "coordinator.key"))
-    dspec = spec_from_lab(env.status, final, report_dir=str(tmp_path))
-    boot = BootSpec(site=d, vms=dspec.vms, guest_image=dspec.guest_image,
-                    host_netns=dspec.host_netns, accel=dspec.accel, workload="none",
-                    state_dir=str(tmp_path / "fo"), tap_prefix="fot",
-                    lab_state_dir=env.status["state_dir"])
+    vms = drill_spec(env.status, final).vms
+    dr = agent_ref(env.status)
+    boot = BootRequest(FAILOVER, d, vms, "failover-test", workload="none",
+                       agents={v.name: dr for v in vms}, tls=tls)
+    booter = LabBooter(env.status["state_dir"])
     dr_agent = next(a for a in env.agents
                     if a["host"] == next(h["name"] for h in env.status["hosts"]
                                          if h["site"] == "dr"))
+    guests: list[dict[str, Any]] = []
     try:
-        res = failover(boot, final, lambda: fence_via_agents(targets, tls))
+        res = failover(booter, boot, final, lambda: fence_via_agents(targets, tls))
+        guests = [g.as_dict() for g in res.guests]
         assert sorted(res.fence["stopped"]) == sorted(v["name"] for v in env.vms), res.fence
         assert res.fence["unreachable"] == []
         for v in env.vms:
             assert not Path(f"/proc/{v['pid']}").exists(), f"{v['name']} still runs at primary"
-        assert [g["name"] for g in res.guests] == [v["name"] for v in env.vms]
-        for g in res.guests:
+        assert [g["vm"] for g in guests] == [v["name"] for v in env.vms]
+        for g in guests:
             assert "cp-init: ready" in Path(g["console"]).read_text()
             assert Path(f"/proc/{g['pid']}").exists()
+            assert g["agent"] == str(dr), g
         assert res.rto_s > 0 and res.timeline[-1]["step"] == "running"
         # Booted by the DR host's agent (vm.start runs its standby's start
         # command), not by the coordinator: one vm_start per VM, with the
@@ -278,9 +309,12 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
         assert verdict.ok and verdict.p > 0, verdict.summary()
         print(f"failover RTO {res.rto_s:.1f}s, writer {verdict.summary()}")
 
-        # Failback: the DR guests stop (planned), DR wrote a little meanwhile,
-        # a snapshot at DR, and only deltas go back to the primary.
-        stop_guests(res.guests)
+        # Failback: the DR guests stop (planned: through their agent), DR
+        # wrote a little meanwhile, a snapshot at DR, and only deltas go back
+        # to the primary.
+        assert booter.stop(boot, res.guests) == []
+        for g in guests:
+            assert not pid_alive(g["pid"]), g
         # 256 distinct random 4 KiB blocks of non-zero data per disk (rbd
         # bench fills its buffer with one random byte: 0 one time in 256).
         size = 64 << 20
@@ -316,4 +350,4 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
         for i in env.images:
             assert sha256_of(p, i, fb) == sha256_of(d, i, fb)
     finally:
-        stop_guests(boot.guests)
+        stop_guests(guests)

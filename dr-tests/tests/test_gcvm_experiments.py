@@ -4,7 +4,7 @@ Every experiment runs the writer (docs/writer.md) in tiny guests whose disks
 are RBD images, takes group snapshots with the real coordinator
 (`cutpoint snapshot --group-file G`) through the real agents, and reads the
 member snapshots straight from Ceph with the checker
-(`cutpoint check writer`):
+(`cutpoint-lab check writer`):
 
 (a) 1 VM x 3 disks (RBD, and qcow2 internal snapshots): single-VM mode,
     records striped over the disks
@@ -39,6 +39,7 @@ from cutpoint.checkers import writer as wr
 pytestmark = pytest.mark.lab
 
 CLI = [str(Path(sys.executable).parent / "cutpoint")]
+LAB_CLI = [str(Path(sys.executable).parent / "cutpoint-lab")]
 DISK_MB = 16  # small images: every check reads every byte of every member
 LAB_A = {"hosts": 1, "vms_per_host": 1, "disks": 3, "workload": "writer",
          "disk_size_mb": DISK_MB}
@@ -50,7 +51,9 @@ PROGRESS = re.compile(r"cp-writer: progress vm=(\d+) seq=(\d+)")
 
 
 def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True,
+    """`cutpoint ARGS`; the test bed's own commands (`check ...`) are `cutpoint-lab`'s."""
+    cli = LAB_CLI if args and args[0] == "check" else CLI
+    return subprocess.run([*cli, *args], capture_output=True, text=True,
                           timeout=timeout, check=False,
                           env=dict(os.environ, COLUMNS="250"))
 
@@ -96,8 +99,8 @@ class Group:
     """Agents on every lab host and a group file for every primary VM."""
 
     def __init__(self, status: dict[str, Any], tmp: Path) -> None:
-        from cutpoint.coordinator import write_group_file
         from cutpoint.lab.agents import start_agents
+        from cutpoint.lab.groupfile import write_group_file
         self.status = status
         self.certs = Path(status["state_dir"]) / "certs"
         self.agents = start_agents(status, self.certs)
@@ -138,7 +141,7 @@ def group(lab: dict[str, Any], tmp_path: Path) -> Iterator[Group]:
 
 
 def check_cli(g: Group, txn: str) -> dict[str, Any]:
-    """`cutpoint check writer --group-snapshot TXN --json` (the real CLI)."""
+    """`cutpoint-lab check writer --group-snapshot TXN --json` (the real CLI)."""
     res = cutpoint("check", "writer", "--group-snapshot", txn, "--db", g.db, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == (0 if doc.get("ok") else 1), res.stderr

@@ -4,7 +4,7 @@ Four tiny guests on two primary hosts run the store and its clients. Each
 guest is a ZHT node: server, secondary of its predecessor's partitions,
 and a client. Their disks are RBD images on the primary Ceph cluster.
 Every snapshot the drill checks is first replicated to the DR Ceph
-cluster with the project's group replication (`coordinator.replicate`,
+cluster with the project's group replication (`coordinator.dr.replicate`,
 one `cutpoint-sync` per disk: the first copy full, later ones
 incremental), and everything after that reads the DR copies. The drill
 does five things:
@@ -20,7 +20,7 @@ does five things:
    boot on the DR host (new addresses, so the copies run isolated next to
    the running primaries). The store cold-restarts (load, replay,
    reconcile, serve; the membership epoch goes up), and
-   `cutpoint check kvstore --live` finds the digests the offline check
+   `cutpoint-lab check kvstore --live` finds the digests the offline check
    predicted.
 4. Negative control, fsync off: DR clones boot again, as
    `--no-fsync --simulate-power-loss` with clients. Every guest is
@@ -51,6 +51,7 @@ from cutpoint.lab.errors import LabError
 pytestmark = pytest.mark.lab
 
 CLI = [str(Path(sys.executable).parent / "cutpoint")]
+LAB_CLI = [str(Path(sys.executable).parent / "cutpoint-lab")]
 DISK_MB = 32
 PARTS = 8
 LAB = {"hosts": 2, "vms_per_host": 2, "disks": 1, "workload": "kvstore",
@@ -58,7 +59,9 @@ LAB = {"hosts": 2, "vms_per_host": 2, "disks": 1, "workload": "kvstore",
 
 
 def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True,
+    """`cutpoint ARGS`; the test bed's own commands (`check ...`) are `cutpoint-lab`'s."""
+    cli = LAB_CLI if args and args[0] == "check" else CLI
+    return subprocess.run([*cli, *args], capture_output=True, text=True,
                           timeout=timeout, check=False,
                           env=dict(os.environ, COLUMNS="250"))
 
@@ -67,8 +70,8 @@ class Drill:
     """One store on the lab: snapshots, exports, restored copies."""
 
     def __init__(self, status: dict[str, Any], tmp: Path, group: str) -> None:
-        from cutpoint.coordinator import write_group_file
         from cutpoint.lab.agents import start_agents
+        from cutpoint.lab.groupfile import write_group_file
         self.status = status
         self.tmp = tmp
         self.group = group
@@ -146,12 +149,12 @@ class Drill:
 
     def replicate(self, snap: str, verify_full: bool = False) -> Any:
         """Every member disk's snap to the DR cluster with the project's
-        group replication (coordinator.replicate: one cutpoint-sync per
+        group replication (coordinator.dr.replicate: one cutpoint-sync per
         disk), incrementally from the previous replicated snapshot.
         Asserts invariant 5: each member verified at DR, hence a recovery
         point, and the DR snapshot (the engine's completion marker) is
         there."""
-        from cutpoint.coordinator.replicate import (
+        from cutpoint.coordinator.dr.replicate import (
             MemberCopy,
             list_snaps,
             replicate_group,

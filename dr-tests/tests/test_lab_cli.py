@@ -16,7 +16,7 @@ from cutpoint.lab import image, vms
 from cutpoint.lab.errors import LabBusy
 from cutpoint.lab.lock import HELD_ENV, lab_lock
 
-CLI = [str(Path(sys.executable).parent / "cutpoint"), "lab"]
+CLI = [str(Path(sys.executable).parent / "cutpoint-lab")]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,8 +43,22 @@ def test_lab_up_rejects_bad_input(args: list[str], env: dict[str, str], needle: 
     err = r.stderr.strip().splitlines()
     assert len(err) == 1, r.stderr
     assert needle in err[0], err
-    assert err[0].startswith("cutpoint lab: error: ")
+    assert err[0].startswith("cutpoint-lab: error: ")
     assert not (tmp_path / "status.json").exists()
+
+
+def test_cutpoint_lab_has_the_test_beds_commands() -> None:
+    r = cli("--help")
+    assert r.returncode == 0, r.stderr
+    for cmd in ("up", "status", "down", "group-file", "build-image", "bench", "check", "demo"):
+        assert f" {cmd} " in r.stdout, (cmd, r.stdout)
+    r = cli("bench", "--help")
+    for cmd in ("replication", "pause", "snapsize", "overhead", "quiesce", "control-plane",
+                "agent"):
+        assert f" {cmd} " in r.stdout, (cmd, r.stdout)
+    r = cli("check", "--help")
+    for cmd in ("writer", "kvstore", "sharedlog"):
+        assert f" {cmd} " in r.stdout, (cmd, r.stdout)
 
 
 def test_lab_status_without_lab_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Failure test: `kill -9` of every QEMU and Ceph process of a running lab.
 
-Then `cutpoint lab up` must say it found a previous lab, clean it up and
-come up healthy; after a second kill -9, `cutpoint lab down` must remove
+Then `cutpoint-lab up` must say it found a previous lab, clean it up and
+come up healthy; after a second kill -9, `cutpoint-lab down` must remove
 everything (run twice: idempotent).
 """
 
@@ -20,7 +20,7 @@ from cutpoint.lab import net
 from cutpoint.lab.proc import lab_processes, pid_alive
 from cutpoint.lab.status import health, load_status
 
-CLI = [str(Path(sys.executable).parent / "cutpoint"), "lab"]
+CLI = [str(Path(sys.executable).parent / "cutpoint-lab")]
 
 
 def kill9_all(status: dict[str, Any]) -> list[int]:

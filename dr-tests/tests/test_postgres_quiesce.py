@@ -7,7 +7,7 @@ the VM's guest-agent socket configured (`qga`), group snapshots by
 the guest agent is stopped inside the guest (SIGSTOP through guest-exec: its
 port stays open, nothing answers) and fs-freeze must fall back to crash,
 recorded per member.  Slow: one TCG boot of the Debian image (2.5-4 min
-here).  The benchmark figures come from `cutpoint bench quiesce`
+here).  The benchmark figures come from `cutpoint-lab bench quiesce`
 (docs/benchmarks.md), the same code with more rounds.
 """
 

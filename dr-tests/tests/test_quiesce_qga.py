@@ -176,7 +176,7 @@ def test_coordinator_fs_freeze_through_cutpointd_falls_back(tmp_path: Path) -> N
 
 
 def test_bench_rows_summary_and_table_from_recorded_replies() -> None:
-    """cutpoint bench quiesce's row/summary/table on results built from the
+    """cutpoint-lab bench quiesce's row/summary/table on results built from the
     recorded cutpointd replies (coordinator/tests/data/quiesce_replies.json)."""
     from cutpoint.bench import quiesce as bench
     from cutpoint.coordinator.results import GroupSnapshotResult, VMTiming

@@ -7,10 +7,10 @@ test_kvstore_drill.py (whose `Drill` helper this reuses):
 1. uncoordinated snapshots, replicated to the DR cluster, must fail the
    checker there;
 2. the newest coordinated group snapshot under load is replicated
-   (coordinator.replicate / cutpoint-sync, every member verified) and its
+   (coordinator.dr.replicate / cutpoint-sync, every member verified) and its
    DR copies pass offline;
 3. clones of the DR copies, on the DR cluster, boot on the DR host with
-   `--role=servers`, and `cutpoint check sharedlog --live` subscribes
+   `--role=servers`, and `cutpoint-lab check sharedlog --live` subscribes
    through every shard;
 4. with `--no-fsync` only "acknowledged present" fails.
 """

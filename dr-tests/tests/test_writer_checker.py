@@ -11,8 +11,8 @@ import struct
 from pathlib import Path
 
 import pytest
-from cutpoint.api.cli.check import app
 from cutpoint.checkers import writer as wr
+from cutpoint.lab.cli.check import app
 from typer.testing import CliRunner
 
 NDISKS = 3

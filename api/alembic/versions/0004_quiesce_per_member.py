@@ -1,6 +1,6 @@
 """quiesce per member: freeze/thaw times and fallback reason
 
-Issue 8 item 4: the consistency level reached is recorded per member.
+The consistency level reached is recorded per member.
 member_snapshots and the coordinator's coord_txn_vm get the agent's
 freeze_ms, thaw_ms and freeze_error (plus consistency in coord_txn_vm);
 group_snapshots records the quiesce mode that was asked for.

@@ -1,6 +1,6 @@
 """thaw_error per member: a failed thaw after the snapshot
 
-Issue 8 item 4: a guest whose guest-fsfreeze-thaw failed may still be
+A guest whose guest-fsfreeze-thaw failed may still be
 frozen (its filesystems block writes).  The agent reports it in the commit
 reply (`thaw_error`); member_snapshots and the coordinator's coord_txn_vm
 keep it next to thaw_ms.

@@ -1,4 +1,4 @@
-"""`cutpoint check kvstore` and `cutpoint check sharedlog`.
+"""`cutpoint-lab check kvstore` and `cutpoint-lab check sharedlog`.
 
 Both read the raw disks of every node of a store (files or block
 devices: restored clones exported with `rbd export`, or `/dev/rbdN`),
@@ -15,7 +15,7 @@ import json
 from typing import Annotated, Any
 
 import typer
-from cutpoint.api.cli.check import app
+from cutpoint.lab.cli.check import app
 
 
 def _finish(d: dict[str, Any], as_json: bool) -> None:

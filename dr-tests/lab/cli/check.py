@@ -1,8 +1,8 @@
-"""`cutpoint check ...`: recovery checkers for the guest workloads.
+"""`cutpoint-lab check ...`: recovery checkers for the guest workloads.
 
-    cutpoint check writer --images primary:rbd/vm1-disk0@snap ... [--json]
-    cutpoint check writer --files disk0.raw disk1.raw ...
-    cutpoint check writer --group-snapshot TXN [--db URL]
+    cutpoint-lab check writer --images primary:rbd/vm1-disk0@snap ... [--json]
+    cutpoint-lab check writer --files disk0.raw disk1.raw ...
+    cutpoint-lab check writer --group-snapshot TXN [--db URL]
 
 Exit status: 0 when the records are exactly 1..p, 1 when they are not
 (gaps, torn, corrupt or duplicate records), 2 when the input cannot be read.
@@ -96,4 +96,4 @@ def writer(
     raise typer.Exit(0 if verdict.ok else 1)
 
 
-from cutpoint.api.cli import check_stores  # noqa: F401  (kvstore, sharedlog)
+from cutpoint.lab.cli import check_stores  # noqa: F401  (kvstore, sharedlog)

@@ -1,19 +1,20 @@
-"""The control-plane demo: everything through the API.
+"""`cutpoint-lab demo`: the control plane on the lab, everything through the API.
 
-    python -m cutpoint.api.demo [--seconds 60] [--rpo 10]
+    cutpoint-lab demo [--seconds 60] [--rpo 10]
 
 Holds the lab lock for the whole run, then: lab up (2 primary hosts x 1
 guest x 2 RBD disks, workload `writer`), one agent per host, `cutpoint
-server --embedded`, register the hosts over the API (inventory sync), create
-a group of the 2 VMs on 2 hosts with a 10 s RPO, let the scheduler take
-snapshots for about a minute, show the snapshots and the RPO status, check
-the newest snapshot with the writer checker, and tear everything down.
-Every step prints the `cutpoint` command it runs.
+server --embedded` on the lab's two Ceph sites (CP_CEPH_SITES_FILE) with the
+lab's booter (CUTPOINT_BOOTER=lab), register the hosts over the API
+(inventory sync), create a group of the 2 VMs on 2 hosts with a 10 s RPO
+replicated to site `dr`, let the scheduler take snapshots for about a
+minute, show the snapshots and the RPO status, check the newest snapshot
+with the writer checker, run a drill at DR, and tear everything down.
+Every step prints the command it runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -23,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import typer
+
 EXE = str(Path(sys.executable).with_name("cutpoint"))
+LAB_EXE = str(Path(sys.executable).with_name("cutpoint-lab"))
 
 
 def say(msg: str) -> None:
@@ -31,21 +35,23 @@ def say(msg: str) -> None:
 
 
 def cp(*args: str, env: dict[str, str] | None = None, check: bool = True,
-       capture: bool = False) -> str:
-    print("$ cutpoint " + " ".join(args), flush=True)
-    r = subprocess.run([EXE, *args], env=env, check=False, text=True,
+       capture: bool = False, exe: str = EXE) -> str:
+    """Run `cutpoint ARGS` (or, with exe=LAB_EXE, `cutpoint-lab ARGS`), showing it."""
+    name = Path(exe).name
+    print(f"$ {name} " + " ".join(args), flush=True)
+    r = subprocess.run([exe, *args], env=env, check=False, text=True,
                        capture_output=capture)
     if capture:
         print(r.stdout, end="", flush=True)
         if r.stderr:
             print(r.stderr, end="", file=sys.stderr, flush=True)
     if check and r.returncode != 0:
-        raise SystemExit(f"demo: `cutpoint {' '.join(args)}` failed with {r.returncode}")
+        raise SystemExit(f"demo: `{name} {' '.join(args)}` failed with {r.returncode}")
     return r.stdout if capture else ""
 
 
 def dr_steps(env: dict[str, str]) -> None:
-    """Issue 6: every committed snapshot is replicated to site dr; end with a
+    """Every committed snapshot is replicated to site dr; end with a
     replicated recovery point, a drill at DR that passes, and its report."""
     say("replication to the DR site: state per group snapshot and member")
     for _ in range(240):
@@ -75,18 +81,23 @@ def _interrupted(signum: int, _frame: object) -> None:
     raise SystemExit(f"demo: interrupted by signal {signum}; cleaning up")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=int, default=60)
-    ap.add_argument("--rpo", type=int, default=10)
-    a = ap.parse_args()
+def demo(
+    seconds: int = typer.Option(60, "--seconds", min=1,
+                                help="how long the scheduler takes snapshots"),
+    rpo: int = typer.Option(10, "--rpo", min=1, help="the group's RPO, seconds"),
+) -> None:
+    """The demo of `make demo`: a replicated group on its RPO, then a drill at DR."""
+    raise typer.Exit(run(seconds, rpo))
+
+
+def run(seconds: int, rpo: int) -> int:
     # SIGTERM (a CI timeout, `kill`) would end Python without running the
     # `finally` below and leave the server, its worker and the lab behind.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupted)
     from cutpoint.lab import lock
     from cutpoint.lab.agents import start_agents, stop_agents
-    from cutpoint.lab.status import load_status
+    from cutpoint.lab.status import load_status, write_sites_file
 
     server: subprocess.Popen[bytes] | None = None
     status = None
@@ -94,22 +105,27 @@ def main() -> int:
         state = Path(tempfile.mkdtemp(prefix="cutpoint-demo-"))
         try:
             say("lab up: 2 primary hosts x 1 guest x 2 RBD disks, workload writer")
-            cp("lab", "up", "--hosts", "2", "--vms-per-host", "1", "--disks", "2",
-               "--workload", "writer")
+            cp("up", "--hosts", "2", "--vms-per-host", "1", "--disks", "2",
+               "--workload", "writer", exe=LAB_EXE)
             status = load_status()
+            sites = write_sites_file(status, state / "ceph-sites.json")
             certs = Path(status["state_dir"]) / "certs"
             say("one agent (cutpointd) per lab host")
             for rec in start_agents(status, certs):
                 print(f"agent {rec['host']} at {rec['address']}:{rec['port']} pid {rec['pid']}")
-            say("cutpoint server --embedded (API + worker + beat, SQLite, its own Redis)")
+            say("cutpoint server --embedded (API + worker + beat, SQLite, its own Redis), "
+                "on the lab's Ceph sites, with the lab's booter")
             port = 18470
             token_file = state / "admin.token"
-            print(f"$ cutpoint server --embedded --state-dir {state / 'server'} --port {port} "
+            print(f"$ CP_CEPH_SITES_FILE={sites} CUTPOINT_BOOTER=lab "
+                  f"cutpoint server --embedded --state-dir {state / 'server'} --port {port} "
                   f"--agent-certs {certs} --admin-token-file {token_file}")
             server = subprocess.Popen(
                 [EXE, "server", "--embedded", "--state-dir", str(state / "server"),
                  "--port", str(port), "--agent-certs", str(certs),
-                 "--admin-token-file", str(token_file)], start_new_session=True)
+                 "--admin-token-file", str(token_file)], start_new_session=True,
+                env={**os.environ, "CP_CEPH_SITES_FILE": str(sites),
+                     "CUTPOINT_BOOTER": "lab"})
             env = {**os.environ, "CUTPOINT_URL": f"http://127.0.0.1:{port}"}
             for _ in range(120):
                 if token_file.exists():
@@ -124,22 +140,22 @@ def main() -> int:
             env["CUTPOINT_TOKEN"] = token_file.read_text().strip()
             say("register the site and the hosts (each pulls its agent's inventory)")
             cp("site", "create", "primary", env=env)
-            cp("site", "create", "dr", env=env)  # DR target (issue 6)
+            cp("site", "create", "dr", env=env)  # the replication target
             for h in status["hosts"]:
                 if h["site"] == "primary":
                     cp("host", "add", h["name"], "--site", "primary", "--address",
                        h["address"], env=env)
             cp("host", "list", env=env)
-            say(f"a group of the 2 VMs on 2 hosts, RPO {a.rpo} s")
-            cp("group", "create", "demo", "--rpo", str(a.rpo), "--lease-ms", "3000",
+            say(f"a group of the 2 VMs on 2 hosts, RPO {rpo} s")
+            cp("group", "create", "demo", "--rpo", str(rpo), "--lease-ms", "3000",
                "--pause-budget-ms", "2000", "--keep-last", "100",
                "--replication-target", "dr", env=env)
             for vm in status["vms"]:
                 if vm["site"] == "primary":
                     cp("group", "add-vm", "demo", vm["name"], env=env)
             cp("group", "show", "demo", env=env)
-            say(f"the scheduler takes snapshots for {a.seconds} s")
-            t_end = time.monotonic() + a.seconds
+            say(f"the scheduler takes snapshots for {seconds} s")
+            t_end = time.monotonic() + seconds
             while time.monotonic() < t_end:
                 time.sleep(min(15, max(0.0, t_end - time.monotonic())))
                 cp("rpo", "status", "demo", env=env)
@@ -151,7 +167,7 @@ def main() -> int:
             newest = next(s for s in snaps if s["state"] == "committed")
             say(f"check the newest snapshot ({newest['txn']}) with the writer checker")
             cp("check", "writer", "--group-snapshot", newest["txn"], "--db",
-               f"sqlite:///{state / 'server' / 'cutpoint.db'}", env=env)
+               f"sqlite:///{state / 'server' / 'cutpoint.db'}", env=env, exe=LAB_EXE)
             cp("group", "snapshot-show", str(newest["id"]), env=env)
             dr_steps(env)
         finally:
@@ -161,12 +177,9 @@ def main() -> int:
                 server.wait(60)
             if status is not None:
                 stop_agents(status)
-            cp("lab", "down", check=False)
+            cp("down", check=False, exe=LAB_EXE)
     if DR_RESULT:
         say(f"replicated recovery point {DR_RESULT['recovery_point']}; drill at DR passed; "
             f"report {DR_RESULT['report']}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

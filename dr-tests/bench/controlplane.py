@@ -1,4 +1,4 @@
-"""`cutpoint bench control-plane`: API latency and scheduler capacity.
+"""`cutpoint-lab bench control-plane`: API latency and scheduler capacity.
 
 Part 1, API latency: a fresh SQLite database with G groups, the API under
 uvicorn (one process), sequential requests over HTTP/1.1 keep-alive:
@@ -13,7 +13,8 @@ control plane is what is measured, not QEMU or Ceph).  After `duration`
 seconds it counts committed snapshots and RPO misses.  The capacity is the
 largest N with no miss.
 
-Prints a table and writes JSON (STYLE: a benchmark is never a timed test).
+Prints a table and writes JSON; a benchmark is never a timed test (machines differ,
+so a time limit would only measure the machine).
 """
 
 from __future__ import annotations

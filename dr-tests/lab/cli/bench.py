@@ -1,7 +1,8 @@
-"""`cutpoint bench ...`: benchmarks that print a table and write JSON.
+"""`cutpoint-lab bench ...`: every benchmark; each prints a table and writes JSON.
 
-Each benchmark is one command of this sub-app; they run on the lab and
-never assert on time (see docs/benchmarks.md).
+Each benchmark is one command of this sub-app (the group snapshot ones in
+bench_groupsnap.py); they run on the lab (control-plane: on an in-process
+agent peer) and never assert on time (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import json
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from cutpoint.bench.quiesce import cli as quiesce_cli
 
-app = typer.Typer(help="Benchmarks on the lab: print a table, write JSON.",
+app = typer.Typer(help="Every benchmark: each prints a table and writes JSON.",
                   no_args_is_help=True)
 
 
@@ -95,15 +98,17 @@ def replication(
                          changes=_rounds(changes), jobs=jobs)
     if not 1 <= jobs <= 64:
         raise typer.BadParameter("--jobs wants 1..64")
+    from cutpoint.coordinator.dr.replicate import ReplicationError
+
     try:
         rb.sync_binary()
-    except FileNotFoundError as exc:
-        typer.echo(f"cutpoint bench: error: {exc}", err=True)
+    except ReplicationError as exc:
+        typer.echo(f"cutpoint-lab bench: error: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
         doc = _with_lab(None, lambda status: rb.run_benchmark(status, cfg, log=_log))
     except (LabError, rb.ReplicationError) as exc:
-        typer.echo(f"cutpoint bench: error: {exc}", err=True)
+        typer.echo(f"cutpoint-lab bench: error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo("")
     typer.echo(rb.table(doc))
@@ -113,4 +118,44 @@ def replication(
             f.write("\n")
         typer.echo(f"\nwrote {json_out}")
 
-from cutpoint.api.cli import bench_groupsnap  # noqa: F401  (pause, snapsize, overhead)
+@app.command()
+def agent(
+    rounds: int = typer.Option(50, "--rounds", min=1, max=10000,
+                               help="group snapshots per snapshot method"),
+    json_out: str = typer.Option("out/bench-agent.json", "--json",
+                                 help="write the results to this JSON file"),
+    keep_lab: bool = typer.Option(False, "--keep-lab", help="leave the lab up afterwards"),
+) -> None:
+    """p50/p99/max of cutpointd's stop, snapshot and cont per method (librbd, QMP)."""
+    from pathlib import Path
+
+    from cutpoint.bench import agent as bench_agent
+    from cutpoint.lab.errors import LabError
+
+    Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        bench_agent.run(rounds=rounds, json_out=json_out, keep_lab=keep_lab, log=_log)
+    except LabError as exc:
+        typer.echo(f"cutpoint-lab bench agent: error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command("control-plane")
+def control_plane(
+    out: Annotated[Path, typer.Option("--out", help="write the results to this JSON file")]
+    = Path("out/bench-control-plane.json"),
+    steps: Annotated[str, typer.Option("--steps", help="group counts, comma-separated")]
+    = "25,100,400",
+    rpo: Annotated[int, typer.Option("--rpo", help="RPO of every group, seconds")] = 60,
+    duration: Annotated[float | None, typer.Option(
+        "--duration", help="seconds per step (default: 2 RPOs + 10 s)")] = None,
+) -> None:
+    """API p50/p99 and scheduler capacity at an RPO (no lab: an in-process agent peer)."""
+    from cutpoint.bench.controlplane import control_plane as run
+
+    run(out=out, steps=steps, rpo=rpo, duration=duration)
+
+
+app.command("quiesce")(quiesce_cli)
+
+from cutpoint.lab.cli import bench_groupsnap  # noqa: F401  (pause, snapsize, overhead)

@@ -1,6 +1,6 @@
-"""`cutpoint bench pause|snapsize|overhead`: the group snapshot benchmarks
-(issue 4, item 7).  They hang off the `bench` app of bench.py, which imports
-this module.  Each prints a table, writes JSON with --json, and never
+"""`cutpoint-lab bench pause|snapsize|overhead`: the group snapshot
+benchmarks.  They hang off the `bench` app of bench.py, which imports this
+module.  Each prints a table, writes JSON with --json, and never
 asserts on time; the logic is in cutpoint.bench.groupsnap.
 
 pause and overhead bring up their own lab under the lab lock (and take it
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from cutpoint.api.cli.bench import _ints, _log, _with_lab, app
+from cutpoint.lab.cli.bench import _ints, _log, _with_lab, app
 
 
 def _finish(doc: dict[str, Any], table: str, json_out: str | None) -> None:
@@ -43,7 +43,7 @@ def _errors() -> tuple[type[Exception], ...]:
 
 
 def _fail(exc: Exception) -> None:
-    typer.echo(f"cutpoint bench: error: {exc}", err=True)
+    typer.echo(f"cutpoint-lab bench: error: {exc}", err=True)
     raise typer.Exit(1) from None
 
 

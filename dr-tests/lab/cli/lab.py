@@ -1,4 +1,6 @@
-"""`cutpoint lab up | status | down`: the lab test bed (see docs/lab.md)."""
+"""`cutpoint-lab up | status | down | group-file | build-image`: the lab
+itself (see docs/lab.md).  `register(app)` adds them to the top level of
+`cutpoint-lab`."""
 
 from __future__ import annotations
 
@@ -10,12 +12,17 @@ import typer
 from cutpoint.lab import config as C
 from cutpoint.lab.errors import LabError
 
-app = typer.Typer(help="The lab: two Ceph sites, host namespaces, QEMU guests.",
-                  no_args_is_help=True)
+
+def register(app: typer.Typer) -> None:
+    app.command()(up)
+    app.command()(status)
+    app.command()(down)
+    app.command("group-file")(group_file)
+    app.command("build-image")(build_image)
 
 
 def _fail(msg: str) -> None:
-    typer.echo(f"cutpoint lab: error: {msg}", err=True)
+    typer.echo(f"cutpoint-lab: error: {msg}", err=True)
     raise typer.Exit(2)
 
 
@@ -28,7 +35,6 @@ def _log_err(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
-@app.command()
 def up(
     hosts: int = typer.Option(2, "--hosts", help="primary-site hosts (network namespaces)"),
     vms_per_host: int = typer.Option(1, "--vms-per-host", help="QEMU guests per primary host"),
@@ -87,7 +93,6 @@ def _summary(s: dict[str, Any]) -> None:
                    f"disks {disks}")
 
 
-@app.command()
 def status(
     json_out: bool = typer.Option(False, "--json", help="print the status as JSON"),
     state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
@@ -108,7 +113,6 @@ def status(
     typer.echo(f"  health: {'all processes running' if not dead else 'DEAD: ' + ', '.join(dead)}")
 
 
-@app.command()
 def down(
     state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
     wait: bool = typer.Option(False, "--wait", help="wait for the lab lock instead of failing"),
@@ -126,7 +130,6 @@ def down(
                else "lab down: nothing to remove; nothing left")
 
 
-@app.command("group-file")
 def group_file(
     output: str = typer.Option(None, "--output", "-o", help="default <state dir>/group.yaml"),
     group: str = typer.Option("lab", "--group", help="group name (snapshots cp.<group>.<txn>)"),
@@ -136,8 +139,9 @@ def group_file(
     budget_ms: int = typer.Option(1000, "--budget-ms"),
     state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
 ) -> None:
-    """Write the group file G of the running lab (for `cutpoint snapshot -g G`)."""
-    from cutpoint.coordinator.groupfile import GroupFileError, write_group_file
+    """Write the group file G of the running lab (for `cutpoint snapshot --group-file G`)."""
+    from cutpoint.coordinator.groupfile import GroupFileError
+    from cutpoint.lab.groupfile import write_group_file
     from cutpoint.lab.status import load_status
 
     try:
@@ -150,7 +154,6 @@ def group_file(
     typer.echo(f"wrote {path}: group {spec.name}, {len(spec.vms())} VM(s) on {len(spec.agents)} agent(s)")
 
 
-@app.command("build-image")
 def build_image(
     name: str = typer.Argument(..., help="image recipe: debian-pg"),
     fmt: str = typer.Option("raw", "--format", help="raw or qcow2"),

@@ -5,8 +5,8 @@
 Each member is one `cutpoint-sync` run (docs/replication.md) copying
 `pool/image@snap` from `src_site` to the same-named image and snapshot at
 `dst_site`, incrementally from `base` when the member has one.  Runs go in
-parallel, at most `jobs` at a time.  A site is the dict of the lab status
-(`ceph_conf`, `keyring`, `client_id`, `pool`).
+parallel, at most `jobs` at a time.  A site is a dict of its Ceph access
+(`ceph_conf`, `keyring`, `client_id`, `pool`; see rbdcli.py).
 
 Invariant 5: the group snapshot is a DR recovery point only when *every*
 member's run ended with a `done` event (its extents checksummed and
@@ -32,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
+
+REPO = Path(__file__).resolve().parents[2]  # the source tree, for its build/
 DEFAULT_STATE_DIR = "/var/lib/cutpoint/sync"
 
 EventHook = Callable[[str, dict[str, Any]], None]
@@ -237,25 +239,13 @@ def replicate_group(src: dict[str, Any], dst: dict[str, Any], members: Sequence[
     return out
 
 
-def _rbd(site: dict[str, Any], *args: str, timeout: float = 120) -> str:
-    argv = ["rbd", "-c", site["ceph_conf"], "--id", site.get("client_id", "admin")]
-    if site.get("keyring"):
-        argv += ["--keyring", site["keyring"]]
-    argv += list(args)
-    cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    if cp.returncode != 0:
-        raise ReplicationError(f"rbd {' '.join(args)}: {cp.stderr.strip()[-400:]}", argv,
-                               cp.returncode, cp.stderr)
-    return cp.stdout
-
-
 def list_snaps(site: dict[str, Any], image: str) -> list[str]:
     """Snapshot names of pool/image in creation order ([] if the image is absent)."""
     pool = site.get("pool", "rbd")
     try:
-        out = _rbd(site, "snap", "ls", "--format", "json", f"{pool}/{image}")
-    except ReplicationError as exc:
-        if "No such file" in exc.stderr or "does not exist" in exc.stderr:
+        out = rbd(site, "snap", "ls", "--format", "json", f"{pool}/{image}")
+    except RbdError as exc:
+        if exc.not_found:
             return []
         raise
     return [s["name"] for s in sorted(json.loads(out), key=lambda s: s["id"])]

@@ -1,0 +1,330 @@
+"""Booting VMs at a site: the `Booter` protocol, and the product's booter.
+
+A boot request names VMs and the disk images (RBD, at `site`) they boot
+from, what for (`failover`: the replicated images; `drill`: clones), and a
+tag that names what this boot starts.  A booter:
+
+    start(req, on_event)                 -> [Guest]   start every VM
+    wait_ready(req, guests, timeout_s, on_event)      until each is ready
+    stop(req, guests)                    -> [error]   stop what it started
+    leftovers(req)                       -> {kind: [item]}  what still exists
+
+`AgentBooter` is the product's booter: it starts and stops VMs through the
+site's agents (`vm.start{spec: {vm}}`, `vm.stop{vm}`, docs/agent-protocol.md
+4.9), the agents being those the request names (the control plane finds
+them among its registered hosts: the one whose inventory lists the VM).  A
+VM is ready when its agent reports it running.  Other booters are plugged
+in by name (entry-point group `cutpoint.booters`, see plugins.py) and chosen
+with the `booter` setting.
+
+Drills boot clones of the replicated images.  An agent starts only the
+VMs its configuration defines, and a clone is none of them: booting one
+needs the VM's definition (a captured definition, started with the clone's
+disks and an isolated network).  Until definitions are captured,
+`AgentBooter` refuses a drill with `DrillBootUnsupported`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cutpoint.coordinator.dr import plugins
+
+EventHook = Callable[[str, dict[str, Any]], None]
+
+FAILOVER = "failover"
+DRILL = "drill"
+
+
+class BootError(RuntimeError):
+    """A boot failed; `guests` are the VMs started before it (the caller stops them)."""
+
+    def __init__(self, message: str, guests: list[Guest] | None = None) -> None:
+        self.guests = list(guests or [])
+        super().__init__(message)
+
+
+class DrillBootUnsupported(BootError):
+    """This booter cannot boot a drill's clones."""
+
+
+class NoAgent(BootError):
+    """No agent of the site is known to start a VM of the request."""
+
+
+class UnknownBooter(LookupError):
+    """No booter of that name (the message lists the known ones)."""
+
+
+DRILL_REFUSAL = (
+    "the agent booter cannot boot a drill: a drill boots clones of the replicated "
+    "images, and an agent starts only the VMs its configuration defines; booting a "
+    "clone needs the VM's captured definition, which the control plane does not "
+    "capture yet")
+
+
+@dataclass(frozen=True)
+class BootDisk:
+    node: str  # the VM's disk node (disk0, ...)
+    image: str  # the RBD image at the request's site
+
+
+@dataclass(frozen=True)
+class BootVM:
+    name: str
+    disks: tuple[BootDisk, ...]
+
+
+@dataclass(frozen=True)
+class AgentRef:
+    address: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclass
+class BootRequest:
+    purpose: str  # FAILOVER or DRILL
+    site: dict[str, Any]  # Ceph site of the images (rbdcli)
+    vms: list[BootVM]
+    tag: str  # names what this boot starts: "drill-<id>", "failover-<job>"
+    workload: str = "none"  # what the guests run after boot, where a booter can say
+    agents: dict[str, AgentRef] = field(default_factory=dict)  # VM -> the agent that starts it
+    tls: tuple[str, str, str] | None = None  # (ca, cert, key) to reach the agents
+    evidence_dir: str | None = None  # where a booter may keep consoles and logs
+    start_timeout_s: float = 180
+
+
+@dataclass
+class Guest:
+    """A VM a booter started (or found running)."""
+
+    vm: str
+    agent: str | None = None
+    start_ms: float | None = None
+    already_running: bool = False
+    detail: dict[str, Any] = field(default_factory=dict)  # the booter's own: console, pid...
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"vm": self.vm, "agent": self.agent, "start_ms": self.start_ms,
+                "already_running": self.already_running, **self.detail}
+
+
+class Booter(Protocol):
+    purposes: frozenset[str]  # what it can boot: FAILOVER, DRILL
+
+    def start(self, req: BootRequest, on_event: EventHook | None = None) -> list[Guest]: ...
+
+    def wait_ready(self, req: BootRequest, guests: list[Guest], timeout_s: float,
+                   on_event: EventHook | None = None) -> None: ...
+
+    def stop(self, req: BootRequest, guests: list[Guest]) -> list[str]: ...
+
+    def leftovers(self, req: BootRequest) -> dict[str, list[str]]: ...
+
+
+BUILTIN: dict[str, Callable[[], Booter]] = {}
+
+
+def known_booters() -> list[str]:
+    return sorted(set(BUILTIN) | set(plugins.names(plugins.BOOTERS)))
+
+
+def load_booter(name: str) -> Booter:
+    """The booter called `name`: built in, or registered under `cutpoint.booters`."""
+    factory = BUILTIN.get(name)
+    if factory is None:
+        try:
+            factory = plugins.load(plugins.BOOTERS, name)
+        except plugins.PluginError as exc:
+            raise UnknownBooter(str(exc)) from exc
+    if factory is None:
+        raise UnknownBooter(f"no booter named {name!r} (known: {', '.join(known_booters())})")
+    booter: Booter = factory()
+    return booter
+
+
+# -- the product's booter: the site's agents ---------------------------------
+
+
+class AgentBooter:
+    """Start and stop VMs through the agents of the site (`vm.start`, `vm.stop`)."""
+
+    purposes = frozenset({FAILOVER})
+    poll_s = 0.5
+
+    def start(self, req: BootRequest, on_event: EventHook | None = None) -> list[Guest]:
+        if req.purpose == DRILL:
+            raise DrillBootUnsupported(DRILL_REFUSAL)
+        if req.purpose not in self.purposes:
+            raise BootError(f"the agent booter cannot boot for {req.purpose!r}")
+        by_agent = self._by_agent(req)
+        replies = asyncio.run(self._each_agent(req, by_agent, "vm.start",
+                                               lambda vm: {"spec": {"vm": vm}},
+                                               req.start_timeout_s))
+        guests: list[Guest] = []
+        errors: list[str] = []
+        for agent, per_vm in replies.items():
+            for vm, r in per_vm.items():
+                if isinstance(r, BaseException):
+                    errors.append(f"{vm}: vm.start on {agent}: {_why(r)}")
+                    continue
+                g = Guest(vm, str(agent), r.get("start_ms"), bool(r.get("already_running")))
+                guests.append(g)
+                if on_event:
+                    on_event("vm_start", {"vm": vm, "agent": str(agent),
+                                          "start_ms": r.get("start_ms"),
+                                          "command_ms": r.get("command_ms"),
+                                          "already_running": g.already_running})
+        order = {v.name: k for k, v in enumerate(req.vms)}
+        guests.sort(key=lambda g: order[g.vm])
+        if errors:
+            raise BootError("; ".join(errors), guests)
+        return guests
+
+    def wait_ready(self, req: BootRequest, guests: list[Guest], timeout_s: float,
+                   on_event: EventHook | None = None) -> None:
+        """Until every guest's agent lists it `running` in its inventory."""
+        end = time.monotonic() + timeout_s
+        pending = {g.vm for g in guests}
+        last: dict[str, str] = {}
+        while pending:
+            for vm, state in self.states(req, sorted(pending)).items():
+                last[vm] = state
+                if state == "running":
+                    pending.discard(vm)
+                    if on_event:
+                        on_event("ready", {"vm": vm})
+            if not pending:
+                return
+            if time.monotonic() > end:
+                raise BootError(f"not running after {timeout_s:.0f}s: "
+                                + ", ".join(f"{vm} ({last.get(vm, 'not listed')})"
+                                            for vm in sorted(pending)), guests)
+            time.sleep(self.poll_s)
+
+    def states(self, req: BootRequest, vms: list[str]) -> dict[str, str]:
+        """Each VM's run state as its agent's inventory lists it ('absent' if not listed)."""
+        by_agent = self._by_agent(BootRequest(req.purpose, req.site,
+                                              [v for v in req.vms if v.name in vms],
+                                              req.tag, agents=req.agents, tls=req.tls))
+        out = dict.fromkeys(vms, "absent")
+        for agent, inv in asyncio.run(self._inventories(req, list(by_agent))).items():
+            if isinstance(inv, BaseException):
+                for vm in by_agent[agent]:
+                    out[vm] = f"agent unreachable: {_why(inv)}"
+                continue
+            listed = {v["name"]: v.get("state", "?") for v in inv.get("vms", [])}
+            for vm in by_agent[agent]:
+                out[vm] = listed.get(vm, "absent")
+        return out
+
+    def stop(self, req: BootRequest, guests: list[Guest]) -> list[str]:
+        names = {g.vm for g in guests}
+        vms = [v for v in req.vms if v.name in names]
+        if not vms:
+            return []
+        try:
+            by_agent = self._by_agent(BootRequest(req.purpose, req.site, vms, req.tag,
+                                                  agents=req.agents, tls=req.tls))
+        except BootError as exc:
+            return [str(exc)]
+        replies = asyncio.run(self._each_agent(req, by_agent, "vm.stop",
+                                               lambda vm: {"vm": vm}, 60))
+        return [f"{vm}: vm.stop on {agent}: {_why(r)}"
+                for agent, per_vm in replies.items() for vm, r in per_vm.items()
+                if isinstance(r, BaseException)]
+
+    def leftovers(self, req: BootRequest) -> dict[str, list[str]]:
+        """The request's VMs that their agents still list as anything but shut
+        off (an unreachable agent's are listed: nobody can say they stopped).
+        Nothing for a request it started nothing for: a drill, or VMs no
+        agent was named for."""
+        if req.purpose not in self.purposes:
+            return {}
+        try:
+            states = self.states(req, [v.name for v in req.vms])
+        except NoAgent:
+            return {}
+        return {"vms": sorted(f"{vm} ({s})" for vm, s in states.items()
+                              if s not in ("shutoff", "absent"))}
+
+    # -- agent calls --
+
+    @staticmethod
+    def _by_agent(req: BootRequest) -> dict[AgentRef, list[str]]:
+        missing = [v.name for v in req.vms if v.name not in req.agents]
+        if missing:
+            raise NoAgent(f"no agent of the site is known to start {', '.join(missing)}: "
+                          "register the site's host whose agent defines these VMs, and "
+                          "sync its inventory")
+        if req.tls is None:
+            raise NoAgent("no agent certificate configured (agent_ca, agent_cert, agent_key)")
+        out: dict[AgentRef, list[str]] = {}
+        for v in req.vms:
+            out.setdefault(req.agents[v.name], []).append(v.name)
+        return out
+
+    @staticmethod
+    async def _each_agent(req: BootRequest, by_agent: dict[AgentRef, list[str]], method: str,
+                          params: Callable[[str], dict[str, Any]], timeout_s: float) \
+            -> dict[AgentRef, dict[str, dict[str, Any] | BaseException]]:
+        """`method` for every VM, the VMs of one agent on one connection, all in parallel."""
+        from cutpoint.agentclient.client import AgentClient
+        from cutpoint.agentclient.tls import client_context
+
+        assert req.tls is not None
+        ctx = client_context(*req.tls)
+
+        async def one(agent: AgentRef, vms: list[str]) \
+                -> dict[str, dict[str, Any] | BaseException]:
+            try:
+                async with AgentClient(agent.address, agent.port, ssl_context=ctx,
+                                       connect_timeout=10, call_timeout=timeout_s) as c:
+                    res = await asyncio.gather(*(c.call(method, params(vm)) for vm in vms),
+                                               return_exceptions=True)
+            except Exception as exc:  # noqa: BLE001  the agent itself: every VM of it failed
+                return dict.fromkeys(vms, exc)
+            return dict(zip(vms, res, strict=True))
+
+        agents = list(by_agent)
+        done = await asyncio.gather(*(one(a, by_agent[a]) for a in agents))
+        return dict(zip(agents, done, strict=True))
+
+    @staticmethod
+    async def _inventories(req: BootRequest, agents: list[AgentRef]) \
+            -> dict[AgentRef, dict[str, Any] | BaseException]:
+        from cutpoint.agentclient.client import AgentClient
+        from cutpoint.agentclient.tls import client_context
+
+        assert req.tls is not None
+        ctx = client_context(*req.tls)
+
+        async def one(agent: AgentRef) -> dict[str, Any] | BaseException:
+            try:
+                async with AgentClient(agent.address, agent.port, ssl_context=ctx,
+                                       connect_timeout=10, call_timeout=30) as c:
+                    inv: dict[str, Any] = await c.call("inventory", {})
+                    return inv
+            except Exception as exc:  # noqa: BLE001  reported per VM by the caller
+                return exc
+
+        done = await asyncio.gather(*(one(a) for a in agents))
+        return dict(zip(agents, done, strict=True))
+
+
+def _why(exc: BaseException) -> str:
+    from cutpoint.agentclient.errors import AgentReplyError
+
+    if isinstance(exc, AgentReplyError):
+        return f"{exc.code}: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+BUILTIN["agent"] = AgentBooter

@@ -1,0 +1,1 @@
+"""`cutpoint-lab`: the test bed's own command (see main.py)."""
