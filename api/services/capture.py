@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutpoint.api.config import Settings
+from cutpoint.api.grouplock import guard_of
 from cutpoint.api.models import (
     Disk,
     Group,
@@ -179,8 +180,12 @@ def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict
     def on_event(_txn: str, phase: str) -> None:
         _set_phase(sf, snapshot_id, job_id, phase)
 
+    txlog = txlog_for(settings.database_url)
+    guard = guard_of(sf)
+    if guard is not None:  # the worker's group lock: its token guards the log too
+        txlog = txlog.guarded(guard)
     t0 = time.monotonic()
-    result = _run_async(take_group_snapshot(plan.spec, txlog_for(settings.database_url),
+    result = _run_async(take_group_snapshot(plan.spec, txlog,
                                             txn=txn, on_event=on_event,
                                             pool=_pool_for(plan.spec)))
     elapsed_ms = (time.monotonic() - t0) * 1000

@@ -25,9 +25,10 @@ QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler"
 
 
 class Plane:
-    def __init__(self, tmp: Path, redis_port: int, certs: dict[str, str], **env: str) -> None:
+    def __init__(self, tmp: Path, redis_port: int, certs: dict[str, str], *,
+                 db: str | None = None, **env: str) -> None:
         self.tmp = tmp
-        self.db = f"sqlite:///{tmp}/cp.db"
+        self.db = db or f"sqlite:///{tmp}/cp.db"
         upgrade(self.db)
         redis_db = 1 + (os.getpid() % 14)
         self.env = {**os.environ, "CUTPOINT_DATABASE_URL": self.db,
@@ -48,7 +49,7 @@ class Plane:
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
         self._n += 1
-        if name == "worker":
+        if name.startswith("worker"):
             argv = [*CELERY, "worker", "-Q", QUEUES, "-c", "2", "--loglevel", "INFO",
                     "-n", f"w{self._n}-{os.getpid()}@%h"]
         else:
