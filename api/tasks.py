@@ -23,6 +23,7 @@ from typing import Any
 import redis
 from celery import Task
 from celery.exceptions import Retry
+from celery.signals import worker_ready
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
 from cutpoint.api.grouplock import GroupLock
@@ -335,6 +336,48 @@ def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
                               get_sessionmaker(ctx.settings.database_url, readonly=True))
     finally:
         lock.release()
+
+
+@cutpoint_task("resolve_in_doubt", job=False, max_retries=None)
+def resolve_in_doubt(ctx: Ctx) -> dict[str, Any] | None:
+    """Resolve every group's in-doubt txns, each under its group lock
+    (services/indoubt.py).  Sent when a worker starts and by beat.  A group
+    whose lock is busy, or whose txn may still be driven by a live worker,
+    is looked at again shortly (a few times; beat's pass catches the rest)."""
+    from cutpoint.api.services import indoubt
+
+    out, later = {}, []
+    for name in indoubt.groups_in_doubt(ctx.settings):
+        with ctx.sf() as s:
+            gid = s.scalar(select(Group.id).where(Group.name == name))
+        if gid is None:  # the group is gone; its agents still need the decision
+            out[name] = indoubt.resolve_group(ctx.sf, ctx.settings, name).to_dict()
+            continue
+        lock = GroupLock(ctx.redis, gid, ctx.settings.group_lock_ttl_s)
+        if not lock.acquire():
+            later.append(name)
+            continue
+        try:
+            res = indoubt.resolve_group(lock.fence(ctx.sf), ctx.settings, name)
+        finally:
+            lock.release()
+        out[name] = res.to_dict()
+        if res.too_recent:
+            later.append(name)
+    if later and ctx.task.request.retries < 10:
+        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+    return {"groups": out, "later": later}
+
+
+@worker_ready.connect
+def _resolve_at_start(**_: Any) -> None:
+    """A starting worker resolves what a dead one left in doubt, for every
+    group, without waiting for the next snapshot of that group."""
+    settings = get_settings()
+    try:
+        send("resolve_in_doubt", "worker-start", settings)
+    except Exception:  # beat's periodic pass does it later
+        log.exception("event=resolve_at_start_not_queued")
 
 
 @cutpoint_task("retention_tick", job=False)
