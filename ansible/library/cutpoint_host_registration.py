@@ -26,8 +26,8 @@ options:
   site: {description: Site (failure domain) name., type: str, required: true}
   address: {description: Agent address., type: str, required: true}
   port: {description: Agent port., type: int, default: 7443}
-  cert_pem: {description: The agent certificate (PEM); its DER SHA-256 is registered., type: str}
-  cert_fingerprint: {description: SHA-256 fingerprint (hex) when I(cert_pem) is not given., type: str}
+  cert_pem: {description: The agent certificate (PEM); its DER SHA-256 is registered as the host's pin., type: str}
+  cert_fingerprint: {description: SHA-256 fingerprint (hex) when I(cert_pem) is not given; one of the two is required with I(state=present)., type: str}
   state: {description: present or absent., type: str, default: present, choices: [present, absent]}
 author: cutpoint
 """
@@ -123,6 +123,9 @@ def main():
             module.fail_json(msg=f"cert_pem is not a PEM certificate: {exc}")
     elif p["cert_fingerprint"]:
         fp = p["cert_fingerprint"].replace(":", "").lower()
+    if fp is None and p["state"] == "present":
+        module.fail_json(msg="cert_pem or cert_fingerprint is required: the API registers a "
+                             "host only pinned to its agent's certificate")
 
     base = p["api_url"]
     try:
@@ -135,9 +138,8 @@ def main():
                 _call(base, token, "DELETE", f"/v1/hosts/{current['id']}")
             module.exit_json(changed=True, host={}, diff_fields=["state"],
                              diff={"before": current, "after": {}})
-        want = {"site": p["site"], "address": p["address"], "port": p["port"]}
-        if fp is not None:
-            want["cert_fingerprint"] = fp
+        want = {"site": p["site"], "address": p["address"], "port": p["port"],
+                "cert_fingerprint": fp}
         if current is None:
             sites = {s["name"] for s in _list(base, token, "/v1/sites")}
             host = dict(want, name=p["name"])

@@ -113,6 +113,15 @@ def lab_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> Pl
                     "CUTPOINT_BOOTER": "lab", **env})
 
 
+def lab_pin(lab: dict[str, Any], host: str) -> str:
+    """The pin of a lab host's agent: SHA-256 of its certificate (DER)."""
+    import hashlib
+    import ssl
+
+    pem = (Path(lab["state_dir"]) / "certs" / f"{host}.pem").read_text()
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+
 def agent_vm_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \
         -> dict[str, str]:
     """VM name -> run state, as the agents of the lab's `site` hosts list
