@@ -120,6 +120,10 @@ _txlogs: dict[str, Any] = {}
 # by the client on its next call.
 _loop: asyncio.AbstractEventLoop | None = None
 _pools: dict[tuple[str, str, str], Any] = {}
+# Per pool: the pin (and TLS server name) each agent's connection was
+# opened under.  The pool reuses a connection by address alone, so a
+# host whose pin changed must not find its old connection there.
+_pins: dict[tuple[str, str, str], dict[tuple[str, int], tuple[str | None, str | None]]] = {}
 
 
 def _run_async(coro: Any) -> Any:
@@ -130,12 +134,34 @@ def _run_async(coro: Any) -> Any:
 
 
 def _pool_for(spec: Any) -> Any:
+    """This process's agent pool for the spec's certificate, holding a
+    connection to each of its agents opened under the agent's current pin.
+
+    When an agent's pin (or server name) differs from the one its pooled
+    connection was checked against, the pool is closed and a new one made:
+    every connection of the new pool checks the pins it is given (a pin
+    changes rarely; the others reconnect once)."""
+    from cutpoint.agentclient.client import normalize_fingerprint
     from cutpoint.coordinator.twophase import pool_for
 
     key = (spec.tls.ca, spec.tls.cert, spec.tls.key)
+    want = {(a.address, a.port): (normalize_fingerprint(a.cert_sha256), a.server_name)
+            for a in spec.agents}
+    seen = _pins.setdefault(key, {})
+    changed = sorted(f"{addr}:{port}" for (addr, port), v in want.items()
+                     if seen.get((addr, port), v) != v)
+    if changed and key in _pools:
+        log.warning("event=agent_pin_changed agents=%s action=reconnect", ",".join(changed))
+        _run_async(_pools.pop(key).close())
+        seen.clear()
     if key not in _pools:
         _pools[key] = pool_for(spec)
-    return _pools[key]
+    pool_ = _pools[key]
+    for a in spec.agents:  # open under the current pins (before any stored spec's)
+        pool_.get(a.address, a.port, name=a.name, server_name=a.server_name,
+                  cert_sha256=a.cert_sha256)
+    seen.update(want)
+    return pool_
 
 
 def pool(settings: Settings) -> Any:

@@ -60,3 +60,30 @@ def test_the_cli_registers_a_host_only_with_its_pin(api: Any, settings: Any,
         assert rc == 0, out
     (h,) = api.get("/v1/hosts").json()["items"]
     assert h["cert_fingerprint"] == _fp(pki["h"]["cert"])
+
+
+def test_a_changed_pin_is_not_reached_over_an_old_connection(
+        db_url: str, local_services: Any, tmp_path: Path) -> None:
+    """The worker keeps agent connections open across snapshots.  When a
+    host's pin changes (its certificate was re-issued, say because the old
+    key leaked), the next snapshot must check the new pin: the connection
+    opened under the old one is not used again."""
+    from cutpoint.api.models import Host, SnapState
+    from cutpoint.api.services import capture
+    from peergroup import PeerGroup  # api/tests/peergroup.py
+
+    with PeerGroup(db_url, local_services.redis_url, tmp_path,
+                   {"h1": {"vm1": ["disk0"]}}) as pg:
+        _, sid = pg.request()
+        assert capture.run(pg.sf, pg.settings, sid)["state"] == "committed"
+        other = make_pki(tmp_path / "other", {"elsewhere": ["127.0.0.1"]})
+        with pg.sf() as s:
+            (h,) = s.query(Host).filter(Host.site_id == pg.site_id).all()
+            h.cert_fingerprint = _fp(other["elsewhere"]["cert"])  # not what the agent has
+            s.commit()
+        _, sid2 = pg.request()
+        out = capture.run(pg.sf, pg.settings, sid2)
+        print(f"\nafter the pin changed: {out['state']} {out['error_code']}: {out['reason']}")
+        assert out["state"] == SnapState.aborted.value, out
+        assert out["error_code"] == "CERT_MISMATCH", out
+        assert pg.peers["h1"].cmds().count("prepare") == 1  # only the first snapshot's
