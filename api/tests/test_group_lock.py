@@ -24,6 +24,7 @@ from cutpoint.api.db import get_sessionmaker
 from cutpoint.api.models import Group
 from cutpoint.api.tasks import GroupLock
 from cutproxy import CutProxy  # api/tests/cutproxy.py
+from peergroup import fingerprint  # api/tests/peergroup.py
 from plane import Plane, wait_for  # api/tests/plane.py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -196,7 +197,7 @@ def test_tokens_only_grow(redis_port: int) -> None:
 
 @pytest.fixture
 def peer_plane(tmp_path: Path, local_services: services_local.Endpoints,
-               empty_db: Callable[[str], str]) -> Iterator[tuple[AgentPeer, Plane]]:
+               empty_db: Callable[[str], str]) -> Iterator[tuple[AgentPeer, Plane, str]]:
     """Two Celery workers on PostgreSQL (where two workers' transactions do
     run side by side) and an in-process agent peer holding the group's VM."""
     pki = make_pki(tmp_path / "pki", {"agent": ["127.0.0.1"], "coordinator": []})
@@ -217,14 +218,14 @@ def peer_plane(tmp_path: Path, local_services: services_local.Endpoints,
                    CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
             p.start("worker")
             p.start("worker2")
-            yield peer, p
+            yield peer, p, fingerprint(pki["agent"]["cert"])
     finally:
         asyncio.run_coroutine_threadsafe(peer.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
 
 
 def test_a_retention_run_that_lost_its_lock_stops_and_says_so(
-        peer_plane: tuple[AgentPeer, Plane]) -> None:
+        peer_plane: tuple[AgentPeer, Plane, str]) -> None:
     """Retention job 1 deletes snapshot t1 through the agent, which does not
     answer; meanwhile its lock key is deleted and retention job 2 takes the
     group and deletes t1 and t2.  When job 1's call gives up, its write is
@@ -245,12 +246,13 @@ def test_a_retention_run_that_lost_its_lock_stops_and_says_so(
     from cutpoint.api.services import groups, inventory, jobs
     from cutpoint.api.worker import send
 
-    peer, plane = peer_plane
+    peer, plane, pin = peer_plane
     with plane.sf() as s:
         site = Site(name="p")
         s.add(site)
         s.flush()
-        host = Host(name="h1", site_id=site.id, address="127.0.0.1", port=peer.port)
+        host = Host(name="h1", site_id=site.id, address="127.0.0.1", port=peer.port,
+                    cert_fingerprint=pin)
         s.add(host)
         s.flush()
         inventory.apply(s, host, {"vms": [{"name": "vm1", "state": "running", "disks": [

@@ -87,3 +87,55 @@ def test_a_changed_pin_is_not_reached_over_an_old_connection(
         assert out["state"] == SnapState.aborted.value, out
         assert out["error_code"] == "CERT_MISMATCH", out
         assert pg.peers["h1"].cmds().count("prepare") == 1  # only the first snapshot's
+
+
+def test_failover_agent_calls_are_pinned(tmp_path: Path, settings: Any) -> None:
+    """Failover's calls to agents (fence: vm.stop on the primary's hosts;
+    boot: vm.start on the DR host) go through one pinned connection helper
+    (services/agents.py): the right certificate is reached, another one
+    signed by the same CA is refused before any request is sent, and a host
+    without a pin is not called at all."""
+    import asyncio
+    import threading
+
+    from cutpoint.agentclient.testing import AgentPeer
+    from cutpoint.api.models import Host
+    from cutpoint.api.services import agents
+
+    pki = make_pki(tmp_path / "pki", {"dr1": ["127.0.0.1"], "other": ["127.0.0.1"],
+                                      "coordinator": []})
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    peer = AgentPeer("dr1", {"vm1": ["disk0"]}, ca=pki["ca"]["cert"],
+                     cert=pki["dr1"]["cert"], key=pki["dr1"]["key"])
+    asyncio.run_coroutine_threadsafe(peer.start(), loop).result(10)
+    st = settings.model_copy(update={"agent_ca": pki["ca"]["cert"],
+                                     "agent_cert": pki["coordinator"]["cert"],
+                                     "agent_key": pki["coordinator"]["key"],
+                                     "agent_timeout_s": 5})
+
+    def host(pin: str | None) -> Host:
+        return Host(name="dr1", address="127.0.0.1", port=peer.port, cert_fingerprint=pin)
+    try:
+        right, wrong = _fp(pki["dr1"]["cert"]), _fp(pki["other"]["cert"])
+        # Fence: vm.stop through agents.call.
+        for pin, code in ((None, "unpinned"), (wrong, "fingerprint_mismatch")):
+            try:
+                agents.call(host(pin), st, ("vm.stop", {"vm": "vm1"}))
+                got = "sent"
+            except agents.AgentCallError as exc:
+                got = exc.code
+            print(f"\nvm.stop with pin {pin and pin[:8]}: {got}; agent saw {peer.cmds()}")
+            assert got == code and peer.requests == [], peer.cmds()
+        # Boot: vm.start of each VM, per-VM outcome (the peer has no vm.start:
+        # its UNKNOWN_COMMAND reply shows the request reached it).
+        started, errors = agents.start_vms(host(right), st, ["vm1"], timeout_s=5)
+        assert started == {} and "UNKNOWN_COMMAND" in errors[0], errors
+        assert peer.cmds() == ["vm.start"]
+        for pin, code in ((None, "unpinned"), (wrong, "fingerprint_mismatch")):
+            started, errors = agents.start_vms(host(pin), st, ["vm1"], timeout_s=5)
+            assert started == {} and code in errors[0], errors
+        assert peer.cmds() == ["vm.start"]
+    finally:
+        asyncio.run_coroutine_threadsafe(peer.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
