@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None,
     registry, http_requests, http_latency = make_registry(
         lambda: app.state.read_session_factory())
     errors.install(app)
+    errors.document(app)
 
     v1 = APIRouter(prefix="/v1")
     for r in (sites, hosts, inventory, groups, snapshots, jobs, audit, tokens):
