@@ -209,7 +209,8 @@ class GroupLock:
             bumped = int(self.r.eval(_BUMP, 2, self.key, self.counter, self._value,
                                      int(cur) + 1))  # type: ignore[arg-type]
             if not bumped:
-                raise LockLost(self.key, "its key expired before the token was recorded")
+                self._lose("its key expired before the token was recorded")
+                raise LockLost(self.key, self._why)
             log.warning("lock=%s event=token_counter_behind redis=%s database=%s new=%s",
                         self.key, self.token, cur, bumped)
             self.token = bumped

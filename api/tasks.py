@@ -26,7 +26,7 @@ from celery.exceptions import Retry
 from celery.signals import worker_ready
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
-from cutpoint.api.grouplock import GroupLock
+from cutpoint.api.grouplock import GroupLock, LockLost
 from cutpoint.api.models import (
     Group,
     GroupSnapshot,
@@ -224,6 +224,11 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
     try:
         try:
             fsf = ctx.hold(lock)
+        except LockLost as exc:  # gone before we started: nothing done, come back
+            _note(ctx, f"lock lost, retried: {exc}")
+            raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3),
+                                 exc=exc) from exc
+        try:
             summary = capture.run(fsf, ctx.settings, snap_id)
         except capture.CaptureError as exc:
             capture.fail(fsf, snap_id, exc.code, str(exc))
