@@ -378,10 +378,11 @@ def resolve_in_doubt(ctx: Ctx) -> dict[str, Any] | None:
 def _resolve_at_start(**_: Any) -> None:
     """A starting worker resolves what a dead one left in doubt, for every
     group, without waiting for the next snapshot of that group."""
-    settings = get_settings()
+    from cutpoint.api.services import queue
+
     try:
-        send("resolve_in_doubt", "worker-start", settings)
-    except Exception:  # beat's periodic pass does it later
+        queue.enqueue_sweep(get_settings(), "resolve_in_doubt", "worker-start")
+    except queue.BrokerUnavailable:  # beat's periodic pass does it later
         log.exception("event=resolve_at_start_not_queued")
 
 
