@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None,
     registry, http_requests, http_latency = make_registry(
         lambda: app.state.read_session_factory())
     errors.install(app)
+    errors.document(app)
 
     v1 = APIRouter(prefix="/v1")
     for r in (sites, hosts, inventory, groups, snapshots, jobs, audit, tokens):
@@ -99,33 +100,57 @@ def create_app(settings: Settings | None = None,
         rid = rid[:36]
         request.state.actor = None
         request.state.role = None
+        request.state.request_id = rid
+        request.state.audit_id = None
         t0 = time.perf_counter()
         status = 500
+        response: Response | None = None
         try:
             response = await call_next(request)
             status = response.status_code
-            response.headers["X-Request-Id"] = rid
-            return response
         finally:
             route = request.scope.get("route")
             rpath = getattr(route, "path", "unmatched")
             http_requests.labels(request.method, rpath, str(status)).inc()
             http_latency.labels(request.method, rpath).observe(time.perf_counter() - t0)
             if request.method in MUTATING:
-                _audit(app, request, status, rid)
+                refused = _audit(app, request, status, rid)
+                if refused is not None and response is not None:
+                    response = refused
+        assert response is not None
+        response.headers["X-Request-Id"] = rid
+        return response
 
     return app
 
 
-def _audit(app: FastAPI, request: Request, status: int, rid: str) -> None:
-    """Every mutating call is recorded, refused ones included (actor null if unknown)."""
+def _audit(app: FastAPI, request: Request, status: int, rid: str) -> Response | None:
+    """Every mutating call is recorded, refused ones included (actor null if
+    unknown).  A change was committed together with its row (services/audit.py);
+    here the row gets the final status, or is written now for a call that
+    committed nothing.  A successful call that could not be recorded at all
+    is answered 503 instead (returned here)."""
+    entry_id = request.state.audit_id
     try:
         with app.state.session_factory() as s:
-            audit_service.record(
-                s, actor=request.state.actor, role=request.state.role, method=request.method,
-                path=request.url.path, status=status, request_id=rid,
-                remote=request.client.host if request.client else None,
-                detail={"query": str(request.url.query)[:500]} if request.url.query else None)
-    except Exception:
-        # The call itself already happened; losing its audit row must be loud.
+            if entry_id is not None:
+                audit_service.finish(s, entry_id, status)
+            else:
+                audit_service.record(
+                    s, actor=request.state.actor, role=request.state.role,
+                    method=request.method, path=request.url.path, status=status,
+                    request_id=rid, remote=request.client.host if request.client else None,
+                    detail={"query": str(request.url.query)[:500]} if request.url.query
+                    else None)
+    except Exception as exc:
+        if entry_id is not None:
+            # The change and its row are committed; only the final status
+            # is missing (the row keeps the route's success status).
+            log.exception("audit status update failed for %s %s (row %s)", request.method,
+                          request.url.path, entry_id)
+            return None
         log.exception("audit write failed for %s %s", request.method, request.url.path)
+        if status < 400:
+            return errors.problem(503, "audit_unavailable", "Service unavailable",
+                                  str(audit_service.AuditUnavailable(exc)), request.url.path)
+    return None

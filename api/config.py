@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     scheduler_margin_s: float = Field(default=1.0, ge=0, le=3600)
     retention_interval_s: float = Field(default=30.0, gt=0)
     inventory_interval_s: float = Field(default=60.0, gt=0)
+    # How often in-doubt txns of every group are resolved (also at worker start).
+    resolve_interval_s: float = Field(default=60.0, gt=0)
     # A group lock outlives a killed worker by at most this long.
     group_lock_ttl_s: float = Field(default=30.0, gt=1, le=3600)
     broker_visibility_timeout_s: int = Field(default=120, ge=10)

@@ -9,7 +9,7 @@ from cutpoint.api.config import Settings
 from cutpoint.api.errors import Forbidden, Unauthorized
 from cutpoint.api.models import ApiToken, Role, utcnow
 from cutpoint.api.security import role_allows
-from cutpoint.api.services import tokens
+from cutpoint.api.services import audit, tokens
 from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import OperationalError
@@ -29,6 +29,8 @@ def get_session(request: Request) -> Iterator[Session]:
     factory = (request.app.state.read_session_factory
                if request.method in ("GET", "HEAD") else request.app.state.session_factory)
     session: Session = factory()
+    if request.method not in ("GET", "HEAD"):
+        audit.attach(session, request)  # no change without its audit row
     try:
         yield session
     finally:
@@ -60,7 +62,8 @@ def current_token(request: Request, session: SessionDep, settings: SettingsDep,
     if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
         row.last_used_at = now
         try:
-            session.commit()
+            with audit.unaudited(session):
+                session.commit()
         except OperationalError:
             # Best effort: inside a read transaction on SQLite the upgrade to
             # a write can lose to a concurrent writer; the next call retries.

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("cutpoint.api")
@@ -86,6 +87,70 @@ def problem(status: int, code: str, title: str, detail: str, instance: str,
     if extra:
         body.update(extra)
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+class Problem(BaseModel):
+    """An error response (RFC 9457), as every route and handler here sends it."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    title: str
+    status: int
+    code: str = Field(description="Stable machine-readable error code")
+    detail: str
+    instance: str
+
+
+# Which problems an operation can answer with, and why (what document() adds).
+_PROBLEMS = {
+    400: "Bad request (a body that is not JSON, a cursor this API did not hand out, ...)",
+    401: "No valid bearer token",
+    403: "The token's role may not do this",
+    404: "A resource named in the path, query or body does not exist",
+    409: "Conflict with the current state (a name taken, a snapshot in flight, ...)",
+    412: "If-Match does not match the resource's current ETag",
+    422: "Invalid request (the fields that failed are in `errors`)",
+    503: "A dependency is unavailable (the job broker, the audit log): nothing was done",
+}
+
+
+def _statuses(method: str, op: dict[str, Any]) -> list[int]:
+    out = [400, 401, 403, 404, 422]
+    if method in ("post", "put", "patch", "delete"):
+        out += [409, 503]
+    if any(p.get("in") == "header" and p.get("name", "").lower() == "if-match"
+           for p in op.get("parameters", [])):
+        out.append(412)
+    return sorted(out)
+
+
+def document(app: FastAPI, prefix: str = "/v1/") -> None:
+    """Describe in the OpenAPI document every error an operation under
+    `prefix` can answer, as the problem+json document it really is (FastAPI
+    alone documents only a 422 of its own, as application/json)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = generate()
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        comps["Problem"] = Problem.model_json_schema()
+        ref = {"content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+        for path, ops in schema.get("paths", {}).items():
+            for method, op in ops.items():
+                responses = op.setdefault("responses", {})
+                statuses = _statuses(method, op) if path.startswith(prefix) else [
+                    int(st) for st in responses if str(st).isdigit() and int(st) >= 400]
+                for st in statuses:
+                    responses[str(st)] = {"description": _PROBLEMS.get(
+                        st, responses.get(str(st), {}).get("description", "Error")), **ref}
+        for name in ("HTTPValidationError", "ValidationError"):
+            comps.pop(name, None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install(app: FastAPI) -> None:

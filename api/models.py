@@ -435,3 +435,14 @@ class FencingEpoch(Base):
     job_id: Mapped[str | None] = mapped_column(String(36), default=None)
     at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     __table_args__ = (UniqueConstraint("group_id", "epoch", name="uq_fencing_group_epoch"),)
+
+
+class LockFence(Base):
+    """The newest fencing token the database has seen per group lock
+    (api/grouplock.py): a write carrying an older token is refused."""
+
+    __tablename__ = "lock_fences"
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    group_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token: Mapped[int] = mapped_column(BigInteger)
+    claimed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from celery import Task
 from celery.exceptions import Retry
+from celery.signals import worker_ready
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
+from cutpoint.api.grouplock import GroupLock, LockLost
 from cutpoint.api.models import (
     Group,
     GroupSnapshot,
@@ -63,10 +64,25 @@ class Ctx:
     sf: sessionmaker[Session]
     job_id: str | None
     task: Task
+    # The group locks this run holds, and the session factory for the
+    # group's rows: every commit through it checks their fencing tokens.
+    locks: list[GroupLock] = field(default_factory=list)
+    fenced: sessionmaker[Session] | None = None
+    attempt: int = 0
 
     @functools.cached_property
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(self.settings.redis_url, socket_timeout=5)
+
+    def hold(self, lock: GroupLock) -> sessionmaker[Session]:
+        """Work under `lock` (acquired): its token guards every write to
+        the group's rows from now on."""
+        self.locks.append(lock)
+        self.fenced = lock.fence(self.fenced or self.sf)
+        return self.fenced
+
+    def lost_lock(self) -> GroupLock | None:
+        return next((lk for lk in self.locks if lk.lost.is_set()), None)
 
 
 def cutpoint_task(name: str, *, job: bool = True, **opts: Any) \
@@ -134,6 +150,7 @@ def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) ->
         job.state = JobState.running
         job.attempts += 1
         job.started_at = job.started_at or utcnow()
+        ctx.attempt = job.attempts
         s.commit()
     try:
         result = fn(ctx)
@@ -143,6 +160,15 @@ def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) ->
     except (Skip, Retry):
         raise
     except Exception as exc:
+        lost = ctx.lost_lock()
+        if lost is not None:
+            # Another worker may own the group now: stop here, write
+            # nothing more to the group, and say so on the job.
+            log.error("task=%s job=%s event=lock_lost_stopped lock=%s error=%r", name,
+                      ctx.job_id, lost.key, exc)
+            _finish(ctx, JobState.failed, None, "lock_lost",
+                    f"stopped: {type(exc).__name__}: {exc}")
+            return
         _finish(ctx, JobState.failed, None, "internal", f"{type(exc).__name__}: {exc}")
         raise
     _finish(ctx, JobState.succeeded, result, None, None)
@@ -154,6 +180,13 @@ def _finish(ctx: Ctx, state: JobState, result: dict[str, Any] | None, code: str 
         job = s.get(Job, ctx.job_id)
         if job is None:
             return
+        if ctx.attempt and job.attempts != ctx.attempt:
+            # A later delivery of this job runs it now (ours lost its lock,
+            # or outlived the broker's visibility timeout): its outcome is
+            # the job's, not ours.
+            log.warning("job=%s event=finish_skipped attempt=%s current=%s state=%s",
+                        ctx.job_id, ctx.attempt, job.attempts, state.value)
+            return
         job.state, job.result, job.error_code = state, result, code
         job.error = error[:4000] if error else None
         job.progress = 1.0
@@ -162,47 +195,13 @@ def _finish(ctx: Ctx, state: JobState, result: dict[str, Any] | None, code: str 
         s.commit()
 
 
-class GroupLock:
-    """Redis lock per group, with a TTL refreshed by a heartbeat thread.
-
-    `kind` names the lock: "group" (snapshots, retention, failover) or
-    "replicate" (one replication of the group at a time)."""
-
-    def __init__(self, r: redis.Redis, group_id: int, ttl_s: float,
-                 kind: str = "group") -> None:
-        self.key = f"cutpoint:lock:{kind}:{group_id}"
-        self.lock = r.lock(self.key, timeout=ttl_s, thread_local=False)
-        self.ttl = ttl_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def acquire(self) -> bool:
-        if not self.lock.acquire(blocking=False):
-            return False
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-        self._thread.start()
-        return True
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                self.lock.reacquire()
-            except Exception:  # noqa: BLE001  the TTL covers us; stop beating
-                log.warning("lock=%s heartbeat failed", self.key)
-                return
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2)
-        try:
-            self.lock.release()
-        except Exception:  # noqa: BLE001  expired: nothing to release
-            log.warning("lock=%s already expired at release", self.key)
-
-
-def group_locked(r: redis.Redis, group_id: int) -> bool:
-    return bool(r.exists(f"cutpoint:lock:group:{group_id}"))
+def _note(ctx: Ctx, message: str) -> None:
+    """Say on the job why this delivery stopped (the job itself goes on)."""
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        if job is not None and (not ctx.attempt or job.attempts == ctx.attempt):
+            job.message = message[:255]
+            s.commit()
 
 
 @cutpoint_task("group_snapshot", max_retries=None)
@@ -224,13 +223,27 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
         raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
     try:
         try:
-            summary = capture.run(ctx.sf, ctx.settings, snap_id)
+            fsf = ctx.hold(lock)
+        except LockLost as exc:  # gone before we started: nothing done, come back
+            _note(ctx, f"lock lost, retried: {exc}")
+            raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3),
+                                 exc=exc) from exc
+        try:
+            summary = capture.run(fsf, ctx.settings, snap_id)
         except capture.CaptureError as exc:
-            capture.fail(ctx.sf, snap_id, exc.code, str(exc))
+            capture.fail(fsf, snap_id, exc.code, str(exc))
             raise JobFailed(exc.code, str(exc)) from exc
         except Exception as exc:
             from cutpoint.coordinator.twophase import GroupBusy, TxnInFlight
 
+            if lock.lost.is_set():
+                # The coordinator has aborted what it could (presumed abort)
+                # and the snapshot row is the next holder's to close: this
+                # delivery stops, and the job comes back to resolve its txn
+                # under the lock.
+                _note(ctx, f"lock lost, retried: {exc}")
+                raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3),
+                                     exc=exc) from exc
             if isinstance(exc, TxnInFlight) or capture.txn_in_doubt(ctx.sf, ctx.settings,
                                                                     snap_id):
                 # The coordinator's log holds this txn undecided (a killed
@@ -239,7 +252,7 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
                 # Come back after the lease; the coordinator resolves it.
                 raise ctx.task.retry(countdown=3, exc=exc) from exc
             code = "group_busy" if isinstance(exc, GroupBusy) else type(exc).__name__
-            capture.fail(ctx.sf, snap_id, code, str(exc))
+            capture.fail(fsf, snap_id, code, str(exc))
             raise JobFailed(code, str(exc)) from exc
     finally:
         lock.release()
@@ -299,12 +312,13 @@ def retention(ctx: Ctx) -> dict[str, Any] | None:
     if not lock.acquire():
         raise ctx.task.retry(countdown=5)
     try:
-        out = ret.apply(ctx.sf, ctx.settings, group_id)
+        fsf = ctx.hold(lock)
+        out = ret.apply(fsf, ctx.settings, group_id)
         # DR retention (its own policy) after the primary's, in the same job.
         from cutpoint.api.services import replication
 
         try:
-            dr = replication.dr_apply(ctx.sf, group_id)
+            dr = replication.dr_apply(fsf, group_id)
         except replication.ReplicationFailed as exc:
             dr = {"deleted": [], "failed": [f"{exc.code}: {exc}"]}
         out["dr_deleted"] = dr["deleted"]
@@ -327,6 +341,49 @@ def scheduler_tick(ctx: Ctx) -> dict[str, Any] | None:
                               get_sessionmaker(ctx.settings.database_url, readonly=True))
     finally:
         lock.release()
+
+
+@cutpoint_task("resolve_in_doubt", job=False, max_retries=None)
+def resolve_in_doubt(ctx: Ctx) -> dict[str, Any] | None:
+    """Resolve every group's in-doubt txns, each under its group lock
+    (services/indoubt.py).  Sent when a worker starts and by beat.  A group
+    whose lock is busy, or whose txn may still be driven by a live worker,
+    is looked at again shortly (a few times; beat's pass catches the rest)."""
+    from cutpoint.api.services import indoubt
+
+    out, later = {}, []
+    for name in indoubt.groups_in_doubt(ctx.settings):
+        with ctx.sf() as s:
+            gid = s.scalar(select(Group.id).where(Group.name == name))
+        if gid is None:  # the group is gone; its agents still need the decision
+            out[name] = indoubt.resolve_group(ctx.sf, ctx.settings, name).to_dict()
+            continue
+        lock = GroupLock(ctx.redis, gid, ctx.settings.group_lock_ttl_s)
+        if not lock.acquire():
+            later.append(name)
+            continue
+        try:
+            res = indoubt.resolve_group(lock.fence(ctx.sf), ctx.settings, name)
+        finally:
+            lock.release()
+        out[name] = res.to_dict()
+        if res.too_recent:
+            later.append(name)
+    if later and ctx.task.request.retries < 10:
+        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+    return {"groups": out, "later": later}
+
+
+@worker_ready.connect
+def _resolve_at_start(**_: Any) -> None:
+    """A starting worker resolves what a dead one left in doubt, for every
+    group, without waiting for the next snapshot of that group."""
+    from cutpoint.api.services import queue
+
+    try:
+        queue.enqueue_sweep(get_settings(), "resolve_in_doubt", "worker-start")
+    except queue.BrokerUnavailable:  # beat's periodic pass does it later
+        log.exception("event=resolve_at_start_not_queued")
 
 
 @cutpoint_task("retention_tick", job=False)
@@ -398,6 +455,7 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
         _wait_for_replication(ctx, group_id)
         raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
     try:
+        ctx.hold(lock)
         _run_job(ctx, _replicate, "replicate")
     finally:
         lock.release()
@@ -414,7 +472,7 @@ def _replicate(ctx: Ctx) -> dict[str, Any] | None:
             job.message = "running"
             s.commit()
     try:
-        return replication.run(ctx.sf, ctx.settings, snap_id,
+        return replication.run(ctx.fenced or ctx.sf, ctx.settings, snap_id,
                                jobs=int(params.get("jobs", 2)),
                                verify_full=bool(params.get("verify_full", False)),
                                rate_mbps=(float(params["rate_mbps"])
@@ -485,7 +543,8 @@ def failover(ctx: Ctx) -> dict[str, Any] | None:
         lock.release()
         raise ctx.task.retry(countdown=max(1.0, ttl / 3))
     try:
-        return fo.run_job(ctx.sf, ctx.settings, ctx.job_id or "")
+        ctx.hold(lock)
+        return fo.run_job(ctx.hold(rlock), ctx.settings, ctx.job_id or "")
     except fo.FailoverFailed as exc:
         raise JobFailed(exc.code, str(exc)) from exc
     finally:

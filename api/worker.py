@@ -20,6 +20,8 @@ QUEUES = {
     # These two talk to agents: never on the scheduler queue.
     "retention_tick": "cutpoint.default",
     "inventory_tick": "cutpoint.default",
+    # Talks to agents, like a snapshot of the groups it resolves.
+    "resolve_in_doubt": "cutpoint.snapshots",
     # DR: long-running, they talk to agents and both Ceph sites.
     "replicate": "cutpoint.default",
     "drill": "cutpoint.default",
@@ -51,6 +53,9 @@ def make_celery(settings: Settings) -> Celery:
             "inventory-tick": {"task": "cutpoint.inventory_tick",
                                "schedule": settings.inventory_interval_s,
                                "options": {"expires": settings.inventory_interval_s}},
+            "resolve-in-doubt": {"task": "cutpoint.resolve_in_doubt",
+                                 "schedule": settings.resolve_interval_s,
+                                 "options": {"expires": settings.resolve_interval_s}},
         },
     )
     return app

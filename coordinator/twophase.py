@@ -393,7 +393,10 @@ class _Run:
 
     async def finish_abort(self, reason: str) -> GroupSnapshotResult:
         self.write(ABORTING, reason=reason)  # R4 (sent even if this fails)
-        await self.emit("aborting")
+        try:
+            await self.emit("aborting")
+        except Exception as exc:  # noqa: BLE001  a progress hook must not keep VMs paused
+            log.warning("event=hook_failed phase=aborting txn=%s error=%r", self.txn, exc)
         clean = await self.abort()
         if clean:
             self.write(ABORTED, timings=dict(self.result(ABORTED, reason).timings),

@@ -20,8 +20,9 @@ States (docs/design.md §4):
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,6 +177,18 @@ class TxnExists(TxLogError):
     pass
 
 
+class TxLogRefused(TxLogError):
+    """The log's guard refused a write (e.g. the writer's group lock is
+    another worker's now); `cause` says why.  Nothing was written."""
+
+    def __init__(self, operation: str, url: str, cause: BaseException) -> None:
+        super().__init__(operation, url, cause)
+        self.args = (f"transaction log {url} refused {operation}: {cause}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class BadTransition(RuntimeError):
     pass
 
@@ -229,6 +242,7 @@ class TxLog:
                 kwargs["connect_args"] = {"connect_timeout": 5}
             self.engine = create_engine(url_or_engine, **kwargs)
         self.url = self.engine.url.render_as_string(hide_password=True)
+        self.guard: Callable[[Connection], None] | None = None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         if create:
@@ -242,10 +256,26 @@ class TxLog:
     def dispose(self) -> None:
         self.engine.dispose()
 
+    def guarded(self, guard: Callable[[Connection], None]) -> TxLog:
+        """This log (same engine) with `guard(conn)` run first inside every
+        write's transaction; whatever it raises refuses the write
+        (TxLogRefused).  The control plane passes its group lock's fencing
+        check, so a worker that lost the group cannot move its txns."""
+        other = copy.copy(self)
+        other.guard = guard
+        return other
+
     @contextmanager
-    def _tx(self, operation: str) -> Iterator[Connection]:
+    def _tx(self, operation: str, *, write: bool = False) -> Iterator[Connection]:
         try:
             with self.engine.begin() as conn:
+                if write and self.guard is not None:
+                    try:
+                        self.guard(conn)
+                    except SQLAlchemyError:
+                        raise
+                    except Exception as exc:
+                        raise TxLogRefused(operation, self.url, exc) from exc
                 yield conn
         except IntegrityError as exc:
             raise TxnExists(operation, self.url, exc) from exc
@@ -261,7 +291,7 @@ class TxLog:
         snapshots: dicts with disk, vm, agent, name.
         """
         now = utcnow()
-        with self._tx(f"begin {txn}") as c:
+        with self._tx(f"begin {txn}", write=True) as c:
             c.execute(insert(coord_txn).values(
                 txn=txn, group_name=group, state=PREPARING, reason=None,
                 created_at=now, updated_at=now, lease_ms=lease_ms,
@@ -281,7 +311,7 @@ class TxLog:
         """Move `txn` to `state` (checked against TRANSITIONS), atomically with
         the facts learned in the phase that just ended."""
         now = utcnow()
-        with self._tx(f"{state} {txn}") as c:
+        with self._tx(f"{state} {txn}", write=True) as c:
             cur = c.execute(select(coord_txn.c.state).where(coord_txn.c.txn == txn)
                             .with_for_update()).scalar_one_or_none()
             if cur is None:

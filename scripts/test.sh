@@ -15,7 +15,7 @@ SUITES=(
   "fuzz|scripts/fuzz.sh 60"
   "py-unit|$PYTEST -m 'not lab and not slow' api coordinator agent/client dr-tests"
   "lab|$PYTEST -m 'lab and not slow' dr-tests/tests"
-  "api-schemathesis|python api/tests/tools/run_schemathesis.py --max-examples 15"
+  "api-schemathesis|python api/tests/tools/run_schemathesis.py --max-examples 20"
   "api-lab|$PYTEST -m 'lab and not slow' api/tests"
   "coordinator-lab|$PYTEST -m 'lab and not slow' coordinator/tests"
   "agent-lab|$PYTEST -m 'lab and not slow' agent/tests && scripts/build-asan.sh && CUTPOINTD=build-asan/agent/cutpointd $PYTEST -m 'lab and not slow' agent/tests/test_agent_local.py"

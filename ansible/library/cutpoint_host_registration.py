@@ -20,14 +20,15 @@ description:
   - Supports check mode honestly (reports what would change, writes nothing).
 options:
   api_url: {description: Base URL of the API., type: str, required: true}
+  ca_file: {description: CA certificate (PEM) that signed the API's HTTPS certificate, when it is not in the system store., type: path}
   token: {description: Admin bearer token., type: str, no_log: true}
   token_file: {description: File holding the admin token (used when I(token) is empty)., type: path}
   name: {description: Host name., type: str, required: true}
   site: {description: Site (failure domain) name., type: str, required: true}
   address: {description: Agent address., type: str, required: true}
   port: {description: Agent port., type: int, default: 7443}
-  cert_pem: {description: The agent certificate (PEM); its DER SHA-256 is registered., type: str}
-  cert_fingerprint: {description: SHA-256 fingerprint (hex) when I(cert_pem) is not given., type: str}
+  cert_pem: {description: The agent certificate (PEM); its DER SHA-256 is registered as the host's pin., type: str}
+  cert_fingerprint: {description: SHA-256 fingerprint (hex) when I(cert_pem) is not given; one of the two is required with I(state=present)., type: str}
   state: {description: present or absent., type: str, default: present, choices: [present, absent]}
 author: cutpoint
 """
@@ -54,6 +55,10 @@ class ApiError(Exception):
         super().__init__(f"{method} {path} sent {sent!r} -> HTTP {status}: {received}")
 
 
+# TLS context of HTTPS API URLs (set from ca_file in main).
+_SSL = None
+
+
 def _call(base, token, method, path, body=None):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(base.rstrip("/") + path, data=data, method=method)
@@ -62,7 +67,7 @@ def _call(base, token, method, path, body=None):
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=_SSL) as resp:
             raw = resp.read()
             return json.loads(raw) if raw else None
     except urllib.error.HTTPError as exc:
@@ -93,6 +98,7 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "api_url": {"type": "str", "required": True},
+            "ca_file": {"type": "path"},
             "token": {"type": "str", "no_log": True, "default": ""},
             "token_file": {"type": "path"},
             "name": {"type": "str", "required": True},
@@ -106,6 +112,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    global _SSL
+    if p["ca_file"]:
+        _SSL = ssl.create_default_context(cafile=p["ca_file"])
     token = p["token"]
     if not token:
         if not p["token_file"]:
@@ -123,6 +132,9 @@ def main():
             module.fail_json(msg=f"cert_pem is not a PEM certificate: {exc}")
     elif p["cert_fingerprint"]:
         fp = p["cert_fingerprint"].replace(":", "").lower()
+    if fp is None and p["state"] == "present":
+        module.fail_json(msg="cert_pem or cert_fingerprint is required: the API registers a "
+                             "host only pinned to its agent's certificate")
 
     base = p["api_url"]
     try:
@@ -135,9 +147,8 @@ def main():
                 _call(base, token, "DELETE", f"/v1/hosts/{current['id']}")
             module.exit_json(changed=True, host={}, diff_fields=["state"],
                              diff={"before": current, "after": {}})
-        want = {"site": p["site"], "address": p["address"], "port": p["port"]}
-        if fp is not None:
-            want["cert_fingerprint"] = fp
+        want = {"site": p["site"], "address": p["address"], "port": p["port"],
+                "cert_fingerprint": fp}
         if current is None:
             sites = {s["name"] for s in _list(base, token, "/v1/sites")}
             host = dict(want, name=p["name"])

@@ -145,6 +145,10 @@ def _print_snapshot(s: dict[str, Any]) -> None:
     c.print(f"snapshot {s['id']} txn={s['txn']} state=[bold]{s['state']}[/bold] "
             f"max pause={_ms(s['max_pause_ms'])} duration={_ms(s['duration_ms'])}"
             + (f" error={s['error_code']}" if s["error_code"] else ""))
+    if s["state"] == "aborting":
+        c.print("[bold yellow]aborting: the cleanup is not confirmed, a member snapshot of "
+                "this txn may remain; the worker retries the abort (when it starts and every "
+                "resolve_interval_s)[/bold yellow]")
     if s.get("members"):
         t = Table("host", "vm", "disk", "name", "state", "paused", "snapshot")
         for m in s["members"]:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import ssl
+from pathlib import Path
+from typing import Annotated
+
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
 from cutpoint.api.cli.job import watch_job
@@ -34,20 +39,39 @@ def site_list(url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt
     Console().print(t)
 
 
+def _fingerprint_of(pem: Path) -> str:
+    """SHA-256 (hex) of the DER form of the PEM certificate in `pem`."""
+    try:
+        der = ssl.PEM_cert_to_DER_cert(pem.read_text())
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{pem}: not a readable PEM certificate ({exc})",
+                                 param_hint="--cert") from None
+    return hashlib.sha256(der).hexdigest()
+
+
 @host_app.command("add")
 def host_add(name: str, site: str = typer.Option(..., "--site"),
              address: str = typer.Option(..., "--address"),
              port: int = typer.Option(7443, "--port"),
              fingerprint: str | None = typer.Option(None, "--fingerprint",
                                                     help="agent cert SHA-256 (hex)"),
+             cert: Annotated[Path | None, typer.Option(
+                 "--cert", help="the agent's certificate (PEM): its SHA-256 becomes the "
+                 "pin")] = None,
              sync: bool = typer.Option(True, "--sync/--no-sync",
                                        help="pull the agent's inventory now"),
              url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
-    """Register a host's agent (and pull its inventory)."""
+    """Register a host's agent, pinned to its certificate (and pull its inventory)."""
+    if cert is not None:
+        fingerprint = _fingerprint_of(cert)
+    if not fingerprint:
+        raise typer.BadParameter(
+            "a host is registered pinned to its agent's certificate: give --cert AGENT.pem "
+            "or --fingerprint SHA256 (hex of the DER certificate)",
+            param_hint="--cert / --fingerprint")
     api = Api(url, token)
-    body = {"name": name, "site": site, "address": address, "port": port}
-    if fingerprint:
-        body["cert_fingerprint"] = fingerprint
+    body = {"name": name, "site": site, "address": address, "port": port,
+            "cert_fingerprint": fingerprint}
     h = run(lambda: api.post("/v1/hosts", json=body))
     if not json_out:
         typer.echo(f"host {h['name']} id={h['id']} {h['address']}:{h['port']}")

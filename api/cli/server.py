@@ -90,10 +90,17 @@ def server(
         "does not exist yet")] = None,
     concurrency: Annotated[int, typer.Option(
         "--concurrency", min=1, max=32, help="worker processes (embedded)")] = 2,
+    tls_cert: Annotated[Path | None, typer.Option(
+        "--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(
+        "--tls-key", help="the certificate's private key (PEM)")] = None,
 ) -> None:
     """Run the API (or, with --embedded, everything)."""
     if ctx.invoked_subcommand is not None:
         return
+    if (tls_cert is None) != (tls_key is None):
+        raise typer.BadParameter("give both --tls-cert and --tls-key, or neither",
+                                 param_hint="--tls-cert / --tls-key")
     if embedded:
         raise typer.Exit(run_embedded(state_dir, host, port, agent_certs, admin_token_file,
                                       concurrency))
@@ -103,7 +110,9 @@ def server(
     upgrade(st.database_url)
     import uvicorn
 
-    uvicorn.run("cutpoint.api.app:create_app", factory=True, host=host, port=port)
+    uvicorn.run("cutpoint.api.app:create_app", factory=True, host=host, port=port,
+                ssl_certfile=str(tls_cert) if tls_cert else None,
+                ssl_keyfile=str(tls_key) if tls_key else None)
 
 
 @app.command("migrate")

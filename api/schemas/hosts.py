@@ -15,14 +15,18 @@ class HostCreate(Strict):
     site: Name = Field(description="Site name")
     address: Address
     port: int = Field(default=7443, ge=1, le=65535)
-    cert_fingerprint: Fingerprint | None = Field(
-        default=None, description="SHA-256 of the agent certificate (DER), hex")
+    cert_fingerprint: Fingerprint = Field(
+        description="SHA-256 of the agent certificate (DER), hex, with or without colons. "
+        "Required: every connection to the agent checks it on top of the CA, so a "
+        "certificate of another host (signed by the same CA) is refused")
 
 
 class HostUpdate(Strict):
     address: Address | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
-    cert_fingerprint: Fingerprint | None = None
+    cert_fingerprint: Fingerprint | None = Field(
+        default=None, description="A new pin (a re-issued agent certificate); it cannot be "
+        "removed: null leaves it as it is")
 
 
 class HostPublic(Public):

@@ -1,8 +1,12 @@
-"""Calls to one agent from the control plane (inventory, snapshot.delete).
+"""Calls to one agent from the control plane: inventory, retention's
+snapshot.delete, failover's fence (vm.stop) and boot (vm.start).
 
-Each call opens one mutually authenticated TLS connection
-(docs/agent-protocol.md §1) and, when the host has a pinned certificate
-fingerprint, checks it before sending anything.
+Every connection is mutually authenticated TLS (docs/agent-protocol.md §1)
+*and* pinned: `pinned_client` checks the host's registered certificate
+fingerprint before anything is sent, so a certificate of another host,
+signed by the same CA, is refused.  A host without a pin (a row registered
+before pins were required) is not called at all: set its pin first
+(PATCH /v1/hosts/{id} cert_fingerprint).
 """
 
 from __future__ import annotations
@@ -30,23 +34,56 @@ def _context(settings: Settings) -> Any:
     return client_context(settings.agent_ca, settings.agent_cert, settings.agent_key)
 
 
-async def _calls(host: Host, settings: Settings,
-                 calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    from cutpoint.agentclient import AgentClient, AgentError
+def pinned_client(host: Host, settings: Settings, *, timeout_s: float | None = None) -> Any:
+    """An (unconnected) AgentClient of `host`'s agent, pinned to its
+    registered certificate; AgentCallError `unpinned` when it has none."""
+    from cutpoint.agentclient import AgentClient
+
+    if not host.cert_fingerprint:
+        raise AgentCallError(host.name, "unpinned",
+                             "the host has no certificate pin, so its agent is not called; "
+                             "set cert_fingerprint (PATCH /v1/hosts/{id})")
+    return AgentClient(host.address, host.port, ssl_context=_context(settings),
+                       name=host.name, connect_timeout=settings.agent_timeout_s,
+                       call_timeout=timeout_s or settings.agent_timeout_s,
+                       cert_sha256=host.cert_fingerprint)
+
+
+def _error(host: Host, exc: Exception) -> AgentCallError:
+    from cutpoint.agentclient import AgentError
     from cutpoint.agentclient.errors import CERT_MISMATCH
 
-    client = AgentClient(host.address, host.port, ssl_context=_context(settings),
-                         name=host.name, connect_timeout=settings.agent_timeout_s,
-                         call_timeout=settings.agent_timeout_s,
-                         cert_sha256=host.cert_fingerprint)
-    out = []
+    if isinstance(exc, AgentCallError):
+        return exc
+    if isinstance(exc, AgentError):
+        code = "fingerprint_mismatch" if exc.code == CERT_MISMATCH else exc.code
+        return AgentCallError(host.name, code, exc.message, exc.sent, exc.received)
+    return AgentCallError(host.name, "INTERNAL", f"{type(exc).__name__}: {exc}")
+
+
+async def _calls(host: Host, settings: Settings, calls: list[tuple[str, dict[str, Any]]],
+                 *, parallel: bool = False, timeout_s: float | None = None) \
+        -> list[dict[str, Any] | AgentCallError]:
+    """One connection; `parallel`: all calls at once, each with its own
+    outcome; otherwise in order, stopping at the first error (raised)."""
+    from cutpoint.agentclient import AgentError
+
+    client = pinned_client(host, settings, timeout_s=timeout_s)
+    out: list[dict[str, Any] | AgentCallError] = []
     try:
         await client.connect()
-        for cmd, args in calls:
-            out.append(await client.call(cmd, args))
+        if parallel:
+            res = await asyncio.gather(*(client.call(c, a) for c, a in calls),
+                                       return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException) and not isinstance(r, Exception):
+                    raise r
+                out.append(_error(host, r) if isinstance(r, Exception) else r)
+        else:
+            for cmd, args in calls:
+                out.append(await client.call(cmd, args))
     except AgentError as exc:
-        code = "fingerprint_mismatch" if exc.code == CERT_MISMATCH else exc.code
-        raise AgentCallError(host.name, code, exc.message, exc.sent, exc.received) from exc
+        raise _error(host, exc) from exc
     finally:
         await client.close()
     return out
@@ -54,4 +91,28 @@ async def _calls(host: Host, settings: Settings,
 
 def call(host: Host, settings: Settings, *calls: tuple[str, dict[str, Any]]) \
         -> list[dict[str, Any]]:
-    return asyncio.run(_calls(host, settings, list(calls)))
+    """The replies of `calls`, sent in order over one pinned connection;
+    AgentCallError at the first failure."""
+    return [r for r in asyncio.run(_calls(host, settings, list(calls)))
+            if isinstance(r, dict)]
+
+
+def start_vms(host: Host, settings: Settings, names: list[str], timeout_s: float) \
+        -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """`vm.start` of each VM on `host`'s agent, in parallel over one pinned
+    connection: ({vm: reply}, [error]).  The shape of the coordinator's
+    failover boot step (coordinator/failover.py `_start_via_agent`)."""
+    try:
+        replies = asyncio.run(_calls(host, settings,
+                                     [("vm.start", {"spec": {"vm": n}}) for n in names],
+                                     parallel=True, timeout_s=timeout_s))
+    except AgentCallError as exc:
+        return {}, [f"{n}: vm.start {exc}" for n in names]
+    started: dict[str, dict[str, Any]] = {}
+    errors = []
+    for name, r in zip(names, replies, strict=True):
+        if isinstance(r, AgentCallError):
+            errors.append(f"{name}: vm.start {r}")
+        else:
+            started[name] = r
+    return started, errors

@@ -4,6 +4,12 @@
 `cutpoint.coordinator.take_group_snapshot` with the snapshot's txn (so a
 redelivered job resumes or resolves the same transaction instead of taking
 a second one), and writes the outcome: state, member snapshots, timings.
+
+A txn whose abort could not confirm its cleanup stays ABORTING in the log,
+and its snapshot `aborting` here (never `aborted` while a member snapshot
+may remain, invariant 3).  `settle` records what a later resolution of a
+txn decided (services/indoubt.py: at worker start, periodically, and before
+each snapshot of the same group).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutpoint.api.config import Settings
+from cutpoint.api.grouplock import guard_of
 from cutpoint.api.models import (
     Disk,
     Group,
@@ -113,6 +120,10 @@ _txlogs: dict[str, Any] = {}
 # by the client on its next call.
 _loop: asyncio.AbstractEventLoop | None = None
 _pools: dict[tuple[str, str, str], Any] = {}
+# Per pool: the pin (and TLS server name) each agent's connection was
+# opened under.  The pool reuses a connection by address alone, so a
+# host whose pin changed must not find its old connection there.
+_pins: dict[tuple[str, str, str], dict[tuple[str, int], tuple[str | None, str | None]]] = {}
 
 
 def _run_async(coro: Any) -> Any:
@@ -123,12 +134,53 @@ def _run_async(coro: Any) -> Any:
 
 
 def _pool_for(spec: Any) -> Any:
+    """This process's agent pool for the spec's certificate, holding a
+    connection to each of its agents opened under the agent's current pin.
+
+    When an agent's pin (or server name) differs from the one its pooled
+    connection was checked against, the pool is closed and a new one made:
+    every connection of the new pool checks the pins it is given (a pin
+    changes rarely; the others reconnect once)."""
+    from cutpoint.agentclient.client import normalize_fingerprint
     from cutpoint.coordinator.twophase import pool_for
 
     key = (spec.tls.ca, spec.tls.cert, spec.tls.key)
+    want = {(a.address, a.port): (normalize_fingerprint(a.cert_sha256), a.server_name)
+            for a in spec.agents}
+    seen = _pins.setdefault(key, {})
+    changed = sorted(f"{addr}:{port}" for (addr, port), v in want.items()
+                     if seen.get((addr, port), v) != v)
+    if changed and key in _pools:
+        log.warning("event=agent_pin_changed agents=%s action=reconnect", ",".join(changed))
+        _run_async(_pools.pop(key).close())
+        seen.clear()
     if key not in _pools:
         _pools[key] = pool_for(spec)
+    pool_ = _pools[key]
+    for a in spec.agents:  # open under the current pins (before any stored spec's)
+        pool_.get(a.address, a.port, name=a.name, server_name=a.server_name,
+                  cert_sha256=a.cert_sha256)
+    seen.update(want)
+    return pool_
+
+
+def pool(settings: Settings) -> Any:
+    """This process's agent pool for the control plane's certificate."""
+    from cutpoint.agentclient import AgentPool, client_context
+
+    if not (settings.agent_ca and settings.agent_cert and settings.agent_key):
+        raise CaptureError("agent_tls_unset", "CUTPOINT_AGENT_CA/CERT/KEY are not configured")
+    key = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key))
+    if key not in _pools:
+        _pools[key] = AgentPool(client_context(*key))
     return _pools[key]
+
+
+def txlog(sf: sessionmaker[Session], settings: Settings) -> Any:
+    """The coordinator's log, guarded by the group locks `sf` is fenced with."""
+    log_ = txlog_for(settings.database_url)
+    guard = guard_of(sf)
+    return log_.guarded(guard) if guard is not None else log_
 
 
 def txlog_for(url: str) -> Any:
@@ -161,7 +213,7 @@ def _set_phase(sf: sessionmaker[Session], snap_id: int, job_id: str | None, phas
 
 def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict[str, Any]:
     """Drive one group snapshot to a final state; returns a summary for the job."""
-    from cutpoint.coordinator.twophase import take_group_snapshot
+    from cutpoint.coordinator.twophase import resolve_in_doubt, take_group_snapshot
 
     with sf() as s:
         snap = s.get(GroupSnapshot, snapshot_id)
@@ -179,8 +231,14 @@ def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict
     def on_event(_txn: str, phase: str) -> None:
         _set_phase(sf, snapshot_id, job_id, phase)
 
+    log_ = txlog(sf, settings)  # the worker's group lock guards the log too
+    # Earlier txns of this group left in doubt (a dead worker's, an
+    # unconfirmed abort) are resolved first, and their snapshots settled.
+    for res in _run_async(resolve_in_doubt(log_, _pool_for(plan.spec), group=plan.spec.name,
+                                           wait=False)):
+        settle(sf, settings, res)
     t0 = time.monotonic()
-    result = _run_async(take_group_snapshot(plan.spec, txlog_for(settings.database_url),
+    result = _run_async(take_group_snapshot(plan.spec, log_,
                                             txn=txn, on_event=on_event,
                                             pool=_pool_for(plan.spec)))
     elapsed_ms = (time.monotonic() - t0) * 1000
@@ -188,15 +246,24 @@ def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict
 
 
 def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
-           elapsed_ms: float) -> dict[str, Any]:
+           elapsed_ms: float | None) -> dict[str, Any]:
+    """Write a txn's outcome.  elapsed_ms None: a later resolution of the txn
+    (its timings are the first run's and stay as they were)."""
+    from cutpoint.coordinator.txlog import ABORTING
+
     now = utcnow()
+    aborting = result.state == ABORTING
+    # A member of an unconfirmed abort may still exist: `deleting` until the
+    # cleanup is confirmed.
+    member_state = "present" if result.committed else "deleting" if aborting else "deleted"
     with sf() as s:
         snap = s.get(GroupSnapshot, snapshot_id)
         assert snap is not None
         timing = {v.vm: v for v in result.vms}
-        existing = {m.disk for m in snap.members}
+        existing = {m.disk: m for m in snap.members}
         for m in plan.members:
             if m["disk"] in existing:
+                existing[m["disk"]].state = member_state
                 continue
             t = timing.get(m["vm"])
             disk_t = {}
@@ -210,7 +277,7 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
             snap.members.append(MemberSnapshot(
                 disk_id=m["disk_id"], host=m["host"], vm=m["vm"], disk=m["disk"],
                 name=plan.spec.snapshot_name(snap.txn),
-                state="present" if result.committed else "deleted",
+                state=member_state,
                 consistency=reached if result.committed else None,
                 freeze_ms=t.freeze_ms if t else None, thaw_ms=t.thaw_ms if t else None,
                 freeze_error=t.freeze_error if t else None,
@@ -219,12 +286,15 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                 stop_ms=t.stop_ms if t else None, barrier_ms=t.barrier_ms if t else None,
                 snapshot_ms=disk_t.get("snapshot_ms", t.snapshot_ms if t else None),
                 cont_ms=t.cont_ms if t else None, paused_ms=t.paused_ms if t else None))
-        pauses = [v.paused_ms for v in result.vms if v.paused_ms is not None]
-        snap.max_pause_ms = max(pauses) if pauses else None
-        snap.finished_at = now
+        if elapsed_ms is not None:
+            pauses = [v.paused_ms for v in result.vms if v.paused_ms is not None]
+            snap.max_pause_ms = max(pauses) if pauses else None
+            total = result.timings.get("total_ms") if result.timings else None
+            snap.duration_ms = float(total) if isinstance(total, (int, float)) else elapsed_ms
+        # Not in flight any more: the group's next snapshot may start (the
+        # coordinator does not wait for an unconfirmed abort either).
         snap.inflight_group_id = None
-        total = result.timings.get("total_ms") if result.timings else None
-        snap.duration_ms = float(total) if isinstance(total, (int, float)) else elapsed_ms
+        snap.finished_at = None if aborting else now
         hosts = {h.name: h for h in s.scalars(select(Host).where(
             Host.name.in_({m["host"] for m in plan.members})))}
         if result.committed:
@@ -235,7 +305,7 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
             for h in hosts.values():
                 h.reachable, h.last_seen_at, h.last_error = True, now, None
         else:
-            snap.state = SnapState.aborted
+            snap.state = SnapState.aborting if aborting else SnapState.aborted
             codes = [e.get("code") for e in result.errors if e.get("code")]
             snap.error_code = (codes[0] if codes else "aborted")[:64]
             snap.error = (result.reason or "aborted")[:4000]
@@ -249,6 +319,34 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                 "quiesce": snap.quiesce, "consistency": snap.consistency,
                 "max_pause_ms": snap.max_pause_ms, "duration_ms": snap.duration_ms,
                 "error_code": snap.error_code, "reason": result.reason}
+
+
+def settle(sf: sessionmaker[Session], settings: Settings, result: Any) -> int | None:
+    """Record a resolution of `result.txn` (aborted, committed, or still
+    aborting) on its snapshot; the snapshot id, or None when the txn is not
+    one of the control plane's."""
+    from cutpoint.coordinator.spec import GroupSpec
+
+    with sf() as s:
+        snap = s.scalar(select(GroupSnapshot).where(GroupSnapshot.txn == result.txn))
+        if snap is None:
+            return None
+        snap_id = snap.id
+    rec = txlog_for(settings.database_url).get(result.txn)
+    assert rec is not None
+    spec = GroupSpec.from_dict({k: v for k, v in rec.spec.items() if k != "tls"})
+    with sf() as s:
+        members = []
+        for d in rec.snapshots:
+            disk_id = s.scalar(select(Disk.id).join(Vm, Vm.id == Disk.vm_id)
+                               .join(Host, Host.id == Vm.host_id)
+                               .where(Host.name == d["agent"], Disk.key == d["disk"]))
+            members.append({"host": d["agent"], "vm": d["vm"], "disk": d["disk"],
+                            "disk_id": disk_id})
+    log.info("event=txn_settled txn=%s snapshot=%s state=%s", result.txn, snap_id,
+             result.state)
+    record(sf, snap_id, Plan(spec, members), result, None)
+    return snap_id
 
 
 def txn_in_doubt(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> bool:

@@ -46,6 +46,19 @@ def enqueue(session: Session, settings: Settings, job: Job) -> None:
                                 extra={"job_id": job.id}) from exc
 
 
+def enqueue_sweep(settings: Settings, kind: str, reason: str) -> None:
+    """Queue a task that has no job row (a sweep over every group, as beat
+    sends them); `reason` goes where a job id would, into its log line.  A
+    refusal raises BrokerUnavailable: there is no row to close."""
+    from cutpoint.api.worker import send
+
+    try:
+        send(kind, reason, settings)
+    except Exception as exc:
+        raise BrokerUnavailable(f"the job broker refused {kind}: {type(exc).__name__}: "
+                                f"{exc}") from exc
+
+
 def _close_unqueued(session: Session, job: Job, reason: str) -> None:
     now = utcnow()
     job.state, job.error_code, job.error = JobState.failed, "broker_unavailable", reason

@@ -100,7 +100,7 @@ def miss_reason(session: Session, g: Group, a: Assessment) -> tuple[str, str]:
     """Why the group is out of compliance: the newest failure since the newest RP."""
     stmt = select(GroupSnapshot).where(
         GroupSnapshot.group_id == g.id,
-        GroupSnapshot.state.in_([SnapState.failed, SnapState.aborted]))
+        GroupSnapshot.state.in_([SnapState.failed, SnapState.aborted, SnapState.aborting]))
     if a.newest_cut is not None:
         stmt = stmt.where(GroupSnapshot.requested_at >= a.newest_cut)
     failed = session.scalar(stmt.order_by(GroupSnapshot.id.desc()).limit(1))

@@ -25,9 +25,10 @@ QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler"
 
 
 class Plane:
-    def __init__(self, tmp: Path, redis_port: int, certs: dict[str, str], **env: str) -> None:
+    def __init__(self, tmp: Path, redis_port: int, certs: dict[str, str], *,
+                 db: str | None = None, **env: str) -> None:
         self.tmp = tmp
-        self.db = f"sqlite:///{tmp}/cp.db"
+        self.db = db or f"sqlite:///{tmp}/cp.db"
         upgrade(self.db)
         redis_db = 1 + (os.getpid() % 14)
         self.env = {**os.environ, "CUTPOINT_DATABASE_URL": self.db,
@@ -48,7 +49,7 @@ class Plane:
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
         self._n += 1
-        if name == "worker":
+        if name.startswith("worker"):
             argv = [*CELERY, "worker", "-Q", QUEUES, "-c", "2", "--loglevel", "INFO",
                     "-n", f"w{self._n}-{os.getpid()}@%h"]
         else:
@@ -110,6 +111,15 @@ def lab_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> Pl
                                    "CUTPOINT_AGENT_KEY": str(certs / "coordinator.key")},
                  **{"CP_CEPH_SITES_FILE": str(write_sites_file(lab, tmp / "ceph-sites.json")),
                     "CUTPOINT_BOOTER": "lab", **env})
+
+
+def lab_pin(lab: dict[str, Any], host: str) -> str:
+    """The pin of a lab host's agent: SHA-256 of its certificate (DER)."""
+    import hashlib
+    import ssl
+
+    pem = (Path(lab["state_dir"]) / "certs" / f"{host}.pem").read_text()
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
 
 
 def agent_vm_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \

@@ -105,7 +105,8 @@ def test_taken_and_unknown_names(api: Any) -> None:
     assert api.post("/v1/sites", json={"name": "s"}).status_code == 201
     problem(api.post("/v1/sites", json={"name": "s"}), 409, "site_exists",
             "site 's' already exists")
-    host = {"name": "h", "site": "s", "address": "10.0.0.1", "port": 7443}
+    host = {"name": "h", "site": "s", "address": "10.0.0.1", "port": 7443,
+            "cert_fingerprint": "0f" * 32}
     problem(api.post("/v1/hosts", json={**host, "site": "nowhere"}), 404, "site_not_found",
             "site 'nowhere' does not exist")
     assert api.post("/v1/hosts", json=host).status_code == 201

@@ -22,7 +22,13 @@ import pytest
 from cutpoint.api import services_local
 from cutpoint.api.models import GroupSnapshot, Job, SnapState
 from fastapi.testclient import TestClient
-from plane import Plane, agent_vm_states, lab_plane, wait_for  # api/tests/plane.py
+from plane import (  # api/tests/plane.py
+    Plane,
+    agent_vm_states,
+    lab_pin,
+    lab_plane,
+    wait_for,
+)
 from sqlalchemy import func, select, text
 
 pytestmark = [pytest.mark.lab,
@@ -44,7 +50,8 @@ def register(c: TestClient, lab: dict[str, Any], plane: Plane, rpo: int | None) 
         if h["site"] != "primary":
             continue
         r = c.post("/v1/hosts", json={"name": h["name"], "site": "primary",
-                                      "address": h["address"], "port": 7443})
+                                      "address": h["address"], "port": 7443,
+                                      "cert_fingerprint": lab_pin(lab, h["name"])})
         assert r.status_code == 201, r.text
         job = c.post(f"/v1/hosts/{r.json()['id']}/sync").json()
         wait_for(lambda j=job: c.get(f"/v1/jobs/{j['id']}").json()["state"]

@@ -41,7 +41,13 @@ import pytest
 from cutpoint.api import services_local
 from cutpoint.api.models import FencingEpoch
 from fastapi.testclient import TestClient
-from plane import Plane, agent_vm_states, lab_plane, wait_for  # api/tests/plane.py
+from plane import (  # api/tests/plane.py
+    Plane,
+    agent_vm_states,
+    lab_pin,
+    lab_plane,
+    wait_for,
+)
 from sqlalchemy import select
 
 pytestmark = [pytest.mark.lab,
@@ -82,7 +88,8 @@ def register(c: TestClient, lab: dict[str, Any], plane: Plane) -> None:
         assert c.post("/v1/sites", json={"name": site}).status_code == 201
     for h in lab["hosts"]:
         r = c.post("/v1/hosts", json={"name": h["name"], "site": h["site"],
-                                      "address": h["address"], "port": 7443})
+                                      "address": h["address"], "port": 7443,
+                                      "cert_fingerprint": lab_pin(lab, h["name"])})
         assert r.status_code == 201, r.text
         job = c.post(f"/v1/hosts/{r.json()['id']}/sync").json()
         done = finish(c, job["id"], f"inventory sync of {h['name']}", plane, 60)

@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 from cutpoint.agentclient.testing import AgentPeer, make_pki
 from cutpoint.api import services_local
+from peergroup import fingerprint  # api/tests/peergroup.py
 from plane import Plane, admin_client, wait_for  # api/tests/plane.py
+
+PINS: dict[str, str] = {}  # the peer's certificate pin, by name
 
 
 @pytest.fixture
@@ -25,6 +28,7 @@ def peer_and_plane(tmp_path: Path, local_services: services_local.Endpoints) \
     loop = asyncio.new_event_loop()
     t = threading.Thread(target=loop.run_forever, daemon=True)
     t.start()
+    PINS["agent"] = fingerprint(pki["agent"]["cert"])
     peer = AgentPeer("h-up", {"vm1": ["disk0", "disk1"]}, ca=pki["ca"]["cert"],
                      cert=pki["agent"]["cert"], key=pki["agent"]["key"])
     asyncio.run_coroutine_threadsafe(peer.start(), loop).result(10)
@@ -61,9 +65,11 @@ def test_sync_records_inventory_or_unreachable(
     with admin_client(plane) as c:
         assert c.post("/v1/sites", json={"name": "p"}).status_code == 201
         up = c.post("/v1/hosts", json={"name": "h-up", "site": "p", "address": "127.0.0.1",
-                                       "port": peer.port}).json()
+                                       "port": peer.port,
+                                       "cert_fingerprint": PINS["agent"]}).json()
         down = c.post("/v1/hosts", json={"name": "h-down", "site": "p",
-                                         "address": "127.0.0.1", "port": _closed_port()}).json()
+                                         "address": "127.0.0.1", "port": _closed_port(),
+                                         "cert_fingerprint": "0f" * 32}).json()
         job = _sync(c, plane, up["id"])
         assert job["state"] == "succeeded", (job, plane.tail())
         assert job["result"]["host"] == "h-up", job

@@ -16,6 +16,7 @@ from cutpoint.coordinator.txlog import (
     COMMITTING,
     PREPARING,
     BadTransition,
+    TxLogRefused,
     TxnExists,
 )
 
@@ -123,3 +124,27 @@ async def test_database_dies_between_phases(peers: Any, make_spec: Any) -> None:
         log.dispose()
     finally:
         services_local.destroy(state)
+
+
+def test_a_guard_refuses_writes_and_nothing_is_written(any_txlog: TxLog) -> None:
+    """`guarded(check)`: the check runs inside each write's transaction; what
+    it raises refuses the write (TxLogRefused, a TxLogError) and leaves the
+    log as it was.  Reads are not guarded."""
+    t = uniq(any_txlog, "guard")
+    allow = [True]
+
+    def check(conn: object) -> None:
+        if not allow[0]:
+            raise RuntimeError("the writer's group lock is another worker's now")
+
+    g = any_txlog.guarded(check)
+    g.begin(t, "g", SPEC, SNAPS, lease_ms=1000, budget_ms=500)
+    allow[0] = False
+    with pytest.raises(TxLogRefused, match="refused committing .*another worker's"):
+        g.transition(t, COMMITTING)
+    with pytest.raises(TxLogRefused, match="refused begin"):
+        g.begin(t + "-2", "g", SPEC, SNAPS, lease_ms=1000, budget_ms=500)
+    rec = g.get(t)
+    assert rec is not None and rec.states == [PREPARING]
+    assert g.get(t + "-2") is None
+    any_txlog.transition(t, ABORTING)  # the unguarded log is not affected

@@ -144,7 +144,7 @@ def run(seconds: int, rpo: int) -> int:
             for h in status["hosts"]:
                 if h["site"] == "primary":
                     cp("host", "add", h["name"], "--site", "primary", "--address",
-                       h["address"], env=env)
+                       h["address"], "--cert", str(certs / f"{h['name']}.pem"), env=env)
             cp("host", "list", env=env)
             say(f"a group of the 2 VMs on 2 hosts, RPO {rpo} s")
             cp("group", "create", "demo", "--rpo", str(rpo), "--lease-ms", "3000",
