@@ -8,6 +8,7 @@
 #include "mono.h"
 #include "par.h"
 #include "resume.h"
+#include "sdnotify.h"
 
 #define RETRY_RESUME_MS 500.0
 
@@ -111,11 +112,19 @@ static void *
 reaper_main(void *arg)
 {
     struct agent *a = arg;
+    double wd_ms = sdnotify_watchdog_ms(), wd_last = 0;
 
     pthread_mutex_lock(&a->mu);
     while (!a->stopping) {
         double next;
 
+        /* The watchdog pings come from here, the lease guard: if this
+         * loop stops, systemd restarts the agent, whose recovery resumes
+         * what it paused. */
+        if (wd_ms > 0 && mono_ms() - wd_last >= wd_ms) {
+            sdnotify_send("WATCHDOG=1");
+            wd_last = mono_ms();
+        }
         claim_expired(a);
         claim_retries(a);
         txn_gc(&a->txns);

@@ -7,6 +7,7 @@
  *     needs_resume VM, no retry running, last one >= 500 ms ago
  *                     ──▶ retry thread: resume it again
  *     txn_gc
+ *     WATCHDOG=1 to systemd, every half of WatchdogSec (sdnotify.h)
  *
  * The reaper never calls a VM itself (a hung QEMU would delay every other
  * lease); it claims due work under a.mu and hands it to detached threads.

@@ -131,6 +131,9 @@ struct vm {
     int images_deferred;               /* rbd disks not open yet: a standby VM
                                           (start =, no QMP socket at start);
                                           vm.start opens them */
+    int storage_pending;               /* bringup has not opened its disks
+                                          yet: no prepare (guarded by agent
+                                          mu) */
     char needs_resume_txn[129];
     double paused_at;                  /* start of the stop that paused it, 0 if
                                           not paused by us (guarded by agent mu) */
@@ -145,6 +148,9 @@ struct vm {
 /* Sets v up for cfg with the driver cfg->driver names (no I/O). */
 int vm_open(struct vm *v, const struct cfg_vm *cfg, struct vm_host *h);
 void vm_close(struct vm *v);
+/* Gives v its driver's connection in h, opened after v (the libvirt
+ * connection comes after recovery); no-op for drivers without one. */
+void vm_attach(struct vm *v, struct vm_host *h);
 
 /* Each takes the VM's mutex for its duration (through its driver). */
 int vm_connect(struct vm *v, int timeout_ms, struct qmp_err *err);
