@@ -70,6 +70,22 @@ cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
 
 /* ---- commit ---------------------------------------------------------- */
 
+/* Aborts txn id for a commit that found vm resumed since prepare. */
+static void
+commit_abort(struct agent *a, const char *id, const char *vm)
+{
+    json_t *args = json_pack("{s:s}", "txn", id), *res, *err_result = NULL;
+    const char *code = NULL;
+    char msg[256];
+
+    log_warnx("event=commit_refused txn=%s vm=%s why=resumed_since_prepare",
+              id, vm);
+    res = cmd_abort(a, args, &code, msg, sizeof(msg), &err_result);
+    json_decref(res);
+    json_decref(err_result);
+    json_decref(args);
+}
+
 /*
  * Finds txn id PREPARED and claims it for this commit (COMMITTING), after
  * the request's disks were checked, so that a bad request changes
@@ -118,6 +134,20 @@ commit_begin(struct agent *a, json_t *args, double t_arrive,
         FAIL("ABORTED", "txn %s was aborted", id);
     default:
         break;
+    }
+    /* A member resumed since prepare (a `resume` inside the txn) would
+     * make the cut inconsistent: abort instead of committing. */
+    for (int i = 0; i < x->nvms; i++) {
+        struct vm *v = agent_find_vm(a, x->vms[i]);
+
+        if (x->state == TXN_PREPARED && v &&
+            v->paused_at != x->t_stop0[i]) {
+            pthread_mutex_unlock(&a->mu);
+            commit_abort(a, id, x->vms[i]);
+            FAIL("ABORTED", "txn %s aborted: vm %s was resumed after "
+                 "prepare, a cut now would not be consistent", id,
+                 x->vms[i]);
+        }
     }
     /* Validate disks before claiming, so a bad request changes nothing. */
     *n = x->nvms;
