@@ -712,7 +712,7 @@ async def test_agent_killed_while_frozen_thaws_at_restart(
         left = journal.read_text()
         a["agent"] = _launch_agent(d, a["cfg"], a["port"])   # recovery runs before listen
         assert g.commands.count("guest-fsfreeze-thaw") == thaws + 1, g.commands[-4:]
-        assert left == "paused kf1 vq\nfrozen kf1 vq\n"
+        assert left == "cutpoint-journal 2\npaused kf1 vq\nfrozen kf1 vq\n"
         log = (d / "agent.log").read_text()
         resumed = log.index("event=journal_resume txn=kf1 vm=vq result=resumed")
         assert log.index("event=journal_thaw txn=kf1 vm=vq result=ok") > resumed, log
@@ -748,7 +748,7 @@ async def test_agent_killed_while_frozen_thaws_at_restart(
                 'msg="guest-sync-delimited: guest agent did not answer before the '
                 'deadline"') in log, log
         assert "event=journal_thaw txn=kf3 vm=ghost result=unknown_vm" in log, log
-        assert journal.read_text() == "frozen kf3 vq\n"
+        assert journal.read_text() == "cutpoint-journal 2\nfrozen kf3 vq\n"
         async with _client(a) as c:
             assert (await c.stats())["thaw_failed"] >= 1
 
