@@ -174,7 +174,6 @@ commit_begin(struct agent *a, json_t *args, double t_arrive,
         }
         jobs[k].disks[jobs[k].ndisks] = d;
         jobs[k].names[jobs[k].ndisks++] = json_string_value(nv);
-        json_object_set(x->created, key, nv);
     }
     claim = txn_claim_commit(&a->txns, x);
     pthread_mutex_unlock(&a->mu);
@@ -189,6 +188,33 @@ commit_begin(struct agent *a, json_t *args, double t_arrive,
     return 0;
 cleanup:
     return -1;
+}
+
+/* Records in x what this commit made, for abort: by name, and for rbd by
+ * snap id (a snapshot of the same name made by someone else is never
+ * recorded: its create failed). */
+static void
+record_created(struct agent *a, struct txn *x, struct txn_vm_commit *jobs,
+               int n)
+{
+    pthread_mutex_lock(&a->mu);
+    if (!x->created_ids)
+        x->created_ids = json_object();
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < jobs[i].ndisks; k++) {
+            char did[400];
+
+            if (!jobs[i].created[k])
+                continue;
+            snprintf(did, sizeof(did), "%s/%s", jobs[i].vm->cfg->name,
+                     jobs[i].vm->cfg->disks[jobs[i].disks[k]].node);
+            json_object_set_new(x->created, did,
+                                json_string(jobs[i].names[k]));
+            if (jobs[i].has_id[k] && x->created_ids)
+                json_object_set_new(x->created_ids, did, json_integer(
+                    (json_int_t)jobs[i].snap_id[k]));
+        }
+    pthread_mutex_unlock(&a->mu);
 }
 
 json_t *
@@ -210,7 +236,7 @@ cmd_commit(struct agent *a, json_t *args, const char **code, char *msg,
         return result;
 
     par_run(txn_vm_commit, jobs, sizeof(*jobs), n);
-
+    record_created(a, x, jobs, n);
     vmarr = json_array();
     for (int i = 0; i < n; i++) {
         json_array_append_new(vmarr, jobs[i].out);
@@ -253,7 +279,7 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
     const char *id = json_string_value(json_object_get(args, "txn"));
     json_t *extra = json_object_get(args, "snapshots"), *todo, *nv;
     json_t *resumed = json_array(), *deleted = json_array();
-    json_t *not_deleted = json_array(), *timings = json_array();
+    json_t *not_deleted = json_array(), *timings = json_array(), *ids, *mine;
     struct vm *vms[CFG_MAX_VMS];
     struct resume_job rj[CFG_MAX_VMS];
     struct txn *x;
@@ -269,13 +295,15 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
         agent_wait(a, 10);
     }
     todo = json_deep_copy(x->created);
+    mine = json_deep_copy(x->created);
+    ids = x->created_ids ? json_deep_copy(x->created_ids) : json_object();
     if (was_prepared)
         for (int i = 0; i < x->nvms; i++)
             if ((vms[n] = agent_find_vm(a, x->vms[i])))
                 n++;
     pthread_mutex_unlock(&a->mu);
     if (extra)
-        json_object_update(todo, extra);
+        json_object_update_missing(todo, extra);
 
     resume_vms(a, vms, n, id, "abort", rj);
     for (int i = 0; i < n; i++)
@@ -299,8 +327,12 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
                 "error", "UNKNOWN_DISK"));
             continue;
         }
-        rc = cmd_snap_delete_one(a, v, d, json_string_value(nv), err,
-                                 sizeof(err));
+        rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id,
+                                   json_object_get(ids, key) != NULL ||
+                                   json_equal(json_object_get(mine, key),
+                                              nv),
+                                   json_object_get(ids, key), err,
+                                   sizeof(err));
         if (rc == 1)
             json_array_append_new(deleted, json_pack(
                 "{s:s,s:s}", "disk", key, "name", json_string_value(nv)));
@@ -310,6 +342,8 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
                 "error", err));
     }
     json_decref(todo);
+    json_decref(ids);
+    json_decref(mine);
     pthread_mutex_lock(&a->mu);
     txn_finish_abort(&a->txns, x);
     pthread_cond_broadcast(&a->cond);

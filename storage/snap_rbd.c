@@ -165,6 +165,21 @@ rbd_confirm(struct snap_member *m, int n)
             snprintf(m[k].err, sizeof(m[k].err), "librbd reported the "
                      "snapshot created but the image header does not list "
                      "it (refused by the lock owner?)");
+        } else if (rbdsnap_snap_id(m[k].disk.img, m[k].name, &m[k].id, e,
+                                   sizeof(e)) != 0) {
+            m[k].ok = 0;
+            snprintf(m[k].err, sizeof(m[k].err), "cannot read the snap "
+                     "id: %s", e);
+        } else {
+            /* From here abort can delete it by id, whatever follows. */
+            m[k].has_id = 1;
+            if (m[k].owner && rbdsnap_set_owner(m[k].disk.img, m[k].id,
+                                                m[k].owner, e,
+                                                sizeof(e)) < 0) {
+                m[k].ok = 0;
+                snprintf(m[k].err, sizeof(m[k].err), "cannot record the "
+                         "owner: %s", e);
+            }
         }
     }
 }
