@@ -204,15 +204,19 @@ record_created(struct agent *a, struct txn *x, struct txn_vm_commit *jobs,
         for (int k = 0; k < jobs[i].ndisks; k++) {
             char did[400];
 
-            if (!jobs[i].created[k])
+            if (!jobs[i].created[k] && !jobs[i].pending[k])
                 continue;
             snprintf(did, sizeof(did), "%s/%s", jobs[i].vm->cfg->name,
                      jobs[i].vm->cfg->disks[jobs[i].disks[k]].node);
             json_object_set_new(x->created, did,
                                 json_string(jobs[i].names[k]));
+            /* id known: by id; still running: null, abort checks the
+                 * owner key the late create sets (rbd) */
             if (jobs[i].has_id[k] && x->created_ids)
                 json_object_set_new(x->created_ids, did, json_integer(
                     (json_int_t)jobs[i].snap_id[k]));
+            else if (jobs[i].pending[k] && x->created_ids)
+                json_object_set_new(x->created_ids, did, json_null());
         }
     pthread_mutex_unlock(&a->mu);
 }
@@ -328,7 +332,7 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
             continue;
         }
         rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id,
-                                   json_object_get(ids, key) != NULL ||
+                                   !json_is_null(json_object_get(ids, key)) &&
                                    json_equal(json_object_get(mine, key),
                                               nv),
                                    json_object_get(ids, key), err,

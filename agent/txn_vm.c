@@ -101,6 +101,7 @@ commit_confirm(struct txn_vm_commit *j)
         j->has_id[k] = j->m[k].has_id;
         j->snap_id[k] = j->m[k].id;
         j->created[k] = j->m[k].ok || j->m[k].has_id;
+        j->pending[k] = j->m[k].pending;
     }
 }
 

@@ -66,6 +66,9 @@ struct snap_member {
     int ok;                         /* created (and confirmed, after confirm) */
     int has_id;                     /* rbd, after confirm: id is its snap id,
                                        and the owner key is set */
+    int pending;                    /* still running at the deadline: it may
+                                       complete later (rbd: then it sets the
+                                       owner key itself) */
     uint64_t id;
     double ms;                      /* how long this disk's create took */
     char err[256];                  /* "" unless !ok */
