@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "mono.h"
+#include "bringup.h"
 #include "par.h"
 #include "reaper.h"
 #include "recover.h"
@@ -121,53 +122,19 @@ init_state(struct agent *a, const struct agent_config *cfg)
     txn_table_init(&a->txns, clock_mono, NULL);
 }
 
-/* One struct vm per configured (or discovered) VM; *need_ceph = 1 when a
- * VM has an rbd disk. */
+/* One struct vm per configured VM, without hypervisor connections yet
+ * (bringup attaches them); a VM with disks is storage_pending until
+ * bringup has opened them. */
 static int
-open_vms(struct agent *a, int *need_ceph, char *err, size_t errlen)
+open_vms(struct agent *a, char *err, size_t errlen)
 {
     for (int i = 0; i < a->cfg.nvms; i++) {
         if (vm_open(&a->vms[i], &a->cfg.vms[i], &a->host) < 0) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
+        a->vms[i].storage_pending = a->cfg.vms[i].ndisks > 0;
         a->nvms++;
-        for (int d = 0; d < a->cfg.vms[i].ndisks; d++)
-            if (a->cfg.vms[i].disks[d].backend == CFG_BACKEND_RBD)
-                *need_ceph = 1;
-    }
-    return 0;
-}
-
-/* Connects to Ceph, fences the previous run, opens the rbd images. */
-static int
-open_ceph(struct agent *a, char *err, size_t errlen)
-{
-    if (rbdsnap_connect(a->cfg.ceph_conf, a->cfg.ceph_id,
-                        a->cfg.ceph_keyring[0] ? a->cfg.ceph_keyring : NULL,
-                        &a->ceph, err, errlen) < 0)
-        return -1;
-    recover_fence(a);
-    /* Images are opened once, now, so that commit holds no open.  A
-     * standby VM (start =, no QMP socket yet: a DR copy that failover
-     * boots) is the exception: its images may not exist yet (the first
-     * replication creates them) and an open handle would watch images
-     * that replication and rollback rewrite; vm.start opens them. */
-    for (int i = 0; i < a->nvms; i++) {
-        if (vm_is_standby(&a->vms[i])) {
-            a->vms[i].images_deferred = 1;
-            log_info("event=standby vm=%s qmp=%s images=deferred",
-                     a->cfg.vms[i].name, a->cfg.vms[i].qmp);
-            continue;
-        }
-        if (agent_open_images(a, &a->vms[i], err, errlen) < 0) {
-            if (!a->cfg.vms[i].start[0])
-                return -1;
-            a->vms[i].images_deferred = 1;
-            log_warnx("event=rbd_open_deferred vm=%s msg=\"%s\"",
-                      a->cfg.vms[i].name, err);
-            err[0] = '\0';
-        }
     }
     return 0;
 }
@@ -197,26 +164,20 @@ int
 agent_start(struct agent *a, const struct agent_config *cfg, char *err,
             size_t errlen)
 {
-    int need_ceph = 0;
-
     init_state(a, cfg);
-    if (vm_host_open(&a->host, &a->cfg, err, errlen) < 0 ||
-        open_vms(a, &need_ceph, err, errlen) < 0)
-        return -1;
-    if (need_ceph && a->cfg.ceph_conf[0] && open_ceph(a, err, errlen) < 0)
-        return -1;
-    if (journal_open(a->cfg.journal, &a->journal, err, errlen) < 0)
+    /* Recovery: local files and the VMs' own sockets only.  A VM whose
+     * driver needs a connection (libvirt) fails its resume here and is
+     * retried by the reaper once bringup has attached the connection. */
+    if (open_vms(a, err, errlen) < 0 ||
+        journal_open(a->cfg.journal, &a->journal, err, errlen) < 0)
         return -1;
     connect_all(a);
     recover_journal(a);
     if (reaper_start(a, err, errlen) < 0)
         return -1;
-    for (int i = 0; i < a->nvms; i++)
-        log_info("event=vm vm=%s driver=%s method=%s disks=%d",
-                 a->cfg.vms[i].name, a->vms[i].ops->name,
-                 config_method_name(a->cfg.vms[i].method),
-                 a->cfg.vms[i].ndisks);
-    return 0;
+    log_info("event=recovered ms=%.3f", mono_ms() - a->started_ms);
+    /* The rest: never fatal, retried while the agent serves. */
+    return bringup_start(a, err, errlen);
 }
 
 /* ---- stop ---------------------------------------------------------------- */
@@ -238,7 +199,7 @@ agent_stop(struct agent *a)
 {
     struct vm *vms[CFG_MAX_VMS];
     struct resume_job jobs[CFG_MAX_VMS];
-    int n = 0;
+    int n = 0, hung;
 
     /* Let in-flight prepares, commits, expiries, aborts and resume retries
      * finish (bounded): they use the VMs that are about to be freed. */
@@ -256,6 +217,19 @@ agent_stop(struct agent *a)
     pthread_mutex_unlock(&a->mu);
     resume_vms(a, vms, n, NULL, "agent_stop", jobs);
     reaper_join(a);
+    /* bringup uses the host, Ceph and the VMs; a step hung in a connect
+     * (a stopped mon) is left behind, and so is what it uses. */
+    pthread_mutex_lock(&a->mu);
+    for (double end = mono_ms() + 2000; a->bringup_state == 1 &&
+         mono_ms() < end;)
+        agent_wait(a, 50);
+    hung = a->bringup_state == 1;
+    pthread_mutex_unlock(&a->mu);
+    if (hung) {
+        log_warnx("event=stop bringup=hung msg=\"exiting without freeing "
+                  "what it uses\"");
+        return;
+    }
     for (int i = 0; i < a->nvms; i++)
         vm_close(&a->vms[i]);
     rbdsnap_cluster_free(a->ceph);

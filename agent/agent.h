@@ -41,6 +41,8 @@ struct agent {
     pthread_t reaper;
     int reaper_started;
     int stopping;
+    /* bringup.c: 0 not started, 1 running, 2 done, 3 given up (stopping) */
+    int bringup_state;
     /* reaper.c: a resume retry of vms[i] is running / last started */
     int retrying[CFG_MAX_VMS];
     double last_retry[CFG_MAX_VMS];
@@ -52,9 +54,12 @@ struct agent {
 };
 
 /*
- * Opens the hypervisor connections, Ceph and its images, the journal;
- * connects to every VM; undoes what the journal says a previous run left
- * done (recover.c); starts the reaper.  On -1, err says what failed.
+ * Recovery first (invariant 2): opens the journal and the configured VMs'
+ * own monitors, and undoes what the journal says a previous run left done
+ * (recover.c), before anything that needs the network or another daemon;
+ * then starts the reaper and, in the background, the rest (bringup.c:
+ * libvirt, Ceph, images, retried with backoff).  -1 (err says what) only
+ * when the journal cannot be opened or a thread cannot start.
  */
 int agent_start(struct agent *a, const struct agent_config *cfg, char *err,
                 size_t errlen);

@@ -37,5 +37,17 @@ cmd_handler cmd_vm_start, cmd_vm_stop;
  * 1 deleted, 0 absent, -1 error (err). */
 int cmd_snap_delete_one(struct agent *a, struct vm *v, int d,
                         const char *name, char *err, size_t errlen);
+/*
+ * abort's delete of snapshot name of disk d for txn: only what txn made.
+ * ours: txn's commit made it (recorded), jid: its rbd snap id if known.
+ * With an id it is deleted by id; made by us without one (qmp-transaction)
+ * by name.  Not recorded (named by abort's caller): on an open rbd image
+ * it is deleted only if its owner key names txn -- a snapshot that was
+ * there before is left alone (-1, err says so); elsewhere by name.
+ * 1 deleted, 0 absent, -1 error or not txn's.
+ */
+int cmd_snap_delete_owned(struct agent *a, struct vm *v, int d,
+                          const char *name, const char *txn, int ours,
+                          json_t *jid, char *err, size_t errlen);
 
 #endif

@@ -6,6 +6,9 @@
  */
 #include "cmd.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #include "log.h"
 
 /* The reply code of a backend error (agent-protocol §3.3). */
@@ -33,6 +36,46 @@ cmd_snap_delete_one(struct agent *a, struct vm *v, int d, const char *name,
         return 1;
     snprintf(err, errlen, "%s", se.msg);
     return -1;
+}
+
+int
+cmd_snap_delete_owned(struct agent *a, struct vm *v, int d, const char *name,
+                      const char *txn, int ours, json_t *jid, char *err,
+                      size_t errlen)
+{
+    struct rbdsnap_image *img = v->img[d];
+    char owner[160] = "";
+    uint64_t id;
+    int rc;
+
+    if (!img || (ours && !json_is_integer(jid)))
+        return cmd_snap_delete_one(a, v, d, name, err, errlen);
+    if (json_is_integer(jid)) {
+        id = (uint64_t)json_integer_value(jid);
+    } else {
+        rc = rbdsnap_snap_id(img, name, &id, err, errlen);
+        if (rc == RBDSNAP_ENOENT)
+            return 0;
+        if (rc < 0)
+            return -1;
+        rc = rbdsnap_owner(img, id, owner, sizeof(owner), err, errlen);
+        if (rc == -1)
+            return -1;
+        if (rc == RBDSNAP_ENOENT || strcmp(owner, txn) != 0) {
+            snprintf(err, errlen, "not deleted: snapshot %s (id %llu) was "
+                     "not created by txn %s (owner: %s)", name,
+                     (unsigned long long)id, txn,
+                     rc == RBDSNAP_ENOENT ? "none recorded" : owner);
+            log_warnx("event=abort_spared disk=%s/%s name=%s snap_id=%llu "
+                      "owner=%s", v->cfg->name, v->cfg->disks[d].node, name,
+                      (unsigned long long)id, owner[0] ? owner : "-");
+            return -1;
+        }
+    }
+    rc = rbdsnap_remove_id(img, id, err, errlen);
+    if (rc == RBDSNAP_ENOENT)
+        return 0;
+    return rc < 0 ? -1 : 1;
 }
 
 json_t *

@@ -70,6 +70,22 @@ cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
 
 /* ---- commit ---------------------------------------------------------- */
 
+/* Aborts txn id for a commit that found vm resumed since prepare. */
+static void
+commit_abort(struct agent *a, const char *id, const char *vm)
+{
+    json_t *args = json_pack("{s:s}", "txn", id), *res, *err_result = NULL;
+    const char *code = NULL;
+    char msg[256];
+
+    log_warnx("event=commit_refused txn=%s vm=%s why=resumed_since_prepare",
+              id, vm);
+    res = cmd_abort(a, args, &code, msg, sizeof(msg), &err_result);
+    json_decref(res);
+    json_decref(err_result);
+    json_decref(args);
+}
+
 /*
  * Finds txn id PREPARED and claims it for this commit (COMMITTING), after
  * the request's disks were checked, so that a bad request changes
@@ -119,6 +135,20 @@ commit_begin(struct agent *a, json_t *args, double t_arrive,
     default:
         break;
     }
+    /* A member resumed since prepare (a `resume` inside the txn) would
+     * make the cut inconsistent: abort instead of committing. */
+    for (int i = 0; i < x->nvms; i++) {
+        struct vm *v = agent_find_vm(a, x->vms[i]);
+
+        if (x->state == TXN_PREPARED && v &&
+            v->paused_at != x->t_stop0[i]) {
+            pthread_mutex_unlock(&a->mu);
+            commit_abort(a, id, x->vms[i]);
+            FAIL("ABORTED", "txn %s aborted: vm %s was resumed after "
+                 "prepare, a cut now would not be consistent", id,
+                 x->vms[i]);
+        }
+    }
     /* Validate disks before claiming, so a bad request changes nothing. */
     *n = x->nvms;
     for (int i = 0; i < *n; i++) {
@@ -144,7 +174,6 @@ commit_begin(struct agent *a, json_t *args, double t_arrive,
         }
         jobs[k].disks[jobs[k].ndisks] = d;
         jobs[k].names[jobs[k].ndisks++] = json_string_value(nv);
-        json_object_set(x->created, key, nv);
     }
     claim = txn_claim_commit(&a->txns, x);
     pthread_mutex_unlock(&a->mu);
@@ -159,6 +188,37 @@ commit_begin(struct agent *a, json_t *args, double t_arrive,
     return 0;
 cleanup:
     return -1;
+}
+
+/* Records in x what this commit made, for abort: by name, and for rbd by
+ * snap id (a snapshot of the same name made by someone else is never
+ * recorded: its create failed). */
+static void
+record_created(struct agent *a, struct txn *x, struct txn_vm_commit *jobs,
+               int n)
+{
+    pthread_mutex_lock(&a->mu);
+    if (!x->created_ids)
+        x->created_ids = json_object();
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < jobs[i].ndisks; k++) {
+            char did[400];
+
+            if (!jobs[i].created[k] && !jobs[i].pending[k])
+                continue;
+            snprintf(did, sizeof(did), "%s/%s", jobs[i].vm->cfg->name,
+                     jobs[i].vm->cfg->disks[jobs[i].disks[k]].node);
+            json_object_set_new(x->created, did,
+                                json_string(jobs[i].names[k]));
+            /* id known: by id; still running: null, abort checks the
+                 * owner key the late create sets (rbd) */
+            if (jobs[i].has_id[k] && x->created_ids)
+                json_object_set_new(x->created_ids, did, json_integer(
+                    (json_int_t)jobs[i].snap_id[k]));
+            else if (jobs[i].pending[k] && x->created_ids)
+                json_object_set_new(x->created_ids, did, json_null());
+        }
+    pthread_mutex_unlock(&a->mu);
 }
 
 json_t *
@@ -180,7 +240,7 @@ cmd_commit(struct agent *a, json_t *args, const char **code, char *msg,
         return result;
 
     par_run(txn_vm_commit, jobs, sizeof(*jobs), n);
-
+    record_created(a, x, jobs, n);
     vmarr = json_array();
     for (int i = 0; i < n; i++) {
         json_array_append_new(vmarr, jobs[i].out);
@@ -223,7 +283,7 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
     const char *id = json_string_value(json_object_get(args, "txn"));
     json_t *extra = json_object_get(args, "snapshots"), *todo, *nv;
     json_t *resumed = json_array(), *deleted = json_array();
-    json_t *not_deleted = json_array(), *timings = json_array();
+    json_t *not_deleted = json_array(), *timings = json_array(), *ids, *mine;
     struct vm *vms[CFG_MAX_VMS];
     struct resume_job rj[CFG_MAX_VMS];
     struct txn *x;
@@ -239,13 +299,15 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
         agent_wait(a, 10);
     }
     todo = json_deep_copy(x->created);
+    mine = json_deep_copy(x->created);
+    ids = x->created_ids ? json_deep_copy(x->created_ids) : json_object();
     if (was_prepared)
         for (int i = 0; i < x->nvms; i++)
             if ((vms[n] = agent_find_vm(a, x->vms[i])))
                 n++;
     pthread_mutex_unlock(&a->mu);
     if (extra)
-        json_object_update(todo, extra);
+        json_object_update_missing(todo, extra);
 
     resume_vms(a, vms, n, id, "abort", rj);
     for (int i = 0; i < n; i++)
@@ -269,8 +331,12 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
                 "error", "UNKNOWN_DISK"));
             continue;
         }
-        rc = cmd_snap_delete_one(a, v, d, json_string_value(nv), err,
-                                 sizeof(err));
+        rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id,
+                                   !json_is_null(json_object_get(ids, key)) &&
+                                   json_equal(json_object_get(mine, key),
+                                              nv),
+                                   json_object_get(ids, key), err,
+                                   sizeof(err));
         if (rc == 1)
             json_array_append_new(deleted, json_pack(
                 "{s:s,s:s}", "disk", key, "name", json_string_value(nv)));
@@ -280,6 +346,8 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
                 "error", err));
     }
     json_decref(todo);
+    json_decref(ids);
+    json_decref(mine);
     pthread_mutex_lock(&a->mu);
     txn_finish_abort(&a->txns, x);
     pthread_cond_broadcast(&a->cond);

@@ -48,7 +48,7 @@ guest_qga_freeze(struct vm_guest *g, int timeout_ms, int *nfs, char *err,
                  size_t errlen)
 {
     if (guest_sync(g, err, errlen) < 0)
-        return -1;
+        return VM_GUEST_UNSENT;
     return qga_freeze(QGA(g), timeout_ms, nfs, err, errlen);
 }
 

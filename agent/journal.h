@@ -5,14 +5,20 @@
  * thawed.  Every change rewrites the whole file as temp file → write →
  * fsync → rename → fsync(dir); err_op names the step that failed.
  *
- * Format, one entry per line:
+ * Format: a first line `cutpoint-journal 2`, then one entry per line (no
+ * entries: an empty file):
  *
  *   paused <txn> <vm>     written before QMP stop, removed after cont
  *   frozen <txn> <vm>     written before guest-fsfreeze-freeze, removed
  *                         after a thaw the guest agent answered
  *
- * An entry is keyed by (kind, vm): a VM has at most one of each.  Files
- * written before `frozen` existed (only `paused` lines) load unchanged.
+ * <txn> and <vm> are framed so that names with any bytes round-trip: a
+ * byte outside '!'..'~', and '%', is written %XX (hex), so a field never
+ * holds a blank, a newline or a non-ASCII byte.  A file without the first
+ * line is of the first format (written before the framing): fields split
+ * on blanks, taken literally; files from before `frozen` (only `paused`
+ * lines) are of it too, and load unchanged.  Lines that do not parse are
+ * skipped.  An entry is keyed by (kind, vm): a VM has at most one of each.
  * Thread-safe (an internal mutex).
  */
 #ifndef CP_JOURNAL_H
@@ -34,6 +40,12 @@ struct journal_entry {
 int journal_open(const char *path, struct journal **out, char *err,
                  size_t errlen);
 void journal_free(struct journal *j);
+
+/* Parses a journal file's bytes buf[0..len) (either format) into a
+ * malloc'd array *out of *n entries (caller frees; NULL when none);
+ * -1 only when out of memory.  Any input is safe (fuzzed). */
+int journal_parse(const char *buf, size_t len, struct journal_entry **out,
+                  int *n);
 
 /* Copies the entries into a malloc'd array (caller frees). */
 int journal_entries(struct journal *j, struct journal_entry **out, int *n);

@@ -133,6 +133,16 @@ prepare_begin(struct prepare *p, json_t **replay, const char **code,
         if (p->vms[k]->starting)
             /* vm.start is still opening its disks: no cut of it yet. */
             FAIL("BUSY", "vm %s is being started (vm.start)", p->names[k]);
+        if (p->vms[k]->storage_pending)
+            /* bringup has not opened its disks yet (Ceph unreachable
+             * since start): a commit could not snapshot them. */
+            FAIL("BUSY", "vm %s: its disks are not open yet (the agent is "
+                 "still connecting to storage)", p->names[k]);
+        if (p->freeze && p->vms[k]->thaw_pending)
+            /* A retried thaw could land inside the new freeze and thaw
+             * it: no fs-freeze cut until the old thaw is answered. */
+            FAIL("BUSY", "vm %s: a thaw of its guest is still pending "
+                 "(guest agent not answering)", p->names[k]);
         if (p->vms[k]->needs_resume)
             /* A background resume is pending: pausing now would let that
              * late `cont` break the new cut. */

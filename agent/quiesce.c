@@ -2,9 +2,26 @@
 #include "quiesce.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "log.h"
 #include "mono.h"
+
+/* Retry backoff of a failed thaw: a frozen guest blocks its own writes
+ * (an outage), so the first retry comes soon; a guest agent that stays
+ * away is not asked more than twice a minute. */
+#define THAW_RETRY_FIRST_MS 500.0
+#define THAW_RETRY_MAX_MS 30000.0
+
+static double
+thaw_backoff(int attempts)
+{
+    double ms = THAW_RETRY_FIRST_MS;
+
+    for (int i = 1; i < attempts && ms < THAW_RETRY_MAX_MS; i++)
+        ms *= 2;
+    return ms > THAW_RETRY_MAX_MS ? THAW_RETRY_MAX_MS : ms;
+}
 
 void
 quiesce_reset(struct agent *a, struct vm *v)
@@ -29,6 +46,10 @@ quiesce_freeze(struct agent *a, struct vm *v, const char *txn,
 
     if (v->ops->guest_open(v, &g, err, sizeof(err)) == 0)
         rc = v->ops->guest_freeze(g, timeout_ms, &nfs, err, sizeof(err));
+    if (rc == VM_GUEST_UNSENT) {
+        v->ops->guest_close(g);
+        g = NULL;
+    }
     pthread_mutex_lock(&a->mu);
     v->freeze_ms = mono_ms() - t0;
     v->consistency = rc == 0 ? "fs-freeze" : "crash";
@@ -36,8 +57,16 @@ quiesce_freeze(struct agent *a, struct vm *v, const char *txn,
              rc == 0 ? "" : err);
     v->guest = g;               /* thawed after cont, even if freeze failed */
     pthread_mutex_unlock(&a->mu);
+    if (rc < 0 && g) {
+        /* The guest agent got the freeze and did not answer in time: it
+         * may freeze late, with nobody waiting.  Thaw now (the guest agent
+         * runs commands in order, so this thaw follows that freeze); the
+         * txn goes on crash-consistent. */
+        log_warnx("event=freeze_late_thaw vm=%s txn=%s", v->cfg->name, txn);
+        quiesce_thaw(a, v, txn);
+    }
     if (!g) {
-        /* Nothing reached the guest: it cannot be frozen by this txn. */
+        /* No freeze reached the guest: it cannot be frozen by this txn. */
         char jerr[256];
         if (journal_remove_kind(a->journal, JOURNAL_FROZEN, v->cfg->name,
                                 txn, jerr, sizeof(jerr)) < 0)
@@ -85,10 +114,92 @@ quiesce_thaw(struct agent *a, struct vm *v, const char *txn)
                       jerr);
     } else {
         atomic_fetch_add(&a->n_thaw_failed, 1);
-        log_warnx("event=thaw_failed vm=%s txn=%s msg=\"%s\"", v->cfg->name,
-                  txn ? txn : "-", err);
+        log_warnx("event=thaw_failed vm=%s txn=%s retry=yes msg=\"%s\"",
+                  v->cfg->name, txn ? txn : "-", err);
+        quiesce_thaw_later(a, v, txn);
     }
     return rc == 0 ? 0 : -1;
+}
+
+void
+quiesce_thaw_later(struct agent *a, struct vm *v, const char *txn)
+{
+    pthread_mutex_lock(&a->mu);
+    if (!v->thaw_pending) {
+        v->thaw_pending = 1;
+        v->thaw_attempts = 1;
+        v->thaw_next = mono_ms() + thaw_backoff(1);
+    }
+    /* the newest txn's entry is the one that must go */
+    snprintf(v->thaw_txn, sizeof(v->thaw_txn), "%s", txn ? txn : "");
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+}
+
+int
+quiesce_thaw_due(const struct vm *v, double now)
+{
+    return v->thaw_pending && !v->thaw_running && !v->needs_resume &&
+           v->paused_at == 0 && !v->guest && now >= v->thaw_next;
+}
+
+/* 1 when the guest is gone for good: nothing left to thaw. */
+static int
+guest_gone(struct vm *v, int qmp_timeout_ms)
+{
+    if (v->ops->present && !v->ops->present(v))
+        return 1;
+    return strcmp(vm_state(v, qmp_timeout_ms), "shutoff") == 0;
+}
+
+void
+quiesce_thaw_retry(struct agent *a, struct vm *v, int qmp_timeout_ms)
+{
+    struct vm_guest *g = NULL;
+    char err[256] = "", jerr[256], txn[129];
+    int rc = -1, nfs = 0, attempt, gone;
+    double t0 = mono_ms();
+
+    pthread_mutex_lock(&a->mu);
+    snprintf(txn, sizeof(txn), "%s", v->thaw_txn);
+    attempt = ++v->thaw_attempts;
+    pthread_mutex_unlock(&a->mu);
+    gone = guest_gone(v, qmp_timeout_ms);
+    if (!gone && v->ops->guest_open(v, &g, err, sizeof(err)) == 0) {
+        rc = v->ops->guest_thaw(g, &nfs, err, sizeof(err));
+        v->ops->guest_close(g);
+    }
+    if (rc == 0 || gone) {
+        if (rc == 0)
+            log_info("event=thaw_retry vm=%s txn=%s attempt=%d result=ok "
+                     "filesystems=%d thaw_ms=%.3f", v->cfg->name, txn,
+                     attempt, nfs, mono_ms() - t0);
+        else
+            log_warnx("event=thaw_retry vm=%s txn=%s attempt=%d "
+                      "result=guest_gone entry=dropped", v->cfg->name, txn,
+                      attempt);
+        if (journal_remove_kind(a->journal, JOURNAL_FROZEN, v->cfg->name,
+                                txn[0] ? txn : NULL, jerr, sizeof(jerr)) < 0)
+            log_warnx("event=journal_error vm=%s msg=\"%s\"", v->cfg->name,
+                      jerr);
+    } else {
+        atomic_fetch_add(&a->n_thaw_failed, 1);
+        log_warnx("event=thaw_retry vm=%s txn=%s attempt=%d result=failed "
+                  "retry_ms=%.0f msg=\"%s\"", v->cfg->name, txn, attempt,
+                  thaw_backoff(attempt), err);
+    }
+    pthread_mutex_lock(&a->mu);
+    v->thaw_running = 0;
+    if (rc == 0 || gone) {
+        v->thaw_pending = 0;
+        v->thaw_error[0] = '\0';
+    } else {
+        v->thaw_next = mono_ms() + thaw_backoff(attempt);
+        snprintf(v->thaw_error, sizeof(v->thaw_error), "%s",
+                 err[0] ? err : "guest-fsfreeze-thaw failed");
+    }
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
 }
 
 /* a.mu held */

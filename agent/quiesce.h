@@ -6,7 +6,16 @@
  *                                  │ ok: level fs-freeze
  *                                  │ failed: level crash, reason kept,
  *                                  │         thaw still queued
+ *                                  │ timed out: thawed at once (a
+ *                                  │         late answer froze it)
  *   resume (commit, abort, lease, prepare failure) ─► quiesce_thaw
+ *                                  │ failed: thaw_pending
+ *                                  ▼
+ *   reaper, VM neither paused nor awaiting a resume, at thaw_next
+ *        ─► quiesce_thaw_retry ──ok──► entry removed, done
+ *              │ failed: attempt+1, next in 500 ms doubling to 30 s
+ *              │ guest gone (VM shut off or its socket gone): entry
+ *              ▼         dropped, logged
  *
  * The guest channel a freeze opened stays in v->guest (under a.mu) until
  * the thaw takes it, so exactly one thaw runs per freeze.  The journal's
@@ -41,12 +50,25 @@ void quiesce_freeze(struct agent *a, struct vm *v, const char *txn,
  * thaw never lengthens the pause, only the reply.
  *
  * A thaw the guest agent answered removes the VM's `frozen` journal entry
- * of txn (any txn when NULL); a failed one keeps it, so that the next start
- * of the agent tries once more (agent-protocol §7).  Returns 0 (thawed),
- * -1 (failed, reason in v->thaw_error) or 1 (no guest agent open: nothing
- * to thaw).
+ * of txn (any txn when NULL); a failed one keeps it and makes the thaw
+ * pending (quiesce_thaw_later), and a restart of the agent thaws it too
+ * (agent-protocol §7).  Returns 0 (thawed), -1 (failed, reason in
+ * v->thaw_error, retry pending) or 1 (no guest agent open: nothing to
+ * thaw).
  */
 int quiesce_thaw(struct agent *a, struct vm *v, const char *txn);
+
+/* Makes a thaw of v (the `frozen` entry of txn) pending: the reaper
+ * retries it.  Idempotent; keeps the attempt count of a pending one. */
+void quiesce_thaw_later(struct agent *a, struct vm *v, const char *txn);
+
+/* 1 when a pending thaw of v is due now (a.mu held): never while the VM
+ * is paused by us or awaiting a resume, since a paused guest cannot
+ * answer. */
+int quiesce_thaw_due(const struct vm *v, double now);
+
+/* One retry of v's pending thaw (claimed by the reaper: thaw_running). */
+void quiesce_thaw_retry(struct agent *a, struct vm *v, int qmp_timeout_ms);
 
 /* The quiesce facts of v for a reply entry o: consistency, freeze_ms,
  * (with_thaw: thaw_ms, thaw_error,) freeze_error. */

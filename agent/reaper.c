@@ -7,7 +7,9 @@
 #include "log.h"
 #include "mono.h"
 #include "par.h"
+#include "quiesce.h"
 #include "resume.h"
+#include "sdnotify.h"
 
 #define RETRY_RESUME_MS 500.0
 
@@ -67,6 +69,39 @@ retry_thread(void *arg)
     return NULL;
 }
 
+struct thaw_arg {
+    struct agent *a;
+    struct vm *vm;
+};
+
+static void *
+thaw_thread(void *arg)
+{
+    struct thaw_arg *t = arg;
+
+    quiesce_thaw_retry(t->a, t->vm, t->a->cfg.qmp_timeout_ms);
+    free(t);
+    return NULL;
+}
+
+/* Hands every due thaw retry to a thread, one per VM (a.mu held). */
+static void
+claim_thaws(struct agent *a)
+{
+    double now = mono_ms();
+
+    for (int i = 0; i < a->nvms; i++) {
+        struct thaw_arg *t;
+
+        if (!quiesce_thaw_due(&a->vms[i], now) || !(t = malloc(sizeof(*t))))
+            continue;
+        t->a = a;
+        t->vm = &a->vms[i];
+        a->vms[i].thaw_running = 1;
+        par_detach(thaw_thread, t);
+    }
+}
+
 /* Hands every due lease to an expire thread (a.mu held). */
 static void
 claim_expired(struct agent *a)
@@ -111,13 +146,22 @@ static void *
 reaper_main(void *arg)
 {
     struct agent *a = arg;
+    double wd_ms = sdnotify_watchdog_ms(), wd_last = 0;
 
     pthread_mutex_lock(&a->mu);
     while (!a->stopping) {
         double next;
 
+        /* The watchdog pings come from here, the lease guard: if this
+         * loop stops, systemd restarts the agent, whose recovery resumes
+         * what it paused. */
+        if (wd_ms > 0 && mono_ms() - wd_last >= wd_ms) {
+            sdnotify_send("WATCHDOG=1");
+            wd_last = mono_ms();
+        }
         claim_expired(a);
         claim_retries(a);
+        claim_thaws(a);
         txn_gc(&a->txns);
         next = lease_next_in(&a->txns);
         agent_wait(a, next < 0 || next > 100 ? 100 : next);
@@ -151,6 +195,6 @@ reaper_busy(struct agent *a)
     int busy = 0;
 
     for (int i = 0; i < a->nvms; i++)
-        busy |= a->retrying[i];
+        busy |= a->retrying[i] | a->vms[i].thaw_running;
     return busy;
 }

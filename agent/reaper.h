@@ -6,7 +6,10 @@
  *     lease_claim_due ──▶ expire thread: resume the txn's VMs, EXPIRED
  *     needs_resume VM, no retry running, last one >= 500 ms ago
  *                     ──▶ retry thread: resume it again
+ *     pending thaw due (quiesce_thaw_due)
+ *                     ──▶ thaw thread: quiesce_thaw_retry
  *     txn_gc
+ *     WATCHDOG=1 to systemd, every half of WatchdogSec (sdnotify.h)
  *
  * The reaper never calls a VM itself (a hung QEMU would delay every other
  * lease); it claims due work under a.mu and hands it to detached threads.

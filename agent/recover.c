@@ -42,7 +42,10 @@ recover_unknown(struct agent *a, const char *vm,
                         sizeof(jerr));
 }
 
-/* Logs the outcome of the recovery thaw of fz, and drops its entry. */
+/* Logs the outcome of the recovery thaw of fz.  A failed one keeps its
+ * entry and stays pending: the reaper retries it with backoff
+ * (quiesce_thaw_retry) until the guest agent answers or the guest is
+ * gone. */
 static void
 recover_thawed(struct agent *a, struct vm *v, const struct journal_entry *fz,
                char *err, size_t errlen)
@@ -53,14 +56,15 @@ recover_thawed(struct agent *a, struct vm *v, const struct journal_entry *fz,
     if (!err[0] && v->thaw_error[0])
         snprintf(err, errlen, "%s", v->thaw_error);
     pthread_mutex_unlock(&a->mu);
-    if (!err[0])
-        log_info("event=journal_thaw txn=%s vm=%s result=ok", fz->txn,
-                 fz->vm);
-    else
+    if (err[0]) {
         log_warnx("event=journal_thaw txn=%s vm=%s result=failed "
-                  "entry=dropped msg=\"%s\"", fz->txn, fz->vm, err);
+                  "entry=kept retry=yes msg=\"%s\"", fz->txn, fz->vm, err);
+        quiesce_thaw_later(a, v, fz->txn);
+        return;
+    }
+    log_info("event=journal_thaw txn=%s vm=%s result=ok", fz->txn, fz->vm);
     /* quiesce_thaw removed it when the txns agree; this covers an entry of
-     * an older txn, and the failure that is dropped on purpose. */
+     * an older txn. */
     if (journal_remove_kind(a->journal, JOURNAL_FROZEN, fz->vm, NULL, jerr,
                             sizeof(jerr)) < 0)
         log_warnx("event=journal_error vm=%s msg=\"%s\"", fz->vm, jerr);

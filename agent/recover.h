@@ -20,12 +20,11 @@
  *                     stop, or a thaw that failed before).
  *   not configured:   log unknown_vm and drop its entries.
  *
- * The recovery thaw is tried once: a failure is logged (journal_thaw
- * result=failed) and the entry dropped, since retrying a guest agent that
- * does not answer would only repeat the log; the guest may still be frozen
- * and needs an operator.  A thaw of a guest that is not frozen is harmless
- * (guest-fsfreeze-thaw returns 0), so an entry left by a freeze that never
- * happened costs one round trip.
+ * A recovery thaw that fails keeps its `frozen` entry and is retried by
+ * the reaper with backoff (quiesce.h) until the guest agent answers or the
+ * guest is gone, every attempt logged.  A thaw of a guest that is not
+ * frozen is harmless (guest-fsfreeze-thaw returns 0), so an entry left by
+ * a freeze that never happened costs one round trip.
  */
 void recover_journal(struct agent *a);
 

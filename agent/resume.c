@@ -27,6 +27,8 @@ resume_one(void *arg)
         if (j->vm->paused_at > 0)
             j->paused_ms = j->t_end - j->vm->paused_at;
         j->vm->paused_at = 0;
+        if (j->vm->thaw_pending)
+            j->vm->thaw_next = 0;   /* running again: its guest can answer */
     } else {
         j->vm->needs_resume = 1;
         /* A retry passes needs_resume_txn itself as txn: copying it onto

@@ -25,6 +25,7 @@ txn_free(struct txn *x)
     json_decref(x->prepare_result);
     json_decref(x->commit_result);
     json_decref(x->created);
+    json_decref(x->created_ids);
     free(x->t_stop0);
     free(x->t_stop1);
     free(x);

@@ -57,6 +57,7 @@ struct txn {
     char err_code[32];          /* FAILED: the stored error */
     char err_msg[256];
     json_t *created;            /* owned: {"disk": "snapshot name"} made by commit */
+    json_t *created_ids;        /* owned, or NULL: {"disk": rbd snap id} of those */
     double *t_stop0, *t_stop1;  /* per VM: start and end of its stop call */
     struct txn *next;
 };

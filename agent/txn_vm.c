@@ -54,6 +54,7 @@ commit_snapshot(struct txn_vm_commit *j)
         memset(&j->m[k], 0, sizeof(j->m[k]));
         vm_snap_disk(j->vm, j->disks[k], &j->m[k].disk);
         j->m[k].name = j->names[k];
+        j->m[k].owner = j->x->id;
     }
     j->ts0 = mono_ms();
     if (j->ndisks > 0 &&
@@ -94,6 +95,14 @@ commit_confirm(struct txn_vm_commit *j)
 {
     if (j->vm->snap->confirm)
         j->vm->snap->confirm(j->m, j->ndisks);
+    /* What abort may delete: only what this commit made.  A create that
+     * found the name taken fails and is not ours (m.ok == 0, no id). */
+    for (int k = 0; k < j->ndisks; k++) {
+        j->has_id[k] = j->m[k].has_id;
+        j->snap_id[k] = j->m[k].id;
+        j->created[k] = j->m[k].ok || j->m[k].has_id;
+        j->pending[k] = j->m[k].pending;
+    }
 }
 
 /* Step 4: the VM's entry of the reply, and its error if any:

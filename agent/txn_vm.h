@@ -48,6 +48,11 @@ struct txn_vm_commit {
     int budget_hit;
     double ts0, ts1, tc0, tc1;      /* snapshot and cont, start and end */
     int resumed;
+    /* per disk, after confirm: this commit made the snapshot (it exists
+     * and was not there before), and its rbd snap id when has_id */
+    int created[CFG_MAX_DISKS], has_id[CFG_MAX_DISKS];
+    int pending[CFG_MAX_DISKS];     /* may still complete (no id yet) */
+    uint64_t snap_id[CFG_MAX_DISKS];
     const char *resume_code;
     char resume_msg[512];
 };

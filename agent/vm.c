@@ -135,6 +135,20 @@ vm_open(struct vm *v, const struct cfg_vm *cfg, struct vm_host *h)
 }
 
 void
+vm_attach(struct vm *v, struct vm_host *h)
+{
+    int i = driver_index(v->cfg->driver);
+
+    if (i < 0 || !h->conn[i] || !v->ops->conn_open || !v->ops->open)
+        return;
+    pthread_mutex_lock(&v->mu);
+    if (v->ops->close)
+        v->ops->close(v);
+    v->ops->open(v, h->conn[i]);
+    pthread_mutex_unlock(&v->mu);
+}
+
+void
 vm_close(struct vm *v)
 {
     if (!v || !v->cfg)

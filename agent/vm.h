@@ -82,13 +82,18 @@ struct vm_ops {
     int (*guest_configured)(const struct vm *v);
     int (*guest_open)(const struct vm *v, struct vm_guest **out, char *err,
                       size_t errlen);
-    /* *nfs: the number of filesystems frozen / thawed. */
+    /* *nfs: the number of filesystems frozen / thawed.  guest_freeze
+     * returns VM_GUEST_UNSENT when the freeze never reached the guest. */
     int (*guest_freeze)(struct vm_guest *g, int timeout_ms, int *nfs,
                         char *err, size_t errlen);
     int (*guest_thaw)(struct vm_guest *g, int *nfs, char *err,
                       size_t errlen);
     void (*guest_close)(struct vm_guest *g);
 };
+
+/* guest_freeze failed before the freeze was sent (the guest agent did not
+ * answer the sync): the guest cannot have been frozen, nothing to thaw. */
+#define VM_GUEST_UNSENT (-2)
 
 extern const struct vm_ops vm_qmp_ops;
 extern const struct vm_ops vm_libvirt_ops;
@@ -131,6 +136,9 @@ struct vm {
     int images_deferred;               /* rbd disks not open yet: a standby VM
                                           (start =, no QMP socket at start);
                                           vm.start opens them */
+    int storage_pending;               /* bringup has not opened its disks
+                                          yet: no prepare (guarded by agent
+                                          mu) */
     char needs_resume_txn[129];
     double paused_at;                  /* start of the stop that paused it, 0 if
                                           not paused by us (guarded by agent mu) */
@@ -140,11 +148,19 @@ struct vm {
     double freeze_ms, thaw_ms;         /* thaw_ms < 0: no thaw yet */
     char freeze_error[256];
     char thaw_error[256];              /* "" unless the last thaw failed */
+    /* a thaw that failed, retried by the reaper with backoff until the
+     * guest agent answers or the guest is gone (quiesce.c; agent mu) */
+    int thaw_pending, thaw_running, thaw_attempts;
+    double thaw_next;                  /* mono_ms of the next attempt */
+    char thaw_txn[129];                /* the `frozen` entry's txn */
 };
 
 /* Sets v up for cfg with the driver cfg->driver names (no I/O). */
 int vm_open(struct vm *v, const struct cfg_vm *cfg, struct vm_host *h);
 void vm_close(struct vm *v);
+/* Gives v its driver's connection in h, opened after v (the libvirt
+ * connection comes after recovery); no-op for drivers without one. */
+void vm_attach(struct vm *v, struct vm_host *h);
 
 /* Each takes the VM's mutex for its duration (through its driver). */
 int vm_connect(struct vm *v, int timeout_ms, struct qmp_err *err);

@@ -1,15 +1,28 @@
 #!/bin/bash
-# `make fuzz`: builds the frame + request parser fuzz target with
-# clang -fsanitize=fuzzer,address into build-fuzz/ and runs it for $1
-# seconds (default 60).  Exits non-zero on a crash; the crash input is left
-# in build-fuzz/ (crash-*).
+# `make fuzz`: builds each fuzz target with clang -fsanitize=fuzzer,address
+# into build-fuzz/ and runs each for its share of $1 seconds (default 60):
+#   fuzz_proto    frames and requests (seeds built below from commands.def)
+#   fuzz_journal  the journal file parser (seeds: agent/tests/fuzz-seeds/journal)
+#   fuzz_qmp      the QMP client on a monitor's byte stream (seeds:
+#                 agent/tests/fuzz-seeds/qmp, from tests/qmp-replies)
+# Exits non-zero on a crash; the crash input is left in build-fuzz/ (crash-*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-mkdir -p build-fuzz/corpus
-clang -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
-    -fsanitize=fuzzer,address,undefined -Iagent \
-    agent/proto.c agent/tests/fuzz_proto.c -ljansson -o build-fuzz/fuzz_proto
+targets=(proto journal qmp)
+share=$(( secs / ${#targets[@]} ))
+[ "$share" -ge 1 ] || share=1
+mkdir -p build-fuzz/corpus build-fuzz/corpus-journal build-fuzz/corpus-qmp
+cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror
+        -fsanitize=fuzzer,address,undefined -Iagent)
+clang "${cflags[@]}" agent/proto.c agent/tests/fuzz_proto.c -ljansson \
+    -o build-fuzz/fuzz_proto
+clang "${cflags[@]}" agent/journal.c agent/tests/fuzz_journal.c -lpthread \
+    -o build-fuzz/fuzz_journal
+clang "${cflags[@]}" -Istorage agent/qmp.c agent/log.c agent/tests/fuzz_qmp.c \
+    -ljansson -o build-fuzz/fuzz_qmp
+cp agent/tests/fuzz-seeds/journal/* build-fuzz/corpus-journal/
+cp agent/tests/fuzz-seeds/qmp/* build-fuzz/corpus-qmp/
 # Seed corpus: well-formed frames of every command of the command table
 # agent/commands.def (built, not committed; a command without a seed fails).
 python3 - <<'PY'
@@ -37,5 +50,12 @@ for i, r in enumerate(reqs):
     (d / f"seed{i}").write_bytes(struct.pack(">I", len(b)) + b)
 PY
 cd build-fuzz
-./fuzz_proto -max_total_time="$secs" -max_len=4096 -print_final_stats=1 \
+echo "== fuzz_proto ${share}s"
+./fuzz_proto -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
     corpus 2>&1 | tail -n 15
+echo "== fuzz_journal ${share}s"
+./fuzz_journal -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
+    corpus-journal 2>&1 | tail -n 15
+echo "== fuzz_qmp ${share}s"
+./fuzz_qmp -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
+    corpus-qmp 2>&1 | tail -n 15

@@ -170,13 +170,97 @@ rbdsnap_create(struct rbdsnap_image *img, const char *name, char *err,
      * quiesce notifications would only wait on watchers (QEMU ignores them). */
     r = rbd_snap_create2(img->image, name, RBD_SNAP_CREATE_SKIP_QUIESCE,
                          no_progress, NULL);
-    if (r == -EEXIST)
-        return 0;
+    if (r == -EEXIST) {
+        snprintf(err, errlen, "rbd_snap_create %s@%s: a snapshot of that "
+                 "name exists already", img->spec, name);
+        return RBDSNAP_EEXIST;
+    }
     if (r < 0) {
         snprintf(err, errlen, "rbd_snap_create %s@%s: %s", img->spec, name,
                  strerror(-r));
         return -1;
     }
+    return 0;
+}
+
+int
+rbdsnap_snap_id(struct rbdsnap_image *img, const char *name, uint64_t *id,
+                char *err, size_t errlen)
+{
+    int r = rbd_snap_get_id(img->image, name, id);
+
+    if (r == -ENOENT)
+        return RBDSNAP_ENOENT;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_snap_get_id %s@%s: %s", img->spec, name,
+                 strerror(-r));
+        return -1;
+    }
+    return 0;
+}
+
+static void
+owner_key(uint64_t id, char *key, size_t len)
+{
+    snprintf(key, len, "%s%llu", RBDSNAP_OWNER_PREFIX,
+             (unsigned long long)id);
+}
+
+int
+rbdsnap_set_owner(struct rbdsnap_image *img, uint64_t id, const char *txn,
+                  char *err, size_t errlen)
+{
+    char key[64];
+    int r;
+
+    owner_key(id, key, sizeof(key));
+    if ((r = rbd_metadata_set(img->image, key, txn)) < 0) {
+        snprintf(err, errlen, "rbd_metadata_set %s %s: %s", img->spec, key,
+                 strerror(-r));
+        return -1;
+    }
+    return 0;
+}
+
+int
+rbdsnap_owner(struct rbdsnap_image *img, uint64_t id, char *txn,
+              size_t txnlen, char *err, size_t errlen)
+{
+    char key[64];
+    size_t len = txnlen;
+    int r;
+
+    owner_key(id, key, sizeof(key));
+    r = rbd_metadata_get(img->image, key, txn, &len);
+    if (r == -ENOENT)
+        return RBDSNAP_ENOENT;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_metadata_get %s %s: %s", img->spec, key,
+                 strerror(-r));
+        return -1;
+    }
+    txn[txnlen - 1] = '\0';
+    return 0;
+}
+
+int
+rbdsnap_remove_id(struct rbdsnap_image *img, uint64_t id, char *err,
+                  size_t errlen)
+{
+    char key[64];
+    int r = rbd_snap_remove_by_id(img->image, id);
+
+    if (r == -ENOENT)
+        return RBDSNAP_ENOENT;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_snap_remove_by_id %s@%llu: %s", img->spec,
+                 (unsigned long long)id, strerror(-r));
+        return -1;
+    }
+    /* The snapshot is gone; a key left behind only names a dead id. */
+    owner_key(id, key, sizeof(key));
+    r = rbd_metadata_remove(img->image, key);
+    (void)r;
     return 0;
 }
 

@@ -16,9 +16,21 @@
 #define CP_RBDSNAP_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <jansson.h>
 
 #define RBDSNAP_ENOENT (-2)   /* rbdsnap_remove: no such snapshot */
+#define RBDSNAP_EEXIST (-3)   /* rbdsnap_create: the name exists already */
+
+/*
+ * Ownership of member snapshots: the image metadata key
+ * "cutpoint.snap.<snap id>" holds the id of the transaction that created
+ * snapshot <snap id> (decimal).  The agent sets it when its commit made
+ * the snapshot, aborts delete by snap id only what their transaction's key
+ * names, and the control plane's sweeper of orphans reads it.  A snapshot
+ * without the key is not cutpoint's to delete.
+ */
+#define RBDSNAP_OWNER_PREFIX "cutpoint.snap."
 
 struct rbdsnap_cluster;
 struct rbdsnap_image;
@@ -45,8 +57,8 @@ int rbdsnap_open(struct rbdsnap_cluster *c, const char *pool,
                  char *err, size_t errlen);
 void rbdsnap_image_free(struct rbdsnap_image *img);
 
-/* Creates snapshot name; an existing snapshot of that name is success
- * (commit is idempotent, agent-protocol §4.4). */
+/* Creates snapshot name; RBDSNAP_EEXIST when one of that name exists
+ * already (not made by this call: never claimed as a member). */
 int rbdsnap_create(struct rbdsnap_image *img, const char *name,
                    char *err, size_t errlen);
 /*
@@ -61,6 +73,18 @@ int rbdsnap_exists(struct rbdsnap_image *img, const char *name, int *exists,
 /* Returns 0 when removed, RBDSNAP_ENOENT when absent, -1 on error. */
 int rbdsnap_remove(struct rbdsnap_image *img, const char *name,
                    char *err, size_t errlen);
+/* *id: the snap id of snapshot name; RBDSNAP_ENOENT when absent. */
+int rbdsnap_snap_id(struct rbdsnap_image *img, const char *name,
+                    uint64_t *id, char *err, size_t errlen);
+/* Records txn as the owner of snap id (RBDSNAP_OWNER_PREFIX key). */
+int rbdsnap_set_owner(struct rbdsnap_image *img, uint64_t id,
+                      const char *txn, char *err, size_t errlen);
+/* The owner txn of snap id into txn; RBDSNAP_ENOENT when none recorded. */
+int rbdsnap_owner(struct rbdsnap_image *img, uint64_t id, char *txn,
+                  size_t txnlen, char *err, size_t errlen);
+/* Removes snap id and its owner key: 0, RBDSNAP_ENOENT (absent), -1. */
+int rbdsnap_remove_id(struct rbdsnap_image *img, uint64_t id, char *err,
+                      size_t errlen);
 /* *out: new JSON array of {"name", "id", "size"}. */
 int rbdsnap_list(struct rbdsnap_image *img, json_t **out,
                  char *err, size_t errlen);

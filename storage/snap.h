@@ -20,6 +20,7 @@
 #define CP_SNAP_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <jansson.h>
 
 #include "rbdsnap.h"
@@ -61,7 +62,14 @@ struct snap_disk {
 struct snap_member {
     struct snap_disk disk;
     const char *name;               /* borrowed */
+    const char *owner;              /* the txn id recorded as its owner */
     int ok;                         /* created (and confirmed, after confirm) */
+    int has_id;                     /* rbd, after confirm: id is its snap id,
+                                       and the owner key is set */
+    int pending;                    /* still running at the deadline: it may
+                                       complete later (rbd: then it sets the
+                                       owner key itself) */
+    uint64_t id;
     double ms;                      /* how long this disk's create took */
     char err[256];                  /* "" unless !ok */
 };
@@ -77,8 +85,10 @@ struct snap_ops {
     int (*create)(struct snap_member *m, int n, double deadline,
                   int *timed_out, struct snap_err *err);
     /* Called after the VM resumed: checks that each ok member's snapshot
-     * really exists, clearing ok with a reason if not.  NULL when a
-     * successful create is proof enough. */
+     * really exists, clearing ok with a reason if not, and records its
+     * owner (rbd: RBDSNAP_OWNER_PREFIX; outside the pause, as it is one
+     * more write per disk).  NULL when a successful create is proof
+     * enough. */
     void (*confirm)(struct snap_member *m, int n);
     /* 0 removed, SNAP_ENOENT absent, -1 error. */
     int (*remove)(const struct snap_disk *d, const char *name,

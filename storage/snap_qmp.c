@@ -41,6 +41,8 @@ qmp_create(struct snap_member *m, int n, double deadline, int *timed_out,
             snprintf(m[k].err, sizeof(m[k].err), "%s", err->msg);
     }
     *timed_out = rc < 0 && err->kind == SNAP_E_TIMEOUT;
+    for (int k = 0; k < n; k++)
+        m[k].pending = *timed_out;  /* QEMU may still run the transaction */
     /* A refused transaction is a per-disk result, not a failure to start. */
     return 0;
 }

@@ -25,6 +25,7 @@ struct rbd_disk {
     struct rbd_job *job;
     struct rbdsnap_image *img;
     char name[256];
+    char owner[160];            /* the txn to record as owner, or "" */
     double ms;
     int rc;
     int done;
@@ -36,6 +37,8 @@ struct rbd_job {
     pthread_cond_t cv;          /* CLOCK_MONOTONIC; a disk finished */
     int refs;
     int pending;
+    int timed_out;              /* create gave up waiting: late disks tag
+                                   themselves (no confirm runs for them) */
     int n;
     struct rbd_disk d[];
 };
@@ -66,6 +69,20 @@ rbd_disk_thread(void *arg)
     if (!d->img)
         snprintf(err, sizeof(err), "rbd image not open");
     pthread_mutex_lock(&d->job->mu);
+    if (rc == 0 && d->job->timed_out && d->owner[0]) {
+        /* Done after the deadline: the commit has moved on and will not
+         * confirm this one, so record its owner here; abort and the
+         * sweeper find it by that key. */
+        uint64_t id;
+        char e[256];
+
+        pthread_mutex_unlock(&d->job->mu);
+        if (rbdsnap_snap_id(d->img, d->name, &id, e, sizeof(e)) != 0 ||
+            rbdsnap_set_owner(d->img, id, d->owner, e, sizeof(e)) < 0)
+            fprintf(stderr, "event=snapshot_owner_failed name=%s msg=\"%s\"\n",
+                    d->name, e);
+        pthread_mutex_lock(&d->job->mu);
+    }
     d->ms = mono_ms() - t0;
     d->rc = rc;
     d->done = 1;
@@ -106,6 +123,8 @@ rbd_create(struct snap_member *m, int n, double deadline, int *timed_out,
         d->job = s;
         d->img = m[k].disk.img;
         snprintf(d->name, sizeof(d->name), "%s", m[k].name);
+        snprintf(d->owner, sizeof(d->owner), "%s",
+                 m[k].owner ? m[k].owner : "");
         pthread_mutex_lock(&s->mu);
         s->refs++;
         s->pending++;
@@ -120,6 +139,7 @@ rbd_create(struct snap_member *m, int n, double deadline, int *timed_out,
         double left = deadline - mono_ms();
         if (left <= 0) {
             *timed_out = 1;
+            s->timed_out = 1;
             break;
         }
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -130,6 +150,7 @@ rbd_create(struct snap_member *m, int n, double deadline, int *timed_out,
     }
     for (int k = 0; k < n; k++) {
         m[k].ok = s->d[k].done && s->d[k].rc == 0;
+        m[k].pending = !s->d[k].done;
         m[k].ms = s->d[k].done ? s->d[k].ms : mono_ms() - t0;
         snprintf(m[k].err, sizeof(m[k].err), "%s", s->d[k].done ?
                  s->d[k].err : "still running at the budget deadline");
@@ -165,6 +186,21 @@ rbd_confirm(struct snap_member *m, int n)
             snprintf(m[k].err, sizeof(m[k].err), "librbd reported the "
                      "snapshot created but the image header does not list "
                      "it (refused by the lock owner?)");
+        } else if (rbdsnap_snap_id(m[k].disk.img, m[k].name, &m[k].id, e,
+                                   sizeof(e)) != 0) {
+            m[k].ok = 0;
+            snprintf(m[k].err, sizeof(m[k].err), "cannot read the snap "
+                     "id: %s", e);
+        } else {
+            /* From here abort can delete it by id, whatever follows. */
+            m[k].has_id = 1;
+            if (m[k].owner && rbdsnap_set_owner(m[k].disk.img, m[k].id,
+                                                m[k].owner, e,
+                                                sizeof(e)) < 0) {
+                m[k].ok = 0;
+                snprintf(m[k].err, sizeof(m[k].err), "cannot record the "
+                         "owner: %s", e);
+            }
         }
     }
 }

@@ -167,7 +167,9 @@ async def test_kill9_while_paused_restart_resumes(lab: dict[str, Any], agents: l
     for vm in lab["vms"]:
         assert qmp_status(vm["qmp"]) == "paused"
     journal = Path(rec["config"]).parent / "journal"
-    assert sorted(line.split()[2] for line in journal.read_text().splitlines()) == sorted(names)
+    lines = journal.read_text().splitlines()
+    assert lines[0] == "cutpoint-journal 2"
+    assert sorted(line.split()[2] for line in lines[1:]) == sorted(names)
     host = next(h for h in lab["hosts"] if h["name"] == rec["host"])
     rec2 = A.start_agent(lab, host, certs_dir)
     try:

@@ -112,7 +112,8 @@ test_paused_and_frozen_roundtrip(void **state)
     assert_int_equal(journal_put(j, in, 3, err, sizeof(err)), 0);
     /* the file says what each line is, one line per (kind, vm) */
     read_file(path, text, sizeof(text));
-    assert_string_equal(text, "paused t1 vm1\nfrozen t1 vm1\npaused t1 vm2\n");
+    assert_string_equal(text, "cutpoint-journal 2\npaused t1 vm1\n"
+                        "frozen t1 vm1\npaused t1 vm2\n");
     /* resuming vm1 (journal_remove) leaves its `frozen` line */
     assert_int_equal(journal_remove(j, "vm1", err, sizeof(err)), 0);
     /* a thaw of another txn does not drop the entry of t1 */
@@ -172,9 +173,89 @@ test_old_format_loads(void **state)
     assert_int_equal(journal_remove(j, "vmA", err, sizeof(err)), 0);
     journal_free(j);
     read_file(path, text, sizeof(text));
-    assert_string_equal(text, "paused t7 vmB\n");
+    /* rewritten in the framed format */
+    assert_string_equal(text, "cutpoint-journal 2\npaused t7 vmB\n");
     unlink(path);
     rmdir(dir);
+}
+
+/* Names with any bytes round-trip: blanks, newlines, '%', non-UTF-8. */
+static void
+test_names_with_any_bytes_roundtrip(void **state)
+{
+    char dir[] = "/tmp/cp-journal-XXXXXX", path[256], err[256], text[1024];
+    struct journal *j = NULL;
+    struct journal_entry *e, in[] = {
+        {JOURNAL_PAUSED, "t 1", "my vm"},
+        {JOURNAL_FROZEN, "t 1", "my vm"},
+        {JOURNAL_PAUSED, "t2", "tab\there"},
+        {JOURNAL_PAUSED, "t2", "two\nlines"},
+        {JOURNAL_PAUSED, "t2", "bin\xff\xfe\x01"},
+        {JOURNAL_PAUSED, "t%41", "pct%41 %"},
+        {JOURNAL_PAUSED, "t2", " lead and trail "},
+    };
+    int n, nin = (int)(sizeof(in) / sizeof(in[0])), lines = 0;
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/journal", dir);
+    assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
+    assert_int_equal(journal_put(j, in, nin, err, sizeof(err)), 0);
+    journal_free(j);
+    read_file(path, text, sizeof(text));
+    for (char *c = text; *c; c++)
+        lines += *c == '\n';
+    assert_int_equal(lines, 1 + nin);           /* one line per entry */
+    assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
+    assert_int_equal(journal_entries(j, &e, &n), 0);
+    assert_int_equal(n, nin);
+    for (int i = 0; i < nin; i++) {
+        assert_int_equal(e[i].kind, in[i].kind);
+        assert_string_equal(e[i].txn, in[i].txn);
+        assert_string_equal(e[i].vm, in[i].vm);
+    }
+    free(e);
+    /* removal finds them by the same bytes */
+    assert_int_equal(journal_remove(j, "my vm", err, sizeof(err)), 0);
+    assert_int_equal(journal_remove_kind(j, JOURNAL_FROZEN, "my vm", "t 1",
+                                         err, sizeof(err)), 0);
+    assert_int_equal(journal_entries(j, &e, &n), 0);
+    assert_int_equal(n, nin - 2);
+    free(e);
+    journal_free(j);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A framed file: malformed lines are skipped, good ones kept. */
+static void
+test_framed_malformed_lines_skipped(void **state)
+{
+    static const char buf[] =
+        "cutpoint-journal 2\n"
+        "paused t1 ok%20vm\n"
+        "paused t1 bad%2\n"            /* cut escape */
+        "paused t1 bad%zz\n"           /* not hex */
+        "paused t1 nul%00\n"           /* NUL */
+        "paused t1 two  blanks\n"      /* 4 fields */
+        "paused  t1 vm\n"              /* empty txn */
+        "paused t1 \n"                 /* empty vm */
+        "thawed t1 vm\n"               /* unknown kind */
+        "frozen t%3 vm\n"
+        "frozen t1 last";               /* no final newline */
+    struct journal_entry *e;
+    int n;
+
+    (void)state;
+    assert_int_equal(journal_parse(buf, sizeof(buf) - 1, &e, &n), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(e[0].vm, "ok vm");
+    assert_string_equal(e[1].vm, "last");
+    assert_int_equal(e[1].kind, JOURNAL_FROZEN);
+    free(e);
+    assert_int_equal(journal_parse("", 0, &e, &n), 0);
+    assert_int_equal(n, 0);
+    free(e);
 }
 
 int
@@ -185,6 +266,8 @@ main(void)
         cmocka_unit_test(test_unwritable_reports_step),
         cmocka_unit_test(test_paused_and_frozen_roundtrip),
         cmocka_unit_test(test_old_format_loads),
+        cmocka_unit_test(test_names_with_any_bytes_roundtrip),
+        cmocka_unit_test(test_framed_malformed_lines_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
