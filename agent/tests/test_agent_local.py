@@ -73,8 +73,8 @@ def local_agent() -> Iterator[dict[str, Any]]:
     agent = None
     try:
         certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
         vm_sections = []
         for v in ("vm1", "vm2"):
             argv = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults",
@@ -373,8 +373,8 @@ def standby_agent() -> Iterator[dict[str, Any]]:
     agent = None
     try:
         certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
         disk = d / "sb1-d0.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
         qemu = shutil.which("qemu-system-x86_64")
@@ -503,7 +503,7 @@ def test_lab_dr_agent_config_lists_standbys(tmp_path: Path) -> None:
                             "image": f"primary-h1-vm{i}-disk0"}]} for i in (1, 2)],
         "image": {"kernel": "/x/vmlinuz", "initrd": "/x/initrd"}}
     certs = tmp_path / "certs"
-    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "dr-h1", "10.77.2.1"], check=True)
+    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "dr-h1", "agent", "10.77.2.1"], check=True)
     specs = write_specs(status)
     assert [s["name"] for s in specs] == ["primary-h1-vm1", "primary-h1-vm2"]
     assert specs[1]["disks"] == [{"node": "disk0", "backend": "rbd", "pool": "rbd",
@@ -616,8 +616,8 @@ def slow_freeze_agent() -> Iterator[dict[str, Any]]:
     guest.start()
     try:
         certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
         f = d / "vq.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(f), "16M"], check=True)
         qemu = subprocess.Popen(["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults",
