@@ -221,7 +221,12 @@ def test_revoked_after_sighup(agent: Agent, certs: Path) -> None:
     before = agent.connect("ops2")
     assert _code(_call(before, "hello")) is None
     serial = _serial(certs / "ops2.pem")
-    agent.revoked.write_text(f"# revoked\nserial={serial} ops2\n")
+    # The operator revokes it in the CA directory; Ansible copies the list
+    # to the host (here: a copy) and reloads the agent (SIGHUP).
+    out = subprocess.run([shutil.which("cutpoint") or "cutpoint", "host", "revoke", "ops2",
+                          "--ca-dir", str(certs)], check=True, capture_output=True, text=True)
+    assert f"serial {serial.lstrip('0')} revoked" in out.stdout, out.stdout
+    shutil.copy(certs / "revoked", agent.revoked)
     assert _code(_call(before, "hello")) is None          # not reloaded yet
     fresh = agent.connect("ops2")
     assert _code(_call(fresh, "hello")) is None
