@@ -118,13 +118,14 @@ def host_sync(name: str, url: str = UrlOpt, token: str = TokenOpt,
 
 
 @host_app.command("revoke")
-def host_revoke(name: str,
-                ca_dir: Path = typer.Option(DEFAULT_CA_DIR, "--ca-dir",
-                                            help="the deployment CA directory (Ansible's "
-                                                 "cutpoint_ca_dir)"),
-                cert: Path | None = typer.Option(None, "--cert",
-                                                 help="the certificate to revoke; default "
-                                                      "CA_DIR/NAME.pem")) -> None:
+def host_revoke(
+    name: str,
+    ca_dir: Annotated[Path, typer.Option(
+        "--ca-dir", help="the deployment CA directory (Ansible's cutpoint_ca_dir)")
+    ] = DEFAULT_CA_DIR,
+    cert: Annotated[Path | None, typer.Option(
+        "--cert", help="the certificate to revoke; default CA_DIR/NAME.pem")] = None,
+) -> None:
     """Revoke a host's (or any) certificate: its serial goes on CA_DIR/revoked.
 
     The agents refuse it once they have the new list and a SIGHUP: run the
