@@ -50,7 +50,7 @@ struct agent_config {
     char log_level[16];
     char ca[1024], cert[1024], key[1024];
     char revoked[1024];         /* serial deny-list (revoke.h), "" none */
-    /* Transport limits (agent-protocol §1.5). */
+    /* Transport limits (agent-protocol §1.7). */
     int max_connections;        /* open + handshaking; extra ones refused */
     int handshake_timeout_ms;   /* a TLS handshake not done by then: closed */
     int workers;                /* threads that run requests (pool.h) */

@@ -1,6 +1,6 @@
 /*
  * peer: who is at the other end of a TLS connection, read from its verified
- * certificate after the handshake (agent-protocol §1.3):
+ * certificate after the handshake (agent-protocol §1.5):
  *
  *   - its role, a SAN URI spiffe://cutpoint/<role> with <role> one of
  *     coordinator, agent, operator.  A certificate with none of them, or

@@ -1,6 +1,6 @@
 /*
  * revoke: the deny-list of certificate serials ([tls] revoked, agent-protocol
- * §1.4).  One serial per line in hex (as `openssl x509 -serial` prints it,
+ * §1.6).  One serial per line in hex (as `openssl x509 -serial` prints it,
  * with or without "serial="), optionally followed by blanks and a note (the
  * host's name, the date); '#' starts a comment line.  The server loads it at
  * start and again on SIGHUP, and refuses a listed certificate at the

@@ -2,12 +2,12 @@
 127.0.0.1 with real TLS 1.3 and certificates from the deployment's issue
 script (no VMs, no lab lock).
 
-- roles (agent-protocol §1.3): each command allows only the roles of its
+- roles (agent-protocol §1.5): each command allows only the roles of its
   row of agent/commands.def; an agent's certificate, or one without a role,
   runs nothing;
-- revocation (§1.4): a serial added to `[tls] revoked` is refused after
+- revocation (§1.6): a serial added to `[tls] revoked` is refused after
   SIGHUP, at the next request of an open connection and at the handshake;
-- transport limits (§1.5): the handshake timeout, the connection cap, and a
+- transport limits (§1.7): the handshake timeout, the connection cap, and a
   dead peer seen within 10 s by TCP keepalive.
 """
 

@@ -4,7 +4,7 @@ deployment's deny-list.
 The deny-list is the file `revoked` in the CA directory (the one Ansible's
 cutpoint_ca role keeps, default ~/.cutpoint/ca): one line per certificate,
 `serial=HEX name=NAME at=TIME`, the form cutpointd reads from `[tls]
-revoked` (agent-protocol §1.4).  This command only writes that file; the
+revoked` (agent-protocol §1.6).  This command only writes that file; the
 cutpoint_host role copies it to every host and reloads the agents (SIGHUP),
 and until then the agents still accept the certificate.
 """

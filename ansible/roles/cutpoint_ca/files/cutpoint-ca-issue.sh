@@ -4,7 +4,7 @@
 # EC P-256, CN=NAME, SAN DNS:NAME plus the IPs plus the role as the URI
 # spiffe://cutpoint/ROLE, serverAuth+clientAuth (the agent protocol uses one
 # certificate per party for both directions).  ROLE is what the agents allow
-# the holder to run (agent-protocol §1.3):
+# the holder to run (agent-protocol §1.5):
 #   coordinator  every command (the control plane, the coordinator CLI, failover)
 #   operator     the read-only commands (hello, inventory, snapshot.list, stats)
 #   agent        a host's own agent certificate: it drives no other agent
