@@ -26,7 +26,7 @@ from cutpoint.agentclient import (
     encode_frame,
 )
 from cutpoint.agentclient.framing import read_frame
-from cutpoint.agentclient.testing import make_pki
+from cutpoint.agentclient.testing import PKI_ROLES, make_pki
 from cutpoint.agentclient.tls import server_context
 
 # Replies as the agent sends them (agent-protocol §4), framed.
@@ -108,7 +108,7 @@ Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     d = tmp_path_factory.mktemp("pki")
-    out = make_pki(d, {"agent": ["127.0.0.1"], "coordinator": []})
+    out = make_pki(d, {"agent": ["127.0.0.1"], "coordinator": []}, roles=PKI_ROLES)
     other = make_pki(d / "other", {"intruder": []})
     out["intruder"] = other["intruder"]
     return out
