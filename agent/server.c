@@ -6,25 +6,24 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "authz.h"
 #include "dispatch.h"
 #include "log.h"
 #include "mono.h"
 #include "peer.h"
 #include "pool.h"
 #include "proto.h"
-#include "revoke.h"
+#include "replyq.h"
 #include "tls.h"
 
 #define MAX_CONNS CFG_MAX_CONNECTIONS
@@ -37,9 +36,6 @@
 #define KEEPCNT 3
 #define USER_TIMEOUT_MS 8000
 
-/* Set by SIGHUP; the loop reloads [tls] revoked. */
-static volatile sig_atomic_t reload_flag;
-
 enum conn_state { CONN_HANDSHAKE, CONN_OPEN, CONN_CLOSING };
 
 struct conn {
@@ -50,10 +46,7 @@ struct conn {
     double accepted_at;
     int broken;             /* a TLS or socket error was seen */
     char peer[64];
-    /* From the certificate, once OPEN (peer.h). */
-    unsigned role;
-    char cn[128];
-    char serial[REVOKE_SERIAL_MAX];
+    struct authz_peer who;  /* from the certificate, once OPEN */
     uint8_t *in;
     size_t in_len, in_cap;
     uint8_t *out;
@@ -61,25 +54,17 @@ struct conn {
     int want_write;
 };
 
-struct reply {
-    uint64_t conn_id;
-    uint8_t *buf;
-    size_t len;
-    struct reply *next;
-};
-
 struct server {
     struct agent *a;
     SSL_CTX *ctx;
-    int lfd, efd, evfd;
+    int lfd, efd;
     struct conn *conns[MAX_CONNS];
     int nconns;
     uint64_t next_id;
     double accept_paused_until;     /* 0, or when to listen again */
     struct pool pool;
-    struct revoke_list revoked;
-    pthread_mutex_t qmu;
-    struct reply *qhead, *qtail;
+    struct authz authz;
+    struct replyq replies;
 };
 
 /* ---- connections ---- */
@@ -202,30 +187,6 @@ struct work {
 };
 
 static void
-enqueue(struct server *s, uint64_t conn_id, uint8_t *buf, size_t len)
-{
-    struct reply *r = calloc(1, sizeof(*r));
-    uint64_t one = 1;
-
-    if (!r) {
-        free(buf);
-        return;
-    }
-    r->conn_id = conn_id;
-    r->buf = buf;
-    r->len = len;
-    pthread_mutex_lock(&s->qmu);
-    if (s->qtail)
-        s->qtail->next = r;
-    else
-        s->qhead = r;
-    s->qtail = r;
-    pthread_mutex_unlock(&s->qmu);
-    if (write(s->evfd, &one, sizeof(one)) < 0)
-        log_warn("event=eventfd_write");
-}
-
-static void
 work_main(void *arg)
 {
     struct work *w = arg;
@@ -249,7 +210,7 @@ work_main(void *arg)
                               NULL, &len);
     }
     if (buf)
-        enqueue(w->s, w->conn_id, buf, len);
+        replyq_post(&w->s->replies, w->conn_id, buf, len);
     proto_request_clear(&w->req);
     free(w);
 }
@@ -266,12 +227,7 @@ reply_now(struct conn *c, json_t *id, const struct proto_error *err)
     }
 }
 
-/*
- * Authorization of one valid request, in the loop (which owns the deny
- * list): a revoked certificate (listed since the connection opened) or a
- * role the command's row does not allow gets FORBIDDEN, and the handler
- * never runs.  Returns 1 when refused (the reply is queued).
- */
+/* authz_request's refusal as the reply; 1 when refused. */
 static int
 refuse(struct server *s, struct conn *c, const struct proto_request *req)
 {
@@ -279,25 +235,12 @@ refuse(struct server *s, struct conn *c, const struct proto_request *req)
     const char *code = NULL;
     char msg[256];
 
-    if (revoke_has(&s->revoked, c->serial)) {
-        log_warnx("event=forbidden conn=%llu peer=%s cn=%s role=%s cmd=%s "
-                  "why=revoked serial=%s", (unsigned long long)c->id, c->peer,
-                  c->cn, peer_role_name(c->role), proto_cmd_name(req->cmd),
-                  c->serial);
-        proto_error_set(&e, "FORBIDDEN", "this certificate (serial %s) is "
-                        "revoked", c->serial);
-        reply_now(c, req->id, &e);
-        return 1;
-    }
-    if (dispatch_allows(req->cmd, c->role, &code, msg, sizeof(msg)) < 0) {
-        log_warnx("event=forbidden conn=%llu peer=%s cn=%s role=%s cmd=%s "
-                  "why=role", (unsigned long long)c->id, c->peer, c->cn,
-                  peer_role_name(c->role), proto_cmd_name(req->cmd));
-        proto_error_set(&e, code, "%s", msg);
-        reply_now(c, req->id, &e);
-        return 1;
-    }
-    return 0;
+    if (authz_request(&s->authz, &c->who, req->cmd, c->id, c->peer, &code,
+                      msg, sizeof(msg)) == 0)
+        return 0;
+    proto_error_set(&e, code, "%s", msg);
+    reply_now(c, req->id, &e);
+    return 1;
 }
 
 static void
@@ -365,33 +308,20 @@ static void
 conn_handshake(struct server *s, struct conn *c)
 {
     int r, e;
-    X509 *peer;
 
     ERR_clear_error();
     r = SSL_accept(c->ssl);
     if (r == 1) {
         c->state = CONN_OPEN;
-        snprintf(c->cn, sizeof(c->cn), "?");
-        peer = SSL_get1_peer_certificate(c->ssl);
-        if (peer) {
-            X509_NAME_get_text_by_NID(X509_get_subject_name(peer),
-                                      NID_commonName, c->cn, sizeof(c->cn));
-            c->role = peer_role(peer);
-            if (peer_serial(peer, c->serial, sizeof(c->serial)) < 0)
-                c->serial[0] = '\0';
-            X509_free(peer);
-        }
-        if (!c->serial[0] || revoke_has(&s->revoked, c->serial)) {
-            log_warnx("event=tls_refused conn=%llu peer=%s cn=%s role=%s "
-                      "serial=%s why=revoked", (unsigned long long)c->id,
-                      c->peer, c->cn, peer_role_name(c->role), c->serial);
+        if (authz_identify(&s->authz, c->ssl, &c->who, c->id, c->peer) < 0) {
             conn_close(s, c, "revoked");
             return;
         }
         atomic_fetch_add(&s->a->connections, 1);
         log_info("event=conn_open conn=%llu peer=%s cn=%s role=%s serial=%s "
-                 "tls=%s", (unsigned long long)c->id, c->peer, c->cn,
-                 peer_role_name(c->role), c->serial, SSL_get_version(c->ssl));
+                 "tls=%s", (unsigned long long)c->id, c->peer, c->who.cn,
+                 peer_role_name(c->who.role), c->who.serial,
+                 SSL_get_version(c->ssl));
         return;
     }
     e = SSL_get_error(c->ssl, r);
@@ -567,15 +497,8 @@ accept_all(struct server *s)
 static void
 drain_replies(struct server *s)
 {
-    struct reply *r;
-    uint64_t v;
+    struct reply *r = replyq_take(&s->replies);
 
-    if (read(s->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-        log_warn("event=eventfd_read");
-    pthread_mutex_lock(&s->qmu);
-    r = s->qhead;
-    s->qhead = s->qtail = NULL;
-    pthread_mutex_unlock(&s->qmu);
     while (r) {
         struct reply *next = r->next;
         struct conn *c = conn_find(s, r->conn_id);
@@ -586,51 +509,26 @@ drain_replies(struct server *s)
             log_info("event=reply_dropped conn=%llu why=connection_gone",
                      (unsigned long long)r->conn_id);
         }
-        free(r->buf);
-        free(r);
+        replyq_free(r);
         r = next;
     }
-}
-
-static void
-on_sighup(int sig)
-{
-    (void)sig;
-    reload_flag = 1;
-}
-
-/* SIGHUP: a list that does not load leaves the previous one in force. */
-static void
-reload_revoked(struct server *s)
-{
-    char err[512];
-    size_t before = s->revoked.n;
-
-    if (revoke_load(s->a->cfg.revoked, &s->revoked, err, sizeof(err)) < 0) {
-        log_warnx("event=revoked_reload result=failed kept=%zu msg=\"%s\"",
-                  before, err);
-        return;
-    }
-    log_info("event=revoked_reload result=ok revoked=%zu", s->revoked.n);
 }
 
 int
 server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
            size_t errlen)
 {
-    struct server s = {.a = a, .lfd = -1, .efd = -1, .evfd = -1};
+    struct server s = {.a = a, .lfd = -1, .efd = -1,
+                       .replies = {.evfd = -1}};
     struct sockaddr_in sa = {.sin_family = AF_INET};
     struct epoll_event ev, evs[64];
-    struct sigaction hup = {.sa_handler = on_sighup};
-    int one = 1, ret = -1, pool_up = 0;
+    int one = 1, ret = -1, pool_up = 0, authz_up = 0;
 
-    pthread_mutex_init(&s.qmu, NULL);
     if (!(s.ctx = tls_ctx_new(&a->cfg, err, errlen)))
         goto cleanup;
-    if (revoke_load(a->cfg.revoked, &s.revoked, err, errlen) < 0)
+    if (authz_start(&s.authz, a->cfg.revoked, err, errlen) < 0)
         goto cleanup;
-    sigemptyset(&hup.sa_mask);
-    sigaction(SIGHUP, &hup, NULL);
+    authz_up = 1;
     if (pool_start(&s.pool, a->cfg.workers, (size_t)a->cfg.queue) < 0) {
         snprintf(err, errlen, "cannot start %d request threads: %s",
                  a->cfg.workers, strerror(errno));
@@ -652,32 +550,28 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
         goto cleanup;
     }
     s.efd = epoll_create1(EPOLL_CLOEXEC);
-    s.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (s.efd < 0 || s.evfd < 0) {
+    if (s.efd < 0 || replyq_init(&s.replies) < 0) {
         snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
         goto cleanup;
     }
     ev.events = EPOLLIN;
     ev.data.ptr = &s.lfd;
     epoll_ctl(s.efd, EPOLL_CTL_ADD, s.lfd, &ev);
-    ev.data.ptr = &s.evfd;
-    epoll_ctl(s.efd, EPOLL_CTL_ADD, s.evfd, &ev);
+    ev.data.ptr = &s.replies;
+    epoll_ctl(s.efd, EPOLL_CTL_ADD, s.replies.evfd, &ev);
     log_info("event=listening addr=%s port=%d host=%s vms=%d revoked=%zu "
              "max_connections=%d workers=%d", a->cfg.listen_addr,
-             a->cfg.listen_port, a->cfg.host, a->nvms, s.revoked.n,
+             a->cfg.listen_port, a->cfg.host, a->nvms, s.authz.revoked.n,
              a->cfg.max_connections, a->cfg.workers);
     while (!*stop) {
         int n = epoll_wait(s.efd, evs, 64, 500);
         double now;
 
-        if (reload_flag) {
-            reload_flag = 0;
-            reload_revoked(&s);
-        }
+        authz_poll(&s.authz);
         for (int i = 0; i < n; i++) {
             if (evs[i].data.ptr == &s.lfd)
                 accept_all(&s);
-            else if (evs[i].data.ptr == &s.evfd)
+            else if (evs[i].data.ptr == &s.replies)
                 drain_replies(&s);
             else if (conn_live(&s, evs[i].data.ptr))
                 /* (a reply drained earlier in this batch may have closed it) */
@@ -705,19 +599,13 @@ cleanup:
     for (int i = 0; i < MAX_CONNS; i++)
         if (s.conns[i])
             conn_close(&s, s.conns[i], "shutdown");
-    while (s.qhead) {
-        struct reply *r = s.qhead;
-        s.qhead = r->next;
-        free(r->buf);
-        free(r);
-    }
+    replyq_destroy(&s.replies);
     if (s.lfd >= 0)
         close(s.lfd);
     if (s.efd >= 0)
         close(s.efd);
-    if (s.evfd >= 0)
-        close(s.evfd);
     SSL_CTX_free(s.ctx);
-    revoke_clear(&s.revoked);
+    if (authz_up)
+        authz_stop(&s.authz);
     return ret;
 }
