@@ -347,6 +347,7 @@ def test_dead_peer_seen_within_10s(agent: Agent) -> None:
         took = time.monotonic() - t0
     finally:
         subprocess.run(["iptables", "-D", *rule], check=True)
+    print(f"dead peer seen after {took:.1f} s")
     assert took < 10, f"dead peer seen after {took:.1f} s"
     line = agent.text().split(f"event=conn_close conn={conn} ", 1)[1].splitlines()[0]
     assert "why=read_error" in line, line
