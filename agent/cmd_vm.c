@@ -1,8 +1,10 @@
 /*
  * cmd_vm: starting and stopping VMs (agent-protocol §4.9): vm.start of a
- * configured VM (its driver's start: for qmp, the `start =` command) or
- * of a definition (spec.xml, through a driver that creates VMs: libvirt),
- * and vm.stop.
+ * configured VM (its driver's start: for qmp, the `start =` command), and
+ * vm.stop.  vm.start never takes a definition from the wire (spec.xml): a
+ * libvirt domain XML can name any disk, device or emulator of the host, so
+ * whoever may send it would be root here; only the VMs the host's own
+ * configuration names are started.
  */
 #include "cmd.h"
 
@@ -13,31 +15,6 @@
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
-
-/* vm.start from a definition (spec.xml: a transient libvirt domain). */
-static json_t *
-vm_start_xml(struct agent *a, const char *xml, const char **code, char *msg,
-             size_t msglen)
-{
-    char name[256];
-    const char *via = "";
-    double t0 = mono_ms();
-    struct qmp_err qe;
-    int rc;
-
-    rc = vm_host_create(&a->host, xml, &via, name, sizeof(name), &qe);
-    if (rc == VM_ENODRIVER)
-        FAIL("BAD_REQUEST", "args.spec.xml needs the libvirt driver "
-             "([libvirt] uri)");
-    if (rc < 0)
-        FAIL(vm_err_code(&qe), "%s", qe.msg);
-    log_info("event=vm_start vm=%s via=%s start_ms=%.3f", name, via,
-             mono_ms() - t0);
-    return json_pack("{s:s,s:s,s:f}", "vm", name, "state", "running",
-                     "start_ms", mono_ms() - t0);
-cleanup:
-    return NULL;
-}
 
 /*
  * vm.start of a configured VM (agent-protocol §4.9):
@@ -121,19 +98,19 @@ cmd_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
     (void)err_result;
     if (jname && !name)
         FAIL("BAD_REQUEST", "args.spec.vm must be a string");
-    if (name && xml)
-        FAIL("BAD_REQUEST", "args.spec takes vm (a configured VM) or xml "
-             "(a libvirt domain), not both");
-    if (xml)
-        return vm_start_xml(a, xml, code, msg, msglen);
+    if (xml) {
+        log_warnx("event=vm_start result=refused why=definition_from_wire");
+        FAIL("FORBIDDEN", "vm.start starts only the VMs of this agent's "
+             "configuration (args.spec.vm); a definition (args.spec.xml) is "
+             "refused");
+    }
     if (!name)
-        FAIL("BAD_REQUEST", "args.spec needs vm (a VM of the agent config) "
-             "or xml (a libvirt domain)");
+        FAIL("BAD_REQUEST", "args.spec needs vm (a VM of the agent config)");
     if (!(v = agent_find_vm(a, name)))
         FAIL("UNKNOWN_VM", "unknown vm %s", name);
     if (!v->ops->start)
-        FAIL("BAD_REQUEST", "vm %s uses the %s driver: start it with "
-             "args.spec.xml", name, v->ops->name);
+        FAIL("BAD_REQUEST", "vm %s uses the %s driver, which cannot start "
+             "a VM", name, v->ops->name);
     return vm_start_cmd(a, v, code, msg, msglen);
 cleanup:
     return NULL;

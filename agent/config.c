@@ -89,6 +89,10 @@ config_load(const char *path, struct agent_config *cfg, char *err,
     cfg->listen_port = 7443;
     cfg->qmp_timeout_ms = 2000;
     cfg->freeze_timeout_ms = 5000;
+    cfg->max_connections = 256;
+    cfg->handshake_timeout_ms = 10000;
+    cfg->workers = 16;
+    cfg->queue = 256;
     SET(cfg->listen_addr, "0.0.0.0");
     SET(cfg->log_level, "info");
     SET(cfg->journal, "/var/lib/cutpoint/agent/journal");
@@ -175,12 +179,26 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             if (log_parse_level(v, &lvl) < 0)
                 goto bad;
             SET(cfg->log_level, v);
+        } else if (KEY("agent", "max_connections")) {
+            if (parse_int(v, 1, CFG_MAX_CONNECTIONS, &cfg->max_connections) < 0)
+                goto bad;
+        } else if (KEY("agent", "handshake_timeout_ms")) {
+            if (parse_int(v, 100, 600000, &cfg->handshake_timeout_ms) < 0)
+                goto bad;
+        } else if (KEY("agent", "workers")) {
+            if (parse_int(v, 1, 256, &cfg->workers) < 0)
+                goto bad;
+        } else if (KEY("agent", "queue")) {
+            if (parse_int(v, 1, 65536, &cfg->queue) < 0)
+                goto bad;
         } else if (KEY("tls", "ca"))
             SET(cfg->ca, v);
         else if (KEY("tls", "cert"))
             SET(cfg->cert, v);
         else if (KEY("tls", "key"))
             SET(cfg->key, v);
+        else if (KEY("tls", "revoked"))
+            SET(cfg->revoked, v);
         else if (KEY("ceph", "conf"))
             SET(cfg->ceph_conf, v);
         else if (KEY("ceph", "id"))

@@ -10,6 +10,8 @@
 
 #define CFG_MAX_VMS 64
 #define CFG_MAX_DISKS 16
+/* The server's connection table; [agent] max_connections is at most this. */
+#define CFG_MAX_CONNECTIONS 1024
 
 enum cfg_backend { CFG_BACKEND_RBD, CFG_BACKEND_QCOW2 };
 enum cfg_method { CFG_METHOD_AUTO, CFG_METHOD_RBD, CFG_METHOD_QMP };
@@ -47,6 +49,12 @@ struct agent_config {
     int freeze_timeout_ms;      /* quiesce fs-freeze: guest-fsfreeze-freeze */
     char log_level[16];
     char ca[1024], cert[1024], key[1024];
+    char revoked[1024];         /* serial deny-list (revoke.h), "" none */
+    /* Transport limits (agent-protocol §1.7). */
+    int max_connections;        /* open + handshaking; extra ones refused */
+    int handshake_timeout_ms;   /* a TLS handshake not done by then: closed */
+    int workers;                /* threads that run requests (pool.h) */
+    int queue;                  /* requests waiting for one; beyond: BUSY */
     char ceph_conf[1024], ceph_id[128], ceph_keyring[1024];
     char libvirt_uri[512];
     int libvirt_discover;       /* add every running domain of the URI */

@@ -9,15 +9,38 @@ static const struct {
     cmd_handler *handler;
     unsigned roles;
 } table[PROTO_CMD_COUNT] = {
+/* The roles column's names (commands.def). */
+#define COORDINATOR PEER_ROLE_COORDINATOR
+#define COORDINATOR_OPERATOR (PEER_ROLE_COORDINATOR | PEER_ROLE_OPERATOR)
 #define CMD(id, name, handler, roles, ...) [PROTO_CMD_##id] = {handler, roles},
 #include "commands.def"
 #undef CMD
+#undef COORDINATOR
+#undef COORDINATOR_OPERATOR
 };
 
 unsigned
 dispatch_roles(enum proto_cmd cmd)
 {
     return (unsigned)cmd < PROTO_CMD_COUNT ? table[cmd].roles : 0;
+}
+
+int
+dispatch_allows(enum proto_cmd cmd, unsigned role, const char **code,
+                char *msg, size_t msglen)
+{
+    unsigned allowed = dispatch_roles(cmd);
+    char need[64];
+
+    /* PEER_ROLE_NONE is no bit: a certificate without a role runs nothing. */
+    if (allowed & role)
+        return 0;
+    peer_roles_text(allowed, need, sizeof(need));
+    *code = "FORBIDDEN";
+    snprintf(msg, msglen, "%s needs the role %s; this certificate's role is "
+             "%s", (unsigned)cmd < PROTO_CMD_COUNT ? proto_cmd_name(cmd) :
+             "this command", need, peer_role_name(role));
+    return -1;
 }
 
 json_t *

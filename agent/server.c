@@ -6,28 +6,35 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "authz.h"
 #include "dispatch.h"
 #include "log.h"
 #include "mono.h"
+#include "peer.h"
+#include "pool.h"
 #include "proto.h"
+#include "replyq.h"
 #include "tls.h"
 
-#define MAX_CONNS 1024
-/* A peer that does not finish the TLS handshake in this time is dropped,
- * so idle half-open sockets cannot use up the connection slots. */
-#define HANDSHAKE_TIMEOUT_MS 10000.0
+#define MAX_CONNS CFG_MAX_CONNECTIONS
+/* TCP keepalive: an idle peer that stops answering (host gone, packets
+ * dropped) is seen dead after KEEPIDLE + KEEPCNT * KEEPINTVL = 8 s, and
+ * one that stops acknowledging our data after USER_TIMEOUT_MS; both below
+ * the 10 s the coordinator's failure detection counts on. */
+#define KEEPIDLE_S 2
+#define KEEPINTVL_S 2
+#define KEEPCNT 3
+#define USER_TIMEOUT_MS 8000
 
 enum conn_state { CONN_HANDSHAKE, CONN_OPEN, CONN_CLOSING };
 
@@ -39,6 +46,7 @@ struct conn {
     double accepted_at;
     int broken;             /* a TLS or socket error was seen */
     char peer[64];
+    struct authz_peer who;  /* from the certificate, once OPEN */
     uint8_t *in;
     size_t in_len, in_cap;
     uint8_t *out;
@@ -46,21 +54,17 @@ struct conn {
     int want_write;
 };
 
-struct reply {
-    uint64_t conn_id;
-    uint8_t *buf;
-    size_t len;
-    struct reply *next;
-};
-
 struct server {
     struct agent *a;
     SSL_CTX *ctx;
-    int lfd, efd, evfd;
+    int lfd, efd;
     struct conn *conns[MAX_CONNS];
+    int nconns;
     uint64_t next_id;
-    pthread_mutex_t qmu;
-    struct reply *qhead, *qtail;
+    double accept_paused_until;     /* 0, or when to listen again */
+    struct pool pool;
+    struct authz authz;
+    struct replyq replies;
 };
 
 /* ---- connections ---- */
@@ -103,8 +107,10 @@ conn_close(struct server *s, struct conn *c, const char *why)
     }
     close(c->fd);
     for (int i = 0; i < MAX_CONNS; i++)
-        if (s->conns[i] == c)
+        if (s->conns[i] == c) {
             s->conns[i] = NULL;
+            s->nconns--;
+        }
     free(c->in);
     free(c->out);
     free(c);
@@ -181,30 +187,6 @@ struct work {
 };
 
 static void
-enqueue(struct server *s, uint64_t conn_id, uint8_t *buf, size_t len)
-{
-    struct reply *r = calloc(1, sizeof(*r));
-    uint64_t one = 1;
-
-    if (!r) {
-        free(buf);
-        return;
-    }
-    r->conn_id = conn_id;
-    r->buf = buf;
-    r->len = len;
-    pthread_mutex_lock(&s->qmu);
-    if (s->qtail)
-        s->qtail->next = r;
-    else
-        s->qhead = r;
-    s->qtail = r;
-    pthread_mutex_unlock(&s->qmu);
-    if (write(s->evfd, &one, sizeof(one)) < 0)
-        log_warn("event=eventfd_write");
-}
-
-static void *
 work_main(void *arg)
 {
     struct work *w = arg;
@@ -228,10 +210,9 @@ work_main(void *arg)
                               NULL, &len);
     }
     if (buf)
-        enqueue(w->s, w->conn_id, buf, len);
+        replyq_post(&w->s->replies, w->conn_id, buf, len);
     proto_request_clear(&w->req);
     free(w);
-    return NULL;
 }
 
 static void
@@ -244,6 +225,22 @@ reply_now(struct conn *c, json_t *id, const struct proto_error *err)
         out_append(c, buf, len);
         free(buf);
     }
+}
+
+/* authz_request's refusal as the reply; 1 when refused. */
+static int
+refuse(struct server *s, struct conn *c, const struct proto_request *req)
+{
+    struct proto_error e;
+    const char *code = NULL;
+    char msg[256];
+
+    if (authz_request(&s->authz, &c->who, req->cmd, c->id, c->peer, &code,
+                      msg, sizeof(msg)) == 0)
+        return 0;
+    proto_error_set(&e, code, "%s", msg);
+    reply_now(c, req->id, &e);
+    return 1;
 }
 
 static void
@@ -274,10 +271,11 @@ process_frames(struct server *s, struct conn *c)
             proto_request_clear(&req);
             if (bad)
                 c->state = CONN_CLOSING;
+        } else if (refuse(s, c, &req)) {
+            atomic_fetch_add(&s->a->errors, 1);
+            proto_request_clear(&req);
         } else {
             struct work *w = malloc(sizeof(*w));
-            pthread_t th;
-            pthread_attr_t at;
             log_debug("event=request conn=%llu cmd=%s",
                       (unsigned long long)c->id, proto_cmd_name(req.cmd));
             if (!w) {
@@ -287,16 +285,18 @@ process_frames(struct server *s, struct conn *c)
             w->s = s;
             w->conn_id = c->id;
             w->req = req;
-            pthread_attr_init(&at);
-            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-            if (pthread_create(&th, &at, work_main, w) != 0) {
+            if (pool_submit(&s->pool, work_main, w) < 0) {
                 struct proto_error e2;
-                proto_error_set(&e2, "INTERNAL", "cannot start a thread");
+                log_warnx("event=request_refused conn=%llu cmd=%s "
+                          "why=queue_full", (unsigned long long)c->id,
+                          proto_cmd_name(req.cmd));
+                proto_error_set(&e2, "BUSY", "too many requests in flight; "
+                                "retry later");
                 reply_now(c, w->req.id, &e2);
+                atomic_fetch_add(&s->a->errors, 1);
                 proto_request_clear(&w->req);
                 free(w);
             }
-            pthread_attr_destroy(&at);
         }
         off += PROTO_HDR + n;
     }
@@ -308,22 +308,19 @@ static void
 conn_handshake(struct server *s, struct conn *c)
 {
     int r, e;
-    X509 *peer;
-    char cn[256] = "?";
 
     ERR_clear_error();
     r = SSL_accept(c->ssl);
     if (r == 1) {
         c->state = CONN_OPEN;
-        peer = SSL_get1_peer_certificate(c->ssl);
-        if (peer) {
-            X509_NAME_get_text_by_NID(X509_get_subject_name(peer),
-                                      NID_commonName, cn, sizeof(cn));
-            X509_free(peer);
+        if (authz_identify(&s->authz, c->ssl, &c->who, c->id, c->peer) < 0) {
+            conn_close(s, c, "revoked");
+            return;
         }
         atomic_fetch_add(&s->a->connections, 1);
-        log_info("event=conn_open conn=%llu peer=%s cn=%s tls=%s",
-                 (unsigned long long)c->id, c->peer, cn,
+        log_info("event=conn_open conn=%llu peer=%s cn=%s role=%s serial=%s "
+                 "tls=%s", (unsigned long long)c->id, c->peer, c->who.cn,
+                 peer_role_name(c->who.role), c->who.serial,
                  SSL_get_version(c->ssl));
         return;
     }
@@ -408,7 +405,7 @@ conn_event(struct server *s, struct conn *c, uint32_t events)
             return -1;
     }
     if (c->state == CONN_OPEN && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP |
-                                            EPOLLOUT))) {
+                                            EPOLLERR | EPOLLOUT))) {
         conn_read(s, c);
         if (!conn_find(s, id))
             return -1;
@@ -430,6 +427,19 @@ conn_event(struct server *s, struct conn *c, uint32_t events)
 }
 
 static void
+keepalive(int fd)
+{
+    int on = 1, idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
+    unsigned ut = USER_TIMEOUT_MS;
+
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
+}
+
+static void
 accept_all(struct server *s)
 {
     for (;;) {
@@ -440,17 +450,30 @@ accept_all(struct server *s)
         int fd = accept4(s->lfd, (struct sockaddr *)&sa, &sl,
                          SOCK_NONBLOCK | SOCK_CLOEXEC), one = 1, slot;
 
-        if (fd < 0)
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE) {
+                /* The pending connection stays queued and the listening
+                 * socket readable: without a pause the loop would spin. */
+                log_warn("event=accept_failed");
+                s->accept_paused_until = mono_ms() + 100;
+                struct epoll_event off = {.events = 0, .data.ptr = &s->lfd};
+                epoll_ctl(s->efd, EPOLL_CTL_MOD, s->lfd, &off);
+            }
             return;
+        }
         for (slot = 0; slot < MAX_CONNS && s->conns[slot]; slot++)
             ;
-        c = slot < MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
+        c = slot < MAX_CONNS && s->nconns < s->a->cfg.max_connections ?
+            calloc(1, sizeof(*c)) : NULL;
         if (!c) {
-            log_warnx("event=conn_refused why=too_many_connections");
+            log_warnx("event=conn_refused peer=%s:%d why=too_many_connections "
+                      "max_connections=%d", inet_ntoa(sa.sin_addr),
+                      ntohs(sa.sin_port), s->a->cfg.max_connections);
             close(fd);
             continue;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        keepalive(fd);
         c->id = ++s->next_id;
         c->fd = fd;
         c->accepted_at = mono_ms();
@@ -464,6 +487,7 @@ accept_all(struct server *s)
         }
         SSL_set_fd(c->ssl, fd);
         s->conns[slot] = c;
+        s->nconns++;
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.ptr = c;
         epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev);
@@ -473,15 +497,8 @@ accept_all(struct server *s)
 static void
 drain_replies(struct server *s)
 {
-    struct reply *r;
-    uint64_t v;
+    struct reply *r = replyq_take(&s->replies);
 
-    if (read(s->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-        log_warn("event=eventfd_read");
-    pthread_mutex_lock(&s->qmu);
-    r = s->qhead;
-    s->qhead = s->qtail = NULL;
-    pthread_mutex_unlock(&s->qmu);
     while (r) {
         struct reply *next = r->next;
         struct conn *c = conn_find(s, r->conn_id);
@@ -492,8 +509,7 @@ drain_replies(struct server *s)
             log_info("event=reply_dropped conn=%llu why=connection_gone",
                      (unsigned long long)r->conn_id);
         }
-        free(r->buf);
-        free(r);
+        replyq_free(r);
         r = next;
     }
 }
@@ -502,14 +518,23 @@ int
 server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
            size_t errlen)
 {
-    struct server s = {.a = a, .lfd = -1, .efd = -1, .evfd = -1};
+    struct server s = {.a = a, .lfd = -1, .efd = -1,
+                       .replies = {.evfd = -1}};
     struct sockaddr_in sa = {.sin_family = AF_INET};
     struct epoll_event ev, evs[64];
-    int one = 1, ret = -1;
+    int one = 1, ret = -1, pool_up = 0, authz_up = 0;
 
-    pthread_mutex_init(&s.qmu, NULL);
     if (!(s.ctx = tls_ctx_new(&a->cfg, err, errlen)))
         goto cleanup;
+    if (authz_start(&s.authz, a->cfg.revoked, err, errlen) < 0)
+        goto cleanup;
+    authz_up = 1;
+    if (pool_start(&s.pool, a->cfg.workers, (size_t)a->cfg.queue) < 0) {
+        snprintf(err, errlen, "cannot start %d request threads: %s",
+                 a->cfg.workers, strerror(errno));
+        goto cleanup;
+    }
+    pool_up = 1;
     if (inet_pton(AF_INET, a->cfg.listen_addr, &sa.sin_addr) != 1) {
         snprintf(err, errlen, "listen address %s is not an IPv4 address",
                  a->cfg.listen_addr);
@@ -525,26 +550,28 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
         goto cleanup;
     }
     s.efd = epoll_create1(EPOLL_CLOEXEC);
-    s.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (s.efd < 0 || s.evfd < 0) {
+    if (s.efd < 0 || replyq_init(&s.replies) < 0) {
         snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
         goto cleanup;
     }
     ev.events = EPOLLIN;
     ev.data.ptr = &s.lfd;
     epoll_ctl(s.efd, EPOLL_CTL_ADD, s.lfd, &ev);
-    ev.data.ptr = &s.evfd;
-    epoll_ctl(s.efd, EPOLL_CTL_ADD, s.evfd, &ev);
-    log_info("event=listening addr=%s port=%d host=%s vms=%d",
-             a->cfg.listen_addr, a->cfg.listen_port, a->cfg.host, a->nvms);
+    ev.data.ptr = &s.replies;
+    epoll_ctl(s.efd, EPOLL_CTL_ADD, s.replies.evfd, &ev);
+    log_info("event=listening addr=%s port=%d host=%s vms=%d revoked=%zu "
+             "max_connections=%d workers=%d", a->cfg.listen_addr,
+             a->cfg.listen_port, a->cfg.host, a->nvms, s.authz.revoked.n,
+             a->cfg.max_connections, a->cfg.workers);
     while (!*stop) {
         int n = epoll_wait(s.efd, evs, 64, 500);
         double now;
 
+        authz_poll(&s.authz);
         for (int i = 0; i < n; i++) {
             if (evs[i].data.ptr == &s.lfd)
                 accept_all(&s);
-            else if (evs[i].data.ptr == &s.evfd)
+            else if (evs[i].data.ptr == &s.replies)
                 drain_replies(&s);
             else if (conn_live(&s, evs[i].data.ptr))
                 /* (a reply drained earlier in this batch may have closed it) */
@@ -554,26 +581,31 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
         now = mono_ms();
         for (int i = 0; i < MAX_CONNS; i++)
             if (s.conns[i] && s.conns[i]->state == CONN_HANDSHAKE &&
-                now - s.conns[i]->accepted_at > HANDSHAKE_TIMEOUT_MS)
+                now - s.conns[i]->accepted_at > a->cfg.handshake_timeout_ms)
                 conn_close(&s, s.conns[i], "handshake_timeout");
+        if (s.accept_paused_until && now >= s.accept_paused_until) {
+            s.accept_paused_until = 0;
+            ev.events = EPOLLIN;
+            ev.data.ptr = &s.lfd;
+            epoll_ctl(s.efd, EPOLL_CTL_MOD, s.lfd, &ev);
+        }
     }
     ret = 0;
 cleanup:
+    /* The running handlers finish before their server goes away (their
+     * replies go to its queue). */
+    if (pool_up)
+        pool_stop(&s.pool);
     for (int i = 0; i < MAX_CONNS; i++)
         if (s.conns[i])
             conn_close(&s, s.conns[i], "shutdown");
-    while (s.qhead) {
-        struct reply *r = s.qhead;
-        s.qhead = r->next;
-        free(r->buf);
-        free(r);
-    }
+    replyq_destroy(&s.replies);
     if (s.lfd >= 0)
         close(s.lfd);
     if (s.efd >= 0)
         close(s.efd);
-    if (s.evfd >= 0)
-        close(s.evfd);
     SSL_CTX_free(s.ctx);
+    if (authz_up)
+        authz_stop(&s.authz);
     return ret;
 }

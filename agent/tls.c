@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <openssl/err.h>
 
+#include "revoke.h"
+
 void
 tls_err(char *err, size_t errlen, const char *what)
 {
@@ -57,9 +59,15 @@ int
 tls_check(const struct agent_config *cfg, char *err, size_t errlen)
 {
     SSL_CTX *ctx = tls_ctx_new(cfg, err, errlen);
+    struct revoke_list l = {0};
 
     if (!ctx)
         return -1;
     SSL_CTX_free(ctx);
+    /* A deny-list that does not load would keep the agent from starting:
+     * say so at -n, not at the restart. */
+    if (revoke_load(cfg->revoked, &l, err, errlen) < 0)
+        return -1;
+    revoke_clear(&l);
     return 0;
 }

@@ -15,7 +15,8 @@
 /* A new server context, or NULL with err. */
 SSL_CTX *tls_ctx_new(const struct agent_config *cfg, char *err,
                      size_t errlen);
-/* Builds the context once and frees it: 0, or -1 with err. */
+/* Builds the context once and frees it, and loads [tls] revoked: 0, or -1
+ * with err. */
 int tls_check(const struct agent_config *cfg, char *err, size_t errlen);
 /* err = "what: <OpenSSL's first queued error>"; clears the queue. */
 void tls_err(char *err, size_t errlen, const char *what);

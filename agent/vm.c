@@ -68,19 +68,6 @@ vm_host_close(struct vm_host *h)
     }
 }
 
-int
-vm_host_create(struct vm_host *h, const char *definition, const char **via,
-               char *name, size_t namelen, struct qmp_err *err)
-{
-    for (int i = 0; i < NDRIVERS; i++)
-        if (drivers[i]->create && h->conn[i]) {
-            *via = drivers[i]->name;
-            return drivers[i]->create(h->conn[i], definition, name, namelen,
-                                      err);
-        }
-    return VM_ENODRIVER;
-}
-
 const char *
 vm_err_code(const struct qmp_err *err)
 {

@@ -45,10 +45,6 @@ struct vm_ops {
     /* Adds to cfg the running VMs the connection knows that cfg does not
      * name, when cfg asks for discovery. */
     void (*discover)(void *conn, struct agent_config *cfg);
-    /* vm.start from a definition (libvirt: domain XML); name gets the
-     * started VM's name. */
-    int (*create)(void *conn, const char *definition, char *name,
-                  size_t namelen, struct qmp_err *err);
 
     /* ---- one VM ---- */
     /* Sets up v->priv (no I/O); conn is the driver's connection. */
@@ -115,13 +111,6 @@ struct vm_host {
 int vm_host_open(struct vm_host *h, struct agent_config *cfg, char *err,
                  size_t errlen);
 void vm_host_close(struct vm_host *h);
-/* Returned by vm_host_create when no connected driver creates VMs. */
-#define VM_ENODRIVER (-2)
-/* vm.start from a definition, through the first connected driver that can
- * (*via: its name). */
-int vm_host_create(struct vm_host *h, const char *definition,
-                   const char **via, char *name, size_t namelen,
-                   struct qmp_err *err);
 
 struct vm {
     const struct cfg_vm *cfg;          /* borrowed from the agent config */

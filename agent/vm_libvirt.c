@@ -10,8 +10,6 @@
  *               virDomainDestroy
  *   qmp         raw QMP through virDomainQemuMonitorCommand (the
  *               qmp-transaction snapshot backend)
- *   create      vm.start of a transient domain from spec.xml
- *               (virDomainCreateXML)
  *   guest       the agent's own qga socket (guest_qga.c)
  *
  * A VM's per-VM state is the shared connection (borrowed); each call
@@ -206,22 +204,6 @@ next:
     free(doms);
 }
 
-/* vm.start of a transient domain from its XML. */
-static int
-lv_create(void *conn, const char *xml, char *name, size_t namelen,
-          struct qmp_err *err)
-{
-    virDomainPtr d = virDomainCreateXML(conn, xml, 0);
-
-    if (!d) {
-        lv_err(err, "virDomainCreateXML");
-        return -1;
-    }
-    snprintf(name, namelen, "%s", virDomainGetName(d));
-    virDomainFree(d);
-    return 0;
-}
-
 static int
 lv_open(struct vm *v, void *conn)
 {
@@ -403,7 +385,6 @@ const struct vm_ops vm_libvirt_ops = {
     .conn_open = lv_conn_open,
     .conn_close = lv_conn_close,
     .discover = lv_discover,
-    .create = lv_create,
     .open = lv_open,
     .connect = lv_connect,
     .pause = lv_pause,

@@ -1,15 +1,17 @@
 #!/bin/bash
 # Lab certificate authority for the agent protocol's mutual TLS.
 #   scripts/make-lab-ca.sh DIR                 -> DIR/ca.pem, DIR/ca.key
-#   scripts/make-lab-ca.sh DIR issue NAME IP.. -> DIR/NAME.pem, DIR/NAME.key
+#   scripts/make-lab-ca.sh DIR issue NAME ROLE IP.. -> DIR/NAME.pem, DIR/NAME.key
+# ROLE: coordinator, operator or agent (what the agents let the holder run).
 # Keys are EC P-256.  Certificates are issued by the deployment's own issue
 # script (ansible/roles/cutpoint_ca/files/cutpoint-ca-issue.sh: CN=NAME, SANs
-# DNS:NAME plus the IPs, server and client auth), so the lab's certificates
-# are made exactly as a deployment's are.  Idempotent: an existing CA or
-# certificate is kept.  Never commit the output.
+# DNS:NAME, the IPs and URI:spiffe://cutpoint/ROLE, server and client auth),
+# so the lab's certificates are made exactly as a deployment's are.
+# Idempotent: an existing CA, or certificate with that role, is kept.  Never
+# commit the output.
 set -euo pipefail
 ISSUE="$(cd "$(dirname "$0")/.." && pwd)/ansible/roles/cutpoint_ca/files/cutpoint-ca-issue.sh"
-usage() { echo "usage: $0 DIR [issue NAME [IP ...]]" >&2; exit 2; }
+usage() { echo "usage: $0 DIR [issue NAME ROLE [IP ...]]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 dir=$1; shift
 mkdir -p "$dir"; chmod 700 "$dir"
@@ -22,7 +24,7 @@ if [ ! -f "$dir/ca.pem" ]; then
     chmod 600 "$dir/ca.key"
 fi
 [ $# -eq 0 ] && exit 0
-[ "$1" = issue ] && [ $# -ge 2 ] || usage
-name=$2; shift 2
+[ "$1" = issue ] && [ $# -ge 3 ] || usage
+name=$2 role=$3; shift 3
 # 825 days: the longest validity TLS clients accept for a leaf certificate.
-"$ISSUE" "$dir" "$name" 825 "$@" >/dev/null
+"$ISSUE" "$dir" "$name" "$role" 825 "$@" >/dev/null

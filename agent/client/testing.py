@@ -25,11 +25,18 @@ from cutpoint.agentclient.errors import FrameError
 from cutpoint.agentclient.framing import encode_frame, read_frame
 from cutpoint.agentclient.tls import server_context
 
-
 # -- PKI ------------------------------------------------------------------
-def make_pki(directory: str | Path, names: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+# The roles of the usual test PKI's two names.
+PKI_ROLES = {"agent": "agent", "coordinator": "coordinator"}
+
+
+def make_pki(directory: str | Path, names: dict[str, list[str]],
+             roles: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
     """Make `ca.pem`/`ca.key` and one cert per name (IP SANs from the list).
 
+    roles: name -> coordinator|operator|agent, written as the SAN URI
+    spiffe://cutpoint/<role> that cutpointd authorizes by (agent-protocol
+    §1.5); a name without one gets a certificate with no role.
     Returns {name: {"cert": path, "key": path}, "ca": {"cert": ca.pem}}.
     """
     from cryptography import x509
@@ -67,6 +74,8 @@ def make_pki(directory: str | Path, names: dict[str, list[str]]) -> dict[str, di
         key = ec.generate_private_key(ec.SECP256R1())
         sans: list[x509.GeneralName] = [x509.DNSName(name)]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        if roles and name in roles:
+            sans.append(x509.UniformResourceIdentifier(f"spiffe://cutpoint/{roles[name]}"))
         cert = (x509.CertificateBuilder()
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
                 .issuer_name(ca_name).public_key(key.public_key())

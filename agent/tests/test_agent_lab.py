@@ -245,7 +245,7 @@ def test_client_without_valid_certificate_refused(lab: dict[str, Any], agents: l
                                                   certs_dir: Path, tmp_path: Path) -> None:
     rec = agents[0]
     # a certificate from another CA
-    subprocess.run([str(A.CA_SCRIPT), str(tmp_path / "rogue"), "issue", "coordinator"],
+    subprocess.run([str(A.CA_SCRIPT), str(tmp_path / "rogue"), "issue", "coordinator", "coordinator"],
                    check=True)
     rogue = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     rogue.load_verify_locations(certs_dir / "ca.pem")

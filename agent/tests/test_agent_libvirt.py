@@ -70,8 +70,8 @@ def libvirt_agent(request: pytest.FixtureRequest,
 </domain>
 """)
     certs = tmp_path / "certs"
-    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
     with libvirtd_running() as uri:
         subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], check=False, capture_output=True)
         virsh(uri, "create", str(xml))

@@ -73,8 +73,8 @@ def local_agent() -> Iterator[dict[str, Any]]:
     agent = None
     try:
         certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
         vm_sections = []
         for v in ("vm1", "vm2"):
             argv = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults",
@@ -373,8 +373,8 @@ def standby_agent() -> Iterator[dict[str, Any]]:
     agent = None
     try:
         certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
         disk = d / "sb1-d0.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
         qemu = shutil.which("qemu-system-x86_64")
@@ -467,9 +467,11 @@ async def test_vm_start_runs_only_the_configured_command(standby_agent: dict[str
         assert code == "QMP_TIMEOUT" and "did not report running" in message, message
         assert (await code_of({}))[0] == "BAD_REQUEST"
         assert (await code_of({"vm": 7}))[0] == "BAD_REQUEST"
-        assert (await code_of({"vm": "sb1", "xml": "<domain/>"}))[0] == "BAD_REQUEST"
-        code, message = await code_of({"xml": "<domain/>"})
-        assert code == "BAD_REQUEST" and "libvirt" in message
+        # A definition from the wire is never started (it could name any
+        # disk or device of the host): only the configured VMs are.
+        for spec in ({"vm": "sb1", "xml": "<domain/>"}, {"xml": "<domain/>"}):
+            code, message = await code_of(spec)
+            assert code == "FORBIDDEN" and "configuration" in message, message
 
         assert (await c.call("vm.stop", {"vm": "sb1"}))["state"] == "shutoff"
         t0 = time.monotonic()
@@ -501,7 +503,7 @@ def test_lab_dr_agent_config_lists_standbys(tmp_path: Path) -> None:
                             "image": f"primary-h1-vm{i}-disk0"}]} for i in (1, 2)],
         "image": {"kernel": "/x/vmlinuz", "initrd": "/x/initrd"}}
     certs = tmp_path / "certs"
-    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "dr-h1", "10.77.2.1"], check=True)
+    subprocess.run([str(CA_SCRIPT), str(certs), "issue", "dr-h1", "agent", "10.77.2.1"], check=True)
     specs = write_specs(status)
     assert [s["name"] for s in specs] == ["primary-h1-vm1", "primary-h1-vm2"]
     assert specs[1]["disks"] == [{"node": "disk0", "backend": "rbd", "pool": "rbd",
@@ -614,8 +616,8 @@ def slow_freeze_agent() -> Iterator[dict[str, Any]]:
     guest.start()
     try:
         certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
         f = d / "vq.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(f), "16M"], check=True)
         qemu = subprocess.Popen(["qemu-system-x86_64", "-machine", "accel=tcg", "-nodefaults",

@@ -121,10 +121,9 @@ test_standby_is_a_qmp_vm_without_socket(void **state)
 static void
 test_libvirt_driver_on_the_test_driver(void **state)
 {
-    char err[512] = "", name[64];
+    char err[512] = "";
     struct vm_host h;
     struct qmp_err qe;
-    const char *via = NULL;
     struct vm v;
 
     (void)state;
@@ -141,34 +140,7 @@ test_libvirt_driver_on_the_test_driver(void **state)
     assert_int_equal(vm_cont(&v, 2000, &qe), 0);
     assert_int_equal(vm_poweroff(&v, 2000, &qe), 0);
     assert_string_equal(vm_state(&v, 2000), "shutoff");
-    /* vm.start from a definition goes to the connected libvirt driver */
-    assert_int_equal(vm_host_create(&h, "<domain type='test'><name>t2</name>"
-                                    "<memory>65536</memory><os><type>hvm"
-                                    "</type></os></domain>", &via, name,
-                                    sizeof(name), &qe), 0);
-    assert_string_equal(via, "libvirt");
-    assert_string_equal(name, "t2");
-    assert_int_equal(vm_host_create(&h, "<domain/>", &via, name,
-                                    sizeof(name), &qe), -1);
-    assert_string_equal(vm_err_code(&qe), "QMP_ERROR");
-    assert_non_null(strstr(qe.msg, "virDomainCreateXML"));
     vm_close(&v);
-    vm_host_close(&h);
-}
-
-static void
-test_no_driver_creates_without_a_connection(void **state)
-{
-    char err[512] = "", name[64];
-    struct vm_host h;
-    struct qmp_err qe;
-    const char *via = NULL;
-
-    (void)state;
-    assert_int_equal(load(TLS "[vm a]\nqmp = /s\n", err, sizeof(err)), 0);
-    assert_int_equal(vm_host_open(&h, &cfg, err, sizeof(err)), 0);
-    assert_int_equal(vm_host_create(&h, "<domain/>", &via, name,
-                                    sizeof(name), &qe), VM_ENODRIVER);
     vm_host_close(&h);
 }
 
@@ -181,7 +153,6 @@ main(void)
         cmocka_unit_test(test_config_checks_are_the_drivers),
         cmocka_unit_test(test_standby_is_a_qmp_vm_without_socket),
         cmocka_unit_test(test_libvirt_driver_on_the_test_driver),
-        cmocka_unit_test(test_no_driver_creates_without_a_connection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

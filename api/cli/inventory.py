@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
 from cutpoint.api.cli.job import watch_job
+from cutpoint.api.cli.revoke import DEFAULT_CA_DIR, RevokeError, revoke
 from rich.console import Console
 from rich.table import Table
 
@@ -114,3 +115,26 @@ def host_sync(name: str, url: str = UrlOpt, token: str = TokenOpt,
         print_json(job)
     if job["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+@host_app.command("revoke")
+def host_revoke(
+    name: str,
+    ca_dir: Annotated[Path, typer.Option(
+        "--ca-dir", help="the deployment CA directory (Ansible's cutpoint_ca_dir)")
+    ] = DEFAULT_CA_DIR,
+    cert: Annotated[Path | None, typer.Option(
+        "--cert", help="the certificate to revoke; default CA_DIR/NAME.pem")] = None,
+) -> None:
+    """Revoke a host's (or any) certificate: its serial goes on CA_DIR/revoked.
+
+    The agents refuse it once they have the new list and a SIGHUP: run the
+    site playbook (the cutpoint_host role copies the list and reloads them)."""
+    try:
+        serial, added = revoke(ca_dir, name, cert)
+    except RevokeError as exc:
+        Console(stderr=True).print(f"error: {exc}")
+        raise typer.Exit(1) from None
+    state = "revoked" if added else "already revoked"
+    typer.echo(f"{name}: serial {serial} {state} in {ca_dir / 'revoked'}; "
+               "distribute it: ansible-playbook site.yml --tags cutpoint_revoked")

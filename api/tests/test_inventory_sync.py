@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.agentclient.testing import AgentPeer, make_pki
+from cutpoint.agentclient.testing import PKI_ROLES, AgentPeer, make_pki
 from cutpoint.api import services_local
 from peergroup import fingerprint  # api/tests/peergroup.py
 from plane import Plane, admin_client, wait_for  # api/tests/plane.py
@@ -24,7 +24,7 @@ PINS: dict[str, str] = {}  # the peer's certificate pin, by name
 @pytest.fixture
 def peer_and_plane(tmp_path: Path, local_services: services_local.Endpoints) \
         -> Iterator[tuple[AgentPeer, Plane]]:
-    pki = make_pki(tmp_path / "pki", {"agent": ["127.0.0.1"], "coordinator": []})
+    pki = make_pki(tmp_path / "pki", {"agent": ["127.0.0.1"], "coordinator": []}, roles=PKI_ROLES)
     loop = asyncio.new_event_loop()
     t = threading.Thread(target=loop.run_forever, daemon=True)
     t.start()

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def make_certs(d: Path) -> dict[str, str]:
     script = ROOT / "scripts" / "make-lab-ca.sh"
     subprocess.run([str(script), str(d)], check=True, capture_output=True)
-    subprocess.run([str(script), str(d), "issue", "coordinator", "127.0.0.1"], check=True,
+    subprocess.run([str(script), str(d), "issue", "coordinator", "coordinator", "127.0.0.1"], check=True,
                    capture_output=True)
     return {"CUTPOINT_AGENT_CA": str(d / "ca.pem"),
             "CUTPOINT_AGENT_CERT": str(d / "coordinator.pem"),

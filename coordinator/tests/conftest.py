@@ -7,14 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.agentclient.testing import AgentPeer, make_pki
+from cutpoint.agentclient.testing import PKI_ROLES, AgentPeer, make_pki
 from cutpoint.coordinator import AgentSpec, GroupSpec, TlsSpec, TxLog, VMSpec
 
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     return make_pki(tmp_path_factory.mktemp("pki"),
-                    {"agent": ["127.0.0.1"], "coordinator": [], "stranger": []})
+                    {"agent": ["127.0.0.1"], "coordinator": [], "stranger": []},
+                    roles=PKI_ROLES)
 
 
 @pytest.fixture

@@ -51,8 +51,8 @@ def standby_agent() -> Iterator[dict[str, Any]]:
     agent: subprocess.Popen[bytes] | None = None
     try:
         certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "127.0.0.1"], check=True)
-        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "agent", "agent", "127.0.0.1"], check=True)
+        subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
         disk = d / "sb1-d0.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
         qemu = shutil.which("qemu-system-x86_64")

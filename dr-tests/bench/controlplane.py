@@ -205,7 +205,7 @@ def capacity_step(tmp: Path, redis_port: int, pki: dict[str, dict[str, str]], n:
 
 def run(*, out: Path, steps: list[int], rpo: int = 60, duration: float | None = None,
         latency_groups: int = 200, latency_requests: int = 300) -> dict[str, Any]:
-    from cutpoint.agentclient.testing import make_pki
+    from cutpoint.agentclient.testing import PKI_ROLES, make_pki
 
     tmp = Path(tempfile.mkdtemp(prefix="cp-bench-"))
     eps = services_local.start(tmp / "svc", postgres=False)
@@ -213,7 +213,7 @@ def run(*, out: Path, steps: list[int], rpo: int = 60, duration: float | None = 
                            "latency": {}, "capacity": []}
     try:
         res["latency"] = api_latency(tmp, eps.redis_url, latency_groups, latency_requests)
-        pki = make_pki(tmp / "pki", {"agent": ["127.0.0.1"], "coordinator": []})
+        pki = make_pki(tmp / "pki", {"agent": ["127.0.0.1"], "coordinator": []}, roles=PKI_ROLES)
         for n in steps:
             r = capacity_step(tmp, int(eps.redis_port or 0), pki, n, rpo,
                               duration if duration is not None else 2 * rpo + 10)

@@ -155,8 +155,8 @@ def start_rig(workdir: Path, *, freeze_timeout_ms: int = 5000, load: bool = True
             vm.wait_console(r"CPSTATE ledger-start", boot_timeout)
             log(f"pgbench + ledger running {time.monotonic() - t0:.1f} s after QEMU start")
         certs = workdir / "certs"
-        for args in ([str(certs)], [str(certs), "issue", "qz-agent", "127.0.0.1"],
-                     [str(certs), "issue", "coordinator"]):
+        for args in ([str(certs)], [str(certs), "issue", "qz-agent", "agent", "127.0.0.1"],
+                     [str(certs), "issue", "coordinator", "coordinator"]):
             subprocess.run([str(pgcoord.MAKE_CA), *args], check=True, capture_output=True)
         port = pgcoord._free_port()
         disks = {vm.node_of[d.serial]: d.file for d in vm.disks}
@@ -419,8 +419,8 @@ def start_local_rig(d: Path, freeze_timeout_ms: int = 1000) -> LocalRig:
     from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path
 
     certs = d / "certs"
-    for args in ([str(certs), "issue", "agent", "127.0.0.1"],
-                 [str(certs), "issue", "coordinator", "127.0.0.1"]):
+    for args in ([str(certs), "issue", "agent", "agent", "127.0.0.1"],
+                 [str(certs), "issue", "coordinator", "coordinator", "127.0.0.1"]):
         subprocess.run([str(CA_SCRIPT), *args], check=True, capture_output=True)
     qemus: list[subprocess.Popen[bytes]] = []
     sections = []

@@ -135,8 +135,8 @@ def agent_config(workdir: Path, certs: Path, port: int,
 def make_certs(certs: Path) -> None:
     """A throw-away CA, the agent's certificate (127.0.0.1) and the
     coordinator's."""
-    for args in ([str(certs)], [str(certs), "issue", "pg-agent", "127.0.0.1"],
-                 [str(certs), "issue", "coordinator"]):
+    for args in ([str(certs)], [str(certs), "issue", "pg-agent", "agent", "127.0.0.1"],
+                 [str(certs), "issue", "coordinator", "coordinator"]):
         subprocess.run([str(MAKE_CA), *args], check=True, capture_output=True)
 
 
@@ -260,7 +260,7 @@ def start_hosts(workdir: Path, hosts: dict[str, tuple[str, str, HostVMs]],
              for h, (_ns, addr, vms) in hosts.items()}  # bad input: here
     workdir.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(MAKE_CA), str(certs)], check=True, capture_output=True)
-    subprocess.run([str(MAKE_CA), str(certs), "issue", "coordinator"],
+    subprocess.run([str(MAKE_CA), str(certs), "issue", "coordinator", "coordinator"],
                    check=True, capture_output=True)
     res = HostAgentsAndGroup(workdir, next(iter(hosts)),
                              workdir / "group.yaml",
@@ -269,7 +269,7 @@ def start_hosts(workdir: Path, hosts: dict[str, tuple[str, str, HostVMs]],
     try:
         for h, (ns, addr, _vms) in hosts.items():
             subprocess.run([str(MAKE_CA), str(certs), "issue", f"agent-{h}",
-                            addr], check=True, capture_output=True)
+                            "agent", addr], check=True, capture_output=True)
             (workdir / h).mkdir(parents=True, exist_ok=True)
             conf = workdir / h / "cutpointd.conf"
             conf.write_text(texts[h])

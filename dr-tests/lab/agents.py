@@ -54,9 +54,9 @@ def make_certs(certs_dir: str | os.PathLike[str], hosts: list[dict[str, Any]]) -
     """CA, one certificate per host (IP SAN = host address), and `coordinator`."""
     subprocess.run([str(CA_SCRIPT), str(certs_dir)], check=True)
     for h in hosts:
-        subprocess.run([str(CA_SCRIPT), str(certs_dir), "issue", h["name"], h["address"]],
+        subprocess.run([str(CA_SCRIPT), str(certs_dir), "issue", h["name"], "agent", h["address"]],
                        check=True)
-    subprocess.run([str(CA_SCRIPT), str(certs_dir), "issue", "coordinator"], check=True)
+    subprocess.run([str(CA_SCRIPT), str(certs_dir), "issue", "coordinator", "coordinator"], check=True)
 
 
 def render_config(status: dict[str, Any], host: dict[str, Any], certs_dir: Path,

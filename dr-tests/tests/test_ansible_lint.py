@@ -89,7 +89,7 @@ def api(tmp_path: Path):
 def _cert(tmp_path: Path, name: str) -> str:
     ca = tmp_path / f"ca-{name}"
     subprocess.run([str(ROOT / "scripts" / "make-lab-ca.sh"), str(ca)], check=True)
-    subprocess.run([str(ROOT / "scripts" / "make-lab-ca.sh"), str(ca), "issue", name, "10.78.0.9"],
+    subprocess.run([str(ROOT / "scripts" / "make-lab-ca.sh"), str(ca), "issue", name, "agent", "10.78.0.9"],
                    check=True)
     return (ca / f"{name}.pem").read_text()
 
@@ -164,8 +164,8 @@ def test_hello_module_against_a_real_agent(tmp_path: Path) -> None:
     script = str(ROOT / "scripts" / "make-lab-ca.sh")
     for d in (ca, other):
         subprocess.run([script, str(d)], check=True)
-        subprocess.run([script, str(d), "issue", "coordinator"], check=True)
-    subprocess.run([script, str(ca), "issue", "hv1", "127.0.0.1"], check=True)
+        subprocess.run([script, str(d), "issue", "coordinator", "coordinator"], check=True)
+    subprocess.run([script, str(ca), "issue", "hv1", "agent", "127.0.0.1"], check=True)
     port = _free_port()
     cfg = tmp_path / "agent.ini"
     cfg.write_text(f"[agent]\nhost = hv1\nlisten = 127.0.0.1:{port}\njournal = {tmp_path}/journal\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import realagent
-from cutpoint.agentclient.testing import make_pki
+from cutpoint.agentclient.testing import PKI_ROLES, make_pki
 from cutpoint.agentclient.tls import client_context
 
 REQUESTS = [
@@ -50,7 +50,7 @@ def read_raw(tls: ssl.SSLSocket) -> bytes:
 def main() -> None:
     with tempfile.TemporaryDirectory() as td:
         d = Path(td)
-        pki = make_pki(d / "pki", {"agent": ["127.0.0.1"], "coordinator": []})
+        pki = make_pki(d / "pki", {"agent": ["127.0.0.1"], "coordinator": []}, roles=PKI_ROLES)
         agent = realagent.start(d, pki)
         try:
             ctx = client_context(pki["ca"]["cert"], pki["coordinator"]["cert"],

@@ -26,7 +26,7 @@ from cutpoint.agentclient import (
     encode_frame,
 )
 from cutpoint.agentclient.framing import read_frame
-from cutpoint.agentclient.testing import make_pki
+from cutpoint.agentclient.testing import PKI_ROLES, make_pki
 from cutpoint.agentclient.tls import server_context
 
 # Replies as the agent sends them (agent-protocol §4), framed.
@@ -108,7 +108,7 @@ Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     d = tmp_path_factory.mktemp("pki")
-    out = make_pki(d, {"agent": ["127.0.0.1"], "coordinator": []})
+    out = make_pki(d, {"agent": ["127.0.0.1"], "coordinator": []}, roles=PKI_ROLES)
     other = make_pki(d / "other", {"intruder": []})
     out["intruder"] = other["intruder"]
     return out
@@ -283,3 +283,26 @@ async def test_nothing_listening(pki: Any, tmp_path: Path) -> None:
     with pytest.raises(AgentConnectError) as ei:
         await c.hello()
     assert ei.value.code == "CONNECT" and "127.0.0.1:1" in ei.value.message
+
+
+async def test_connection_has_keepalive(serve: Any, pki: Any) -> None:
+    """An agent that vanishes without a FIN (host down, packets dropped) is
+    seen within 10 s: keepalive after 2 s idle, 3 probes 2 s apart, and 8 s
+    for unacknowledged data (agent-protocol §1.7)."""
+    import socket
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.read()
+
+    port = await serve(script)
+    async with client(pki, port) as c:
+        assert c._writer is not None
+        sock = c._writer.get_extra_info("socket")
+        opts = {name: sock.getsockopt(level, opt) for name, level, opt in (
+            ("keepalive", socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            ("idle", socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            ("intvl", socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            ("cnt", socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            ("user_timeout", socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))}
+    assert opts == {"keepalive": 1, "idle": 2, "intvl": 2, "cnt": 3, "user_timeout": 8000}
+    assert opts["idle"] + opts["cnt"] * opts["intvl"] < 10

@@ -23,7 +23,7 @@ from cutpoint.agentclient import (
 )
 from cutpoint.agentclient.errors import PROTOCOL_CODES
 from cutpoint.agentclient.framing import check_reply
-from cutpoint.agentclient.testing import make_pki
+from cutpoint.agentclient.testing import PKI_ROLES, make_pki
 
 sys.path.insert(0, str(Path(__file__).parent))
 import realagent
@@ -53,7 +53,7 @@ def test_recorded_replies_decode_and_match() -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     d = tmp_path_factory.mktemp("pki")
-    out = make_pki(d, {"agent": ["127.0.0.1"], "coordinator": []})
+    out = make_pki(d, {"agent": ["127.0.0.1"], "coordinator": []}, roles=PKI_ROLES)
     out["intruder"] = make_pki(d / "other", {"intruder": []})["intruder"]
     return out
 
