@@ -204,8 +204,9 @@ def test_api_snapshot_through_cutpointd_records_fallback(tmp_path: Path) -> None
     m = {x["vm"]: x for x in body["members"]}
     assert m["vm1"]["consistency"] == "crash"
     assert "guest-sync-delimited" in m["vm1"]["freeze_error"]
-    assert m["vm1"]["freeze_ms"] >= 999 and m["vm1"]["thaw_ms"] is not None
+    assert m["vm1"]["freeze_ms"] >= 999
     assert m["vm2"]["freeze_error"] == "no qga socket configured for vm vm2"
-    # The thaw after cont failed too (nobody answers on vm1's channel).
-    assert "guest-sync-delimited" in m["vm1"]["thaw_error"]
+    # A freeze that never got past the sync cannot have frozen the guest, so
+    # no thaw is sent (docs/agent-protocol.md, guest freeze): none recorded.
+    assert m["vm1"]["thaw_ms"] is None and m["vm1"]["thaw_error"] is None
     assert m["vm2"]["thaw_error"] is None
