@@ -17,7 +17,7 @@ import struct
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROW = re.compile(r'^CMD\(\w+, "([^"]+)", \w+, \w+,(.*?)\)\s*$', re.M | re.S)
+ROW = re.compile(r'^CMD\(\w+, "([^"]+)",(.*?)\)\s*$', re.MULTILINE | re.DOTALL)
 FIELD = re.compile(r'\{"([^"]+)", F_\w+, [01]\}')
 
 
