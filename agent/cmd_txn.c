@@ -2,7 +2,7 @@
  * cmd_txn: the transaction commands (agent-protocol §4.3-4.6, §5):
  *
  *   prepare  parse ─► begin (replay a known txn, BUSY checks, PREPARING)
- *            ─► journal (durable before any pause) ─► pause (freezes,
+ *            ─► bound (refuse a pause nothing bounds) ─► journal (durable before any pause) ─► pause (freezes,
  *            then stops, one thread per VM) ─► sort the outcome ─►
  *            PREPARED with the lease armed, or undo (resume what was
  *            paused, thaw) and fail the whole prepare
@@ -57,6 +57,7 @@ cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
 
     if (prepare_parse(&p, args, code, msg, msglen) < 0 ||
         prepare_begin(&p, &result, code, msg, msglen) != 0 ||
+        prepare_bound(&p, code, msg, msglen) < 0 ||
         prepare_journal(&p, code, msg, msglen) < 0)
         return result;
     prepare_pause(&p);
