@@ -30,7 +30,8 @@ check_loaded(void)
     if (!TERMINATED(cfg.host) || !TERMINATED(cfg.listen_addr) ||
         !TERMINATED(cfg.journal) || !TERMINATED(cfg.log_level) ||
         !TERMINATED(cfg.ca) || !TERMINATED(cfg.cert) ||
-        !TERMINATED(cfg.key) || !TERMINATED(cfg.ceph_conf) ||
+        !TERMINATED(cfg.key) || !TERMINATED(cfg.revoked) ||
+        !TERMINATED(cfg.ceph_conf) ||
         !TERMINATED(cfg.ceph_id) || !TERMINATED(cfg.ceph_keyring) ||
         !TERMINATED(cfg.libvirt_uri))
         abort();
@@ -38,7 +39,12 @@ check_loaded(void)
         abort();
     if (cfg.listen_port < 1 || cfg.listen_port > 65535 ||
         cfg.qmp_timeout_ms < 10 || cfg.qmp_timeout_ms > 600000 ||
-        cfg.freeze_timeout_ms < 10 || cfg.freeze_timeout_ms > 600000)
+        cfg.freeze_timeout_ms < 10 || cfg.freeze_timeout_ms > 600000 ||
+        cfg.max_connections < 1 ||
+        cfg.max_connections > CFG_MAX_CONNECTIONS ||
+        cfg.handshake_timeout_ms < 100 ||
+        cfg.handshake_timeout_ms > 600000 || cfg.workers < 1 ||
+        cfg.workers > 256 || cfg.queue < 1 || cfg.queue > 65536)
         abort();
     if (cfg.nvms < 0 || cfg.nvms > CFG_MAX_VMS)
         abort();
