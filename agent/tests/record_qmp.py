@@ -74,6 +74,7 @@ def _stop(q: subprocess.Popen[bytes]) -> None:
 
 def record_bound(out: Path, rbd: list[str]) -> int:
     """query-named-block-nodes of a qcow2 VM, and of an rbd node if asked."""
+    out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="cp-qmp-rec-"))
     disk = tmp / "d0.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
