@@ -64,7 +64,7 @@ def _snaps(lab: dict[str, Any], vm: dict[str, Any]) -> dict[str, list[str]]:
     return out
 
 
-def _start(lab: dict[str, Any], certs: Path) -> dict[str, Any]:
+def _start(lab: dict[str, Any], certs: Path, method: str = "qmp") -> dict[str, Any]:
     A.stop_agents(lab)
     for j in A.agents_dir(lab).glob("*/journal"):
         j.unlink()
@@ -72,7 +72,7 @@ def _start(lab: dict[str, Any], certs: Path) -> dict[str, Any]:
     host = next(h for h in lab["hosts"] if h["site"] == "primary")
     log = A.agents_dir(lab) / host["name"] / "agent.log"
     log_from = log.stat().st_size if log.exists() else 0
-    rec = A.start_agent(lab, host, certs, method="qmp", standby=False)
+    rec = A.start_agent(lab, host, certs, method=method, standby=False)
     rec["log_from"] = log_from
     # Its images are opened in the background after the start (§7): a
     # prepare before that is BUSY.
@@ -251,5 +251,42 @@ async def test_ceph_hung_mid_commit_pause_is_bounded(lab: dict[str, Any], certs_
         assert left == {d["node"]: [] for d in vm["disks"]}, left
         text = log.read_text(errors="replace")[rec["log_from"]:]
         assert f"event=pause_bound vm={name} method=qmp-transaction bound_ms={overrun}" in text
+    finally:
+        A.stop_agents(lab)
+
+
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, qemu_op_timeout_s=QEMU_OP_TIMEOUT_S)
+async def test_ceph_hung_mid_commit_rbd_method_resumes_at_the_budget(
+        lab: dict[str, Any], certs_dir: Path) -> None:
+    """The comparison: method rbd snapshots from the agent's own librbd, so
+    QEMU's main loop stays free and the VM is resumed at the budget deadline
+    whatever Ceph does.  (Its late create tags itself and is swept if the
+    abort comes first: agent-protocol §6, Ownership.)"""
+    vm = lab["vms"][0]
+    name = vm["name"]
+    txn = "t" + os.urandom(6).hex()
+    disks = {f"{name}/{d['node']}": f"cp.h3.{txn}" for d in vm["disks"]}
+    rec = _start(lab, certs_dir, method="rbd")
+    pid = _ceph_pid(lab, "osd.0")
+    try:
+        async with _client(rec, certs_dir) as c:
+            prep = await c.prepare(txn, [name], LEASE_MS)
+            assert prep["vms"][0]["overrun_ms"] == 0, prep
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(AgentReplyError) as ei:
+                    await c.commit(txn, disks, BUDGET_MS)
+                reply_s = time.monotonic() - t0
+                v = ei.value.result["vms"][0]
+                print(f"osd.0 stopped, method rbd: commit replied {ei.value.code} after "
+                      f"{reply_s:.2f} s, resumed {v['resumed']}, paused {v['paused_ms']:.0f} ms")
+                assert ei.value.code == "BUDGET_EXCEEDED"
+                assert v["resumed"] is True
+                # 1 s for a loaded TCG host: the cont itself is milliseconds
+                assert v["paused_ms"] <= LEASE_MS + BUDGET_MS + 1000
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert (await c.abort(txn, disks))["state"] == "aborted"
     finally:
         A.stop_agents(lab)
