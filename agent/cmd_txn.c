@@ -324,7 +324,7 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
         }
     json_object_foreach(todo, key, nv) {
         struct vm *v;
-        int d, rc;
+        int d, rc, ours;
         char err[512] = "";
         if (agent_find_disk(a, key, &v, &d) < 0) {
             json_array_append_new(not_deleted, json_pack(
@@ -332,10 +332,14 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
                 "error", "UNKNOWN_DISK"));
             continue;
         }
-        rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id,
-                                   !json_is_null(json_object_get(ids, key)) &&
-                                   json_equal(json_object_get(mine, key),
-                                              nv),
+        /* This commit made it, or started it and gave up at the budget
+         * (id null).  A late create of a backend that tags its owner is
+         * judged by that tag; one that tags nothing (qmp-transaction) is
+         * known by name alone, or it would be left behind untagged. */
+        ours = json_equal(json_object_get(mine, key), nv) &&
+               (!json_is_null(json_object_get(ids, key)) ||
+                !v->snap->tags_owner);
+        rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id, ours,
                                    json_object_get(ids, key), err,
                                    sizeof(err));
         if (rc == 1)

@@ -89,6 +89,10 @@ struct snap_bound {
 
 struct snap_ops {
     const char *name;   /* the method name in replies and config */
+    /* 1: every snapshot it makes carries its txn as owner
+     * (RBDSNAP_OWNER_PREFIX), one that completes after the deadline too;
+     * 0: none does, so abort knows a late one of its txn by name alone. */
+    int tags_owner;
     /*
      * Creates m[i].name on each of the n disks (all of one VM) by deadline
      * (mono_ms clock) and fills each member's result.  *timed_out = 1 when

@@ -245,6 +245,7 @@ cleanup:
 
 const struct snap_ops snap_qmp_ops = {
     .name = "qmp-transaction",
+    .tags_owner = 0,
     .create = qmp_create,
     .confirm = NULL,
     .remove = qmp_remove,

@@ -290,3 +290,41 @@ async def test_ceph_hung_mid_commit_rbd_method_resumes_at_the_budget(
             assert (await c.abort(txn, disks))["state"] == "aborted"
     finally:
         A.stop_agents(lab)
+
+
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, paxos="default",
+                        qemu_op_timeout_s=QEMU_OP_TIMEOUT_S)
+async def test_qmp_snapshot_that_outlives_the_budget_is_deleted_by_abort(
+        lab: dict[str, Any], certs_dir: Path) -> None:
+    """A slow Ceph, not a hung one: with the mon's default Paxos interval an
+    RBD snapshot takes about 1 s, so a 100 ms budget ends while QEMU's
+    transaction still runs, and it completes later.  The abort that
+    follows must delete what it made (agent-protocol §6: qmp-transaction
+    snapshots carry no owner key, so it deletes them by name)."""
+    vm = lab["vms"][0]
+    name = vm["name"]
+    txn = "t" + os.urandom(6).hex()
+    snap = f"cp.h3.{txn}"
+    disks = {f"{name}/{d['node']}": snap for d in vm["disks"]}
+    rec = _start(lab, certs_dir)
+    try:
+        async with _client(rec, certs_dir) as c:
+            await c.prepare(txn, [name], LEASE_MS)
+            with pytest.raises(AgentReplyError) as ei:
+                await c.commit(txn, disks, 100)
+            assert ei.value.code == "BUDGET_EXCEEDED"
+            # QEMU answers the `cont` queued behind its transaction once the
+            # snapshot is done: then both snapshots exist.
+            t0 = time.monotonic()
+            while {v["name"]: v["state"] for v in (await c.inventory())["vms"]}[name] != "running":
+                assert time.monotonic() - t0 < 30
+                await asyncio.sleep(0.2)
+            late = {node: snap in names for node, names in _snaps(lab, vm).items()}
+            res = await c.abort(txn)
+            print(f"slow Ceph, budget 100 ms: late snapshots {late}; abort deleted "
+                  f"{res['deleted']}, not deleted {res['not_deleted']}")
+            assert res["not_deleted"] == [], res
+        left = {node: [s for s in names if s == snap] for node, names in _snaps(lab, vm).items()}
+        assert left == {d["node"]: [] for d in vm["disks"]}, left
+    finally:
+        A.stop_agents(lab)
