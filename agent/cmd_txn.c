@@ -2,7 +2,7 @@
  * cmd_txn: the transaction commands (agent-protocol §4.3-4.6, §5):
  *
  *   prepare  parse ─► begin (replay a known txn, BUSY checks, PREPARING)
- *            ─► journal (durable before any pause) ─► pause (freezes,
+ *            ─► bound (refuse a pause nothing bounds) ─► journal (durable before any pause) ─► pause (freezes,
  *            then stops, one thread per VM) ─► sort the outcome ─►
  *            PREPARED with the lease armed, or undo (resume what was
  *            paused, thaw) and fail the whole prepare
@@ -57,6 +57,7 @@ cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
 
     if (prepare_parse(&p, args, code, msg, msglen) < 0 ||
         prepare_begin(&p, &result, code, msg, msglen) != 0 ||
+        prepare_bound(&p, code, msg, msglen) < 0 ||
         prepare_journal(&p, code, msg, msglen) < 0)
         return result;
     prepare_pause(&p);
@@ -323,7 +324,7 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
         }
     json_object_foreach(todo, key, nv) {
         struct vm *v;
-        int d, rc;
+        int d, rc, ours;
         char err[512] = "";
         if (agent_find_disk(a, key, &v, &d) < 0) {
             json_array_append_new(not_deleted, json_pack(
@@ -331,10 +332,14 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
                 "error", "UNKNOWN_DISK"));
             continue;
         }
-        rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id,
-                                   !json_is_null(json_object_get(ids, key)) &&
-                                   json_equal(json_object_get(mine, key),
-                                              nv),
+        /* This commit made it, or started it and gave up at the budget
+         * (id null).  A late create of a backend that tags its owner is
+         * judged by that tag; one that tags nothing (qmp-transaction) is
+         * known by name alone, or it would be left behind untagged. */
+        ours = json_equal(json_object_get(mine, key), nv) &&
+               (!json_is_null(json_object_get(ids, key)) ||
+                !v->snap->tags_owner);
+        rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id, ours,
                                    json_object_get(ids, key), err,
                                    sizeof(err));
         if (rc == 1)

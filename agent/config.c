@@ -13,6 +13,14 @@
 #include "vm.h"
 
 #define SET(dst, v) snprintf((dst), sizeof(dst), "%s", (v))
+/* A value of the file is stored whole or refused, never cut short: a cut
+ * path would name another file.  (Inside config_load, where v is the
+ * value and toolong the refusal.) */
+#define TAKE(dst) do {                  \
+        if (strlen(v) >= sizeof(dst))   \
+            goto toolong;               \
+        SET(dst, v);                    \
+    } while (0)
 
 static char *
 trim(char *s)
@@ -47,13 +55,16 @@ parse_disk(struct cfg_disk *d, const char *node, const char *v)
         if (!slash || slash == v || !slash[1] ||
             (size_t)(slash - v) >= sizeof(d->pool))
             return -1;
+        if (strlen(slash + 1) >= sizeof(d->image))
+            return -1;
         d->backend = CFG_BACKEND_RBD;
         memcpy(d->pool, v, (size_t)(slash - v));
         d->pool[slash - v] = '\0';
         SET(d->image, slash + 1);
         return 0;
     }
-    if (strncmp(v, "qcow2:", 6) == 0 && v[6] == '/') {
+    if (strncmp(v, "qcow2:", 6) == 0 && v[6] == '/' &&
+        strlen(v + 6) < sizeof(d->file)) {
         d->backend = CFG_BACKEND_QCOW2;
         SET(d->file, v + 6);
         return 0;
@@ -107,6 +118,12 @@ config_load(const char *path, struct agent_config *cfg, char *err,
     }
     while (fgets(line, sizeof(line), f)) {
         lineno++;
+        if (!strchr(line, '\n') && fgetc(f) != EOF) {
+            /* fgets would hand the rest over as a line of its own */
+            snprintf(err, errlen, "%s:%d: line longer than %zu bytes", path,
+                     lineno, sizeof(line) - 2);
+            goto cleanup;
+        }
         k = trim(line);
         if (!*k || *k == ';' || *k == '#')
             continue;
@@ -118,13 +135,19 @@ config_load(const char *path, struct agent_config *cfg, char *err,
                 goto cleanup;
             }
             *close = '\0';
+            if (strlen(trim(k + 1)) >= sizeof(section)) {
+                snprintf(err, errlen, "%s:%d: section name too long", path,
+                         lineno);
+                goto cleanup;
+            }
             SET(section, trim(k + 1));
             vm = NULL;
             if (strncmp(section, "vm ", 3) == 0) {
                 const char *name = trim(section + 3);
-                if (cfg->nvms == CFG_MAX_VMS || !*name) {
-                    snprintf(err, errlen, "%s:%d: too many VMs or empty VM "
-                             "name", path, lineno);
+                if (cfg->nvms == CFG_MAX_VMS || !*name ||
+                    strlen(name) >= sizeof(cfg->vms[0].name)) {
+                    snprintf(err, errlen, "%s:%d: too many VMs, or a VM name "
+                             "empty or too long", path, lineno);
                     goto cleanup;
                 }
                 for (int i = 0; i < cfg->nvms; i++)
@@ -158,16 +181,16 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             *eq = '\0', v = trim(v);
 #define KEY(sec, name) (strcmp(section, sec) == 0 && strcmp(k, name) == 0)
         if (KEY("agent", "host"))
-            SET(cfg->host, v);
+            TAKE(cfg->host);
         else if (KEY("agent", "listen")) {
             char *colon = strrchr(v, ':');
             if (!colon || parse_int(colon + 1, 1, 65535,
                                     &cfg->listen_port) < 0)
                 goto bad;
             *colon = '\0';
-            SET(cfg->listen_addr, v);
+            TAKE(cfg->listen_addr);
         } else if (KEY("agent", "journal"))
-            SET(cfg->journal, v);
+            TAKE(cfg->journal);
         else if (KEY("agent", "freeze_timeout_ms")) {
             if (parse_int(v, 10, 600000, &cfg->freeze_timeout_ms) < 0)
                 goto bad;
@@ -178,7 +201,7 @@ config_load(const char *path, struct agent_config *cfg, char *err,
         } else if (KEY("agent", "log_level")) {
             if (log_parse_level(v, &lvl) < 0)
                 goto bad;
-            SET(cfg->log_level, v);
+            TAKE(cfg->log_level);
         } else if (KEY("agent", "max_connections")) {
             if (parse_int(v, 1, CFG_MAX_CONNECTIONS, &cfg->max_connections) < 0)
                 goto bad;
@@ -192,21 +215,21 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             if (parse_int(v, 1, 65536, &cfg->queue) < 0)
                 goto bad;
         } else if (KEY("tls", "ca"))
-            SET(cfg->ca, v);
+            TAKE(cfg->ca);
         else if (KEY("tls", "cert"))
-            SET(cfg->cert, v);
+            TAKE(cfg->cert);
         else if (KEY("tls", "key"))
-            SET(cfg->key, v);
+            TAKE(cfg->key);
         else if (KEY("tls", "revoked"))
-            SET(cfg->revoked, v);
+            TAKE(cfg->revoked);
         else if (KEY("ceph", "conf"))
-            SET(cfg->ceph_conf, v);
+            TAKE(cfg->ceph_conf);
         else if (KEY("ceph", "id"))
-            SET(cfg->ceph_id, v);
+            TAKE(cfg->ceph_id);
         else if (KEY("ceph", "keyring"))
-            SET(cfg->ceph_keyring, v);
+            TAKE(cfg->ceph_keyring);
         else if (KEY("libvirt", "uri"))
-            SET(cfg->libvirt_uri, v);
+            TAKE(cfg->libvirt_uri);
         else if (KEY("libvirt", "discover")) {
             if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
                 cfg->libvirt_discover = 1;
@@ -218,23 +241,23 @@ config_load(const char *path, struct agent_config *cfg, char *err,
         else if (vm && strcmp(k, "driver") == 0) {
             if (!vm_driver_find(v))
                 goto bad;
-            SET(vm->driver, v);
+            TAKE(vm->driver);
         } else if (vm && strcmp(k, "qmp") == 0)
-            SET(vm->qmp, v);
+            TAKE(vm->qmp);
         else if (vm && strcmp(k, "qga") == 0) {
             /* an absolute unix socket path that fits sockaddr_un */
             if (v[0] != '/' || strlen(v) >= sizeof(vm->qga))
                 goto bad;
-            SET(vm->qga, v);
+            TAKE(vm->qga);
         }
         else if (vm && strcmp(k, "domain") == 0)
-            SET(vm->domain, v);
+            TAKE(vm->domain);
         else if (vm && strcmp(k, "start") == 0) {
             char buf[sizeof(vm->start)], *argv[RUNCMD_MAX_ARGS];
             if (strlen(v) >= sizeof(vm->start) ||
                 runcmd_split(v, buf, sizeof(buf), argv, RUNCMD_MAX_ARGS) < 0)
                 goto bad;
-            SET(vm->start, v);
+            TAKE(vm->start);
         } else if (vm && strcmp(k, "start_timeout_ms") == 0) {
             if (parse_int(v, 100, 3600000, &vm->start_timeout_ms) < 0)
                 goto bad;
@@ -265,6 +288,10 @@ config_load(const char *path, struct agent_config *cfg, char *err,
 bad:
         snprintf(err, errlen, "%s:%d: bad value for %s: %s", path, lineno, k,
                  v);
+        goto cleanup;
+toolong:
+        snprintf(err, errlen, "%s:%d: value of %s is too long (%zu bytes)",
+                 path, lineno, k, strlen(v));
         goto cleanup;
     }
     /* cross-checks */

@@ -158,6 +158,47 @@ cleanup:
 }
 
 /*
+ * Step 2a (invariant 2): no pause that nothing bounds.  A VM whose
+ * snapshot method can hold it paused past the commit's budget (QMP
+ * transaction on rbd: QEMU's main loop, which serves `cont`, waits for
+ * Ceph) is paused only if that wait has a limit.  Refused before anything
+ * is journaled or paused; the txn is forgotten.
+ */
+int
+prepare_bound(struct prepare *p, const char **code, char *msg, size_t msglen)
+{
+    struct snap_err err = {0};
+
+    for (int k = 0; k < p->n; k++) {
+        struct vm *v = p->vms[k];
+        int was = v->bound_at > 0 ? v->bound_ms : -2;
+
+        if (vm_pause_bound(v, p->a->cfg.qmp_timeout_ms, &err) < 0) {
+            fail_prepare(p->a, p->x);
+            FAIL(err.kind == SNAP_E_TIMEOUT ? "QMP_TIMEOUT" :
+                 err.kind == SNAP_E_STORAGE ? "SNAPSHOT_FAILED" : "QMP_ERROR",
+                 "vm %s: no VM paused: cannot tell how long method %s can "
+                 "hold it paused: %s", p->names[k], v->snap->name, err.msg);
+        }
+        if (v->bound_ms != was)
+            log_info("event=pause_bound vm=%s method=%s bound_ms=%d "
+                     "why=\"%s\"", p->names[k], v->snap->name, v->bound_ms,
+                     v->bound_why);
+        if (v->bound_ms < 0) {
+            fail_prepare(p->a, p->x);
+            FAIL("SNAPSHOT_FAILED", "vm %s: no VM paused: method %s would "
+                 "leave its pause unbounded if Ceph hangs (QEMU runs the "
+                 "snapshot in its main loop, which also serves cont): %s; "
+                 "set both in the ceph.conf QEMU uses, or use method = rbd",
+                 p->names[k], v->snap->name, v->bound_why);
+        }
+    }
+    return 0;
+cleanup:
+    return -1;
+}
+
+/*
  * Step 3: durable before the pause (agent-protocol §7): a crash after
  * `stop` must leave a record that makes the next start resume the VM.
  * One write for all VMs, so that no VM's pause waits for another's fsync.
@@ -297,8 +338,9 @@ prepare_done(struct prepare *p)
 
         p->x->t_stop0[k] = p->jobs[k].t0;
         p->x->t_stop1[k] = p->jobs[k].t1;
-        o = json_pack("{s:s,s:f}", "vm", p->names[k], "stop_ms",
-                      p->jobs[k].t1 - p->jobs[k].t0);
+        o = json_pack("{s:s,s:f,s:i}", "vm", p->names[k], "stop_ms",
+                      p->jobs[k].t1 - p->jobs[k].t0, "overrun_ms",
+                      p->vms[k]->bound_ms);
         quiesce_report(a, o, p->vms[k], 0);
         json_array_append_new(arr, o);
     }

@@ -3,11 +3,12 @@
  * cmd_prepare (cmd_txn.c) runs in this order:
  *
  *   parse ─► begin ─┬─ known txn: replay its result or its error
- *                   └─ PREPARING ─► journal ─► pause ─► sort ─┬─► done
- *                                     │                       │   PREPARED,
- *                                     │ write failed:         │   lease armed
- *                                     ▼ nothing paused        └─► undo
- *                                  (forgotten)                    resume what
+ *                   └─ PREPARING ─► bound ─► journal ─► pause ─► sort ─┬─► done
+ *                                     │        │                      │  PREPARED,
+ *                                     │        │ write failed:        │  lease
+ *                                     ▼        ▼ nothing paused       │  armed
+ *                     unbounded: nothing paused (forgotten)           └─► undo
+ *                                                                 resume what
  *                                                                 paused, thaw,
  *                                                                 forgotten
  *
@@ -48,6 +49,11 @@ int prepare_parse(struct prepare *p, json_t *args, const char **code,
  * (BUSY, ...). */
 int prepare_begin(struct prepare *p, json_t **replay, const char **code,
                   char *msg, size_t msglen);
+/* Refuses a VM whose snapshot method could hold it paused past the
+ * commit's budget without limit (vm_pause_bound).  0, or -1 with the txn
+ * forgotten. */
+int prepare_bound(struct prepare *p, const char **code, char *msg,
+                  size_t msglen);
 /* Journals every VM as paused (and frozen) in one durable write, before
  * any pause.  0, or -1 with the txn forgotten. */
 int prepare_journal(struct prepare *p, const char **code, char *msg,

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "mono.h"
+
 /* Error messages are bounded buffers and are cut on purpose when long. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
@@ -95,6 +97,40 @@ vm_snap_disk(struct vm *v, int d, struct snap_disk *out)
     out->node = v->cfg->disks[d].node;
     out->img = v->img[d];
     out->mon = &v->mon;
+}
+
+int
+vm_pause_bound(struct vm *v, int timeout_ms, struct snap_err *err)
+{
+    struct snap_disk d;
+    struct snap_bound b;
+    double now = mono_ms();
+    int sum = 0;
+
+    if (!v->snap->pause_bound ||
+        (v->bound_at > 0 && now - v->bound_at < VM_BOUND_TTL_MS))
+        return 0;
+    snprintf(v->bound_why, sizeof(v->bound_why), "no storage wait");
+    for (int k = 0; k < v->cfg->ndisks; k++) {
+        /* A file disk (qcow2:) waits on no network storage. */
+        if (v->cfg->disks[k].backend != CFG_BACKEND_RBD)
+            continue;
+        vm_snap_disk(v, k, &d);
+        if (v->snap->pause_bound(&d, timeout_ms, &b, err) < 0)
+            return -1;
+        if (!b.storage)
+            continue;
+        if (b.bound_ms < 0) {
+            sum = -1;
+            snprintf(v->bound_why, sizeof(v->bound_why), "%s", b.why);
+            break;
+        }
+        sum += b.bound_ms;
+        snprintf(v->bound_why, sizeof(v->bound_why), "%s", b.why);
+    }
+    v->bound_ms = sum;
+    v->bound_at = now;
+    return 0;
 }
 
 int

@@ -142,6 +142,11 @@ struct vm {
     int thaw_pending, thaw_running, thaw_attempts;
     double thaw_next;                  /* mono_ms of the next attempt */
     char thaw_txn[129];                /* the `frozen` entry's txn */
+    /* how long past a commit's budget its snapshot method can keep the VM
+     * paused (vm_pause_bound; only prepare, which owns the VM, uses it) */
+    int bound_ms;                      /* 0 none, -1 no limit */
+    double bound_at;                   /* mono_ms when looked up, 0 never */
+    char bound_why[400];
 };
 
 /* Sets v up for cfg with the driver cfg->driver names (no I/O). */
@@ -167,6 +172,17 @@ const char *vm_err_code(const struct qmp_err *err);
 
 /* Disk d of v as the snapshot backends see it (borrows from v). */
 void vm_snap_disk(struct vm *v, int d, struct snap_disk *out);
+
+/*
+ * How long past a commit's budget v's snapshot method can keep v paused:
+ * the sum over its rbd disks of the backend's pause_bound (snap.h), into
+ * v->bound_ms (-1: no limit, with the reason in v->bound_why).  Looked up
+ * again after VM_BOUND_TTL_MS: a VM's storage config changes only with a
+ * new QEMU.  0, or -1 with err when the lookup failed (QEMU did not
+ * answer, its Ceph config unreadable).
+ */
+#define VM_BOUND_TTL_MS 60000.0
+int vm_pause_bound(struct vm *v, int timeout_ms, struct snap_err *err);
 
 /* For drivers: takes v's mutex within timeout_ms, or fails with a
  * QMP_E_TIMEOUT naming what was attempted. */

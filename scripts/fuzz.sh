@@ -1,61 +1,109 @@
 #!/bin/bash
-# `make fuzz`: builds each fuzz target with clang -fsanitize=fuzzer,address
-# into build-fuzz/ and runs each for its share of $1 seconds (default 60):
-#   fuzz_proto    frames and requests (seeds built below from commands.def)
-#   fuzz_journal  the journal file parser (seeds: agent/tests/fuzz-seeds/journal)
-#   fuzz_qmp      the QMP client on a monitor's byte stream (seeds:
-#                 agent/tests/fuzz-seeds/qmp, from tests/qmp-replies)
-# Exits non-zero on a crash; the crash input is left in build-fuzz/ (crash-*).
+# `make fuzz`: builds each libFuzzer target (clang -fsanitize=fuzzer,
+# address,undefined) into build-fuzz/ and runs each for its share of
+# SECONDS (default 60):
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     all targets, or the named ones
+#   FUZZ_RUNS=N scripts/fuzz.sh 0 TARGET...   N executions each, no time
+#                                             limit (docs/reliability.md)
+#
+# target         what it parses                  committed seeds
+#   proto          agent frames and requests,      agent/tests/fuzz-seeds/proto
+#                  every command's arguments       (cmd-<command>: all fields)
+#   journal        the agent journal file          agent/tests/fuzz-seeds/journal
+#   qmp            QMP client on a monitor stream  agent/tests/fuzz-seeds/qmp
+#   config         the agent INI file              agent/tests/fuzz-seeds/config
+#   sync-args      cutpoint-sync's command line    storage/tests/fuzz-seeds/sync-args
+#   sync-progress  cutpoint-sync's progress record storage/tests/fuzz-seeds/sync-progress
+#
+# Each target starts from its committed seeds (a crash found once is kept
+# there as a regression seed), and keeps what it learns in
+# build-fuzz/corpus-<target>/.  Exits non-zero on a crash; the input is
+# left in build-fuzz/<target>-crash-*, the log in build-fuzz/<target>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-targets=(proto journal qmp)
+shift || true
+all=(proto journal qmp config sync-args sync-progress)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 share=$(( secs / ${#targets[@]} ))
 [ "$share" -ge 1 ] || share=1
-mkdir -p build-fuzz/corpus build-fuzz/corpus-journal build-fuzz/corpus-qmp
-cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror
-        -fsanitize=fuzzer,address,undefined -Iagent)
-clang "${cflags[@]}" agent/proto.c agent/tests/fuzz_proto.c -ljansson \
-    -o build-fuzz/fuzz_proto
-clang "${cflags[@]}" agent/journal.c agent/tests/fuzz_journal.c -lpthread \
-    -o build-fuzz/fuzz_journal
-clang "${cflags[@]}" -Istorage agent/qmp.c agent/log.c agent/tests/fuzz_qmp.c \
-    -ljansson -o build-fuzz/fuzz_qmp
-cp agent/tests/fuzz-seeds/journal/* build-fuzz/corpus-journal/
-cp agent/tests/fuzz-seeds/qmp/* build-fuzz/corpus-qmp/
-# Seed corpus: well-formed frames of every command of the command table
-# agent/commands.def (built, not committed; a command without a seed fails).
-python3 - <<'PY'
-import json, re, struct, pathlib
-d = pathlib.Path("build-fuzz/corpus")
-table = re.findall(r'^CMD\(\w+, "([^"]+)"', pathlib.Path("agent/commands.def").read_text(), re.M)
-reqs = [
-    {"id": 1, "cmd": "hello"},
-    {"id": "a", "cmd": "inventory", "args": {}},
-    {"id": 2, "cmd": "prepare", "args": {"txn": "t1", "vms": ["vm1", "vm2"], "lease_ms": 500}},
-    {"id": 3, "cmd": "commit", "args": {"txn": "t1", "snapshots": {"vm1/disk0": "cp.g.t1"}, "budget_ms": 100}},
-    {"id": 4, "cmd": "abort", "args": {"txn": "t1", "snapshots": {"vm1/disk0": "cp.g.t1"}}},
-    {"id": 5, "cmd": "snapshot.delete", "args": {"disk": "vm1/disk0", "name": "x"}},
-    {"id": 6, "cmd": "vm.start", "args": {"spec": {"xml": "<domain/>"}}},
-    {"id": 7, "cmd": "resume", "args": {"vms": ["vm1"]}},
-    {"id": 8, "cmd": "snapshot.list", "args": {"disk": "vm1/disk0"}},
-    {"id": 9, "cmd": "vm.stop", "args": {"vm": "vm1"}},
-    {"id": 10, "cmd": "stats"},
-    {"id": 11, "cmd": "vm.start", "args": {"spec": {"vm": "vm1"}}},
-]
-missing = set(table) - {r["cmd"] for r in reqs}
-assert table and not missing, f"fuzz seeds: no seed for {sorted(missing)}"
-for i, r in enumerate(reqs):
-    b = json.dumps(r).encode()
-    (d / f"seed{i}").write_bytes(struct.pack(">I", len(b)) + b)
-PY
-cd build-fuzz
-echo "== fuzz_proto ${share}s"
-./fuzz_proto -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
-    corpus 2>&1 | tail -n 15
-echo "== fuzz_journal ${share}s"
-./fuzz_journal -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
-    corpus-journal 2>&1 | tail -n 15
-echo "== fuzz_qmp ${share}s"
-./fuzz_qmp -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
-    corpus-qmp 2>&1 | tail -n 15
+
+cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -DCUTPOINT_VERSION="\"$(cat VERSION)\""
+        -Wall -Wextra -Werror -Wno-unknown-warning-option
+        -fsanitize=fuzzer,address,undefined -Iagent -Istorage -Istorage/sync)
+# The config parser asks the VM driver table about `driver =`, so it links
+# the drivers (and what they call), as cutpointd -n does.
+agent_drivers=(agent/config.c agent/log.c agent/runcmd.c agent/vm.c
+               agent/vm_qmp.c agent/vm_libvirt.c agent/guest_qga.c agent/qmp.c
+               agent/qga.c storage/snap.c storage/snap_rbd.c storage/snap_qmp.c
+               storage/rbdsnap.c)
+sync_lib=(storage/sync/sync_args.c storage/sync/sync_digest.c
+          storage/sync/sync_extents.c storage/sync/sync_progress.c
+          storage/sync/sync_rate.c storage/sync/sync_engine.c)
+
+build() {
+    local t=$1 out=build-fuzz/fuzz_${1//-/_}
+    case $t in
+    proto) clang "${cflags[@]}" agent/proto.c agent/tests/fuzz_proto.c \
+               -ljansson -o "$out" ;;
+    journal) clang "${cflags[@]}" agent/journal.c agent/tests/fuzz_journal.c \
+               -lpthread -o "$out" ;;
+    qmp) clang "${cflags[@]}" agent/qmp.c agent/log.c agent/tests/fuzz_qmp.c \
+               -ljansson -o "$out" ;;
+    config) clang "${cflags[@]}" "${agent_drivers[@]}" \
+               agent/tests/fuzz_config.c -ljansson -lvirt -lvirt-qemu -lrbd \
+               -lrados -lpthread -o "$out" ;;
+    sync-args) clang "${cflags[@]}" "${sync_lib[@]}" \
+               storage/tests/fuzz_sync_args.c -lrbd -lrados -lssl -lcrypto -lz \
+               -ljansson -lpthread -o "$out" ;;
+    sync-progress) clang "${cflags[@]}" storage/sync/sync_progress.c \
+               storage/tests/fuzz_sync_progress.c -lz -o "$out" ;;
+    *) echo "fuzz: unknown target $t (one of: ${all[*]})" >&2; return 2 ;;
+    esac
+}
+
+seeds() {
+    case $1 in
+    sync-*) echo "storage/tests/fuzz-seeds/$1" ;;
+    *) echo "agent/tests/fuzz-seeds/$1" ;;
+    esac
+}
+
+mkdir -p build-fuzz
+for t in "${targets[@]}"; do
+    build "$t"
+    mkdir -p "build-fuzz/corpus-$t"
+done
+if [[ " ${targets[*]} " == *" proto "* ]]; then
+    # Every command and argument field of agent/commands.def has a seed;
+    # the dictionary gives the fuzzer the table's names.
+    python3 agent/tests/fuzz_seeds_check.py build-fuzz/proto.dict
+fi
+
+for t in "${targets[@]}"; do
+    bin=./fuzz_${t//-/_}
+    opts=(-max_len=4096 -print_final_stats=1 -artifact_prefix="$t-")
+    if [ -n "${FUZZ_RUNS:-}" ]; then
+        opts+=(-runs="$FUZZ_RUNS")
+        echo "== fuzz_${t//-/_} ${FUZZ_RUNS} runs"
+    else
+        opts+=(-max_total_time="$share")
+        echo "== fuzz_${t//-/_} ${share}s"
+    fi
+    [ "$t" != proto ] || opts+=(-dict=proto.dict)
+    t0=$(date +%s)
+    rc=0
+    (cd build-fuzz && "$bin" "${opts[@]}" "corpus-$t" "../$(seeds "$t")") \
+        > "build-fuzz/$t.log" 2>&1 || rc=$?
+    if [ $rc -ne 0 ]; then
+        tail -n 60 "build-fuzz/$t.log"
+        echo "== fuzz_${t//-/_} FAILED (rc=$rc): build-fuzz/$t.log," \
+             "input in build-fuzz/$t-crash-*" >&2
+        exit $rc
+    fi
+    grep -E '^(Done|stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb))' \
+        "build-fuzz/$t.log"
+    echo "== fuzz_${t//-/_} ok in $(( $(date +%s) - t0 )) s wall"
+done

@@ -61,6 +61,47 @@ cleanup:
     return ret;
 }
 
+int
+rbdsnap_client_timeouts(const char *conf, const char *id,
+                        const char *const *kv, int nkv, int *osd_s,
+                        int *mon_s, char *err, size_t errlen)
+{
+    static const char *const keys[] = {"rados_osd_op_timeout",
+                                       "rados_mon_op_timeout"};
+    int *out[] = {osd_s, mon_s};
+    rados_t r = NULL;
+    char val[64];
+    int rc, ret = -1;
+
+    if ((rc = rados_create(&r, id)) < 0) {
+        snprintf(err, errlen, "rados_create(%s): %s", id ? id : "admin",
+                 strerror(-rc));
+        return -1;
+    }
+    if ((rc = rados_conf_read_file(r, conf)) < 0 && conf) {
+        snprintf(err, errlen, "cannot read %s: %s", conf, strerror(-rc));
+        goto cleanup;
+    }
+    for (int i = 0; i < nkv; i++)
+        if ((rc = rados_conf_set(r, kv[2 * i], kv[2 * i + 1])) < 0 &&
+            rc != -ENOENT) {
+            snprintf(err, errlen, "%s=%s: %s", kv[2 * i], kv[2 * i + 1],
+                     strerror(-rc));
+            goto cleanup;
+        }
+    for (int i = 0; i < 2; i++) {
+        if ((rc = rados_conf_get(r, keys[i], val, sizeof(val))) < 0) {
+            snprintf(err, errlen, "%s: %s", keys[i], strerror(-rc));
+            goto cleanup;
+        }
+        *out[i] = atoi(val);
+    }
+    ret = 0;
+cleanup:
+    rados_shutdown(r);
+    return ret;
+}
+
 void
 rbdsnap_cluster_free(struct rbdsnap_cluster *c)
 {

@@ -51,6 +51,18 @@ int rbdsnap_client_addr(struct rbdsnap_cluster *c, char *buf, size_t len,
 int rbdsnap_blocklist(struct rbdsnap_cluster *c, const char *addr,
                       unsigned expire_s, char *err, size_t errlen);
 
+/*
+ * The request timeouts, in seconds, that a Ceph client named client.<id>
+ * (NULL: admin) gets from conf (NULL: librados's default search, whose
+ * failure is ignored, as QEMU's rbd driver does without conf=), with the
+ * key/value pairs kv[0], kv[1], ... kv[2*nkv-1] set on top (QEMU's legacy
+ * "rbd:pool/image:key=value" names).  0 means none: such a request waits
+ * for as long as Ceph does not answer.  Nothing is connected.
+ */
+int rbdsnap_client_timeouts(const char *conf, const char *id,
+                            const char *const *kv, int nkv, int *osd_s,
+                            int *mon_s, char *err, size_t errlen);
+
 /* The image keeps a reference to the cluster; free images first. */
 int rbdsnap_open(struct rbdsnap_cluster *c, const char *pool,
                  const char *image, struct rbdsnap_image **out,

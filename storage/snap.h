@@ -74,8 +74,25 @@ struct snap_member {
     char err[256];                  /* "" unless !ok */
 };
 
+/*
+ * How long a create can hold the VM paused past its deadline, because
+ * nothing can resume the VM while it runs.  That is the case of the QMP
+ * method: QEMU runs blockdev-snapshot-internal-sync in its main loop,
+ * which also serves `cont`, and on an rbd node it waits there for Ceph
+ * with no limit but its own Ceph client's request timeouts.
+ */
+struct snap_bound {
+    int storage;            /* 1: the create waits on Ceph */
+    int bound_ms;           /* past the deadline: 0 none, -1 no limit */
+    char why[384];          /* where the figure comes from */
+};
+
 struct snap_ops {
     const char *name;   /* the method name in replies and config */
+    /* 1: every snapshot it makes carries its txn as owner
+     * (RBDSNAP_OWNER_PREFIX), one that completes after the deadline too;
+     * 0: none does, so abort knows a late one of its txn by name alone. */
+    int tags_owner;
     /*
      * Creates m[i].name on each of the n disks (all of one VM) by deadline
      * (mono_ms clock) and fills each member's result.  *timed_out = 1 when
@@ -96,6 +113,11 @@ struct snap_ops {
     /* *out: a new JSON array of {"name", "id", ...}. */
     int (*list)(const struct snap_disk *d, int timeout_ms, json_t **out,
                 struct snap_err *err);
+    /* Fills *b for disk d (one monitor call at most, by timeout_ms).
+     * NULL: a create never outlives its deadline's hold on the VM (rbd:
+     * the agent resumes the VM at the deadline whatever librbd does). */
+    int (*pause_bound)(const struct snap_disk *d, int timeout_ms,
+                       struct snap_bound *b, struct snap_err *err);
 };
 
 extern const struct snap_ops snap_rbd_ops;

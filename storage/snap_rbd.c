@@ -234,6 +234,7 @@ rbd_list(const struct snap_disk *d, int timeout_ms, json_t **out,
 
 const struct snap_ops snap_rbd_ops = {
     .name = "rbd",
+    .tags_owner = 1,
     .create = rbd_create,
     .confirm = rbd_confirm,
     .remove = rbd_remove,

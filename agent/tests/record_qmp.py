@@ -7,6 +7,12 @@ scenario as lines:  `> {json sent}` and `< {json received}` (verbatim).
 The C test test_qmp.c replays the `<` lines over a socketpair.
 
 Usage: record_qmp.py OUTDIR   (needs qemu-system-x86_64 and qemu-img)
+
+       record_qmp.py OUTDIR --bound [--rbd CONF POOL/IMAGE USER]
+records only what the QMP backend's pause bound reads (storage/snap_qmp.c):
+query-named-block-nodes of the qcow2 nodes above, and with --rbd of a node
+`disk0` on an existing RBD image (a Ceph cluster is needed: the lab's).
+The rbd recording names CONF; test_snap_qmp writes its own file there.
 """
 from __future__ import annotations
 
@@ -50,8 +56,67 @@ class Raw:
         self.log = []
 
 
+def _wait_sock(sock: Path) -> None:
+    for _ in range(200):
+        if sock.exists():
+            return
+        time.sleep(0.05)
+
+
+def _stop(q: subprocess.Popen[bytes]) -> None:
+    q.terminate()
+    try:
+        q.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        q.kill()
+        q.wait()
+
+
+def record_bound(out: Path, rbd: list[str]) -> int:
+    """query-named-block-nodes of a qcow2 VM, and of an rbd node if asked."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="cp-qmp-rec-"))
+    disk = tmp / "d0.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True)
+    runs = [("query-named-block-nodes-qcow2.txt",
+             [f"driver=file,filename={disk},node-name=disk0-file",
+              "driver=qcow2,file=disk0-file,node-name=disk0"])]
+    if rbd:
+        conf, image, user = rbd
+        pool, name = image.split("/", 1)
+        runs.append(("query-named-block-nodes-rbd.txt",
+                     [(f"driver=rbd,node-name=disk0,pool={pool},image={name},"
+                       f"conf={conf},user={user}")]))
+    for fixture, blockdevs in runs:
+        sock = tmp / "qmp.sock"
+        argv = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nographic", "-nodefaults",
+                "-m", "64", "-display", "none", "-serial", "null",
+                "-qmp", f"unix:{sock},server=on,wait=off"]
+        for b in blockdevs:
+            argv += ["-blockdev", b]
+        q = subprocess.Popen(argv)
+        try:
+            _wait_sock(sock)
+            c = Raw(str(sock))
+            c.recv()
+            c.call({"execute": "qmp_capabilities", "id": 1})
+            c.log = []
+            c.call({"execute": "query-named-block-nodes", "id": 2,
+                    "arguments": {"flat": True}})
+            c.dump(out / fixture)
+        finally:
+            _stop(q)
+            sock.unlink(missing_ok=True)
+    disk.unlink()
+    tmp.rmdir()
+    return 0
+
+
 def main() -> int:
     out = Path(sys.argv[1])
+    if "--bound" in sys.argv:
+        rbd = sys.argv[sys.argv.index("--rbd") + 1:][:3] if "--rbd" in sys.argv else []
+        return record_bound(out, rbd)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="cp-qmp-rec-"))
     disk = tmp / "d0.qcow2"

@@ -96,6 +96,54 @@ test_errors_name_the_line(void **state)
                      -1);
 }
 
+/* A value is stored whole or the file is refused: a path cut at its
+ * field's size would name another file, and the rest of a long line
+ * would be read as a line of its own. */
+static void
+test_long_values_are_refused_not_cut(void **state)
+{
+    char err[512], text[4096], path[1100];
+
+    (void)state;
+    memset(path, 'j', sizeof(path));
+    path[0] = '/';
+    path[sizeof(path) - 1] = '\0';         /* 1099 bytes: > journal[1024] */
+    snprintf(text, sizeof(text), "[agent]\njournal = %s\n" TLS, path);
+    assert_int_equal(load(text, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, ":2: value of journal is too long (1099 bytes)"));
+    path[1023] = '\0';                      /* 1023 bytes: fits */
+    snprintf(text, sizeof(text), "[agent]\njournal = %s\n" TLS, path);
+    assert_int_equal(load(text, err, sizeof(err)), 0);
+    assert_string_equal(cfg.journal, path);
+    /* a line past the reader's buffer, whose tail looks like a key */
+    memset(text, 0, sizeof(text));
+    snprintf(text, sizeof(text), TLS "[vm a]\nqmp = /");
+    memset(text + strlen(text), 'q', 2100);
+    strcat(text, "qmp = /other\n");
+    assert_int_equal(load(text, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, ":6: line longer than 2046 bytes"));
+    /* a disk image name and a VM name past their fields */
+    memset(path, 'i', 300);
+    path[300] = '\0';
+    snprintf(text, sizeof(text), TLS "[vm a]\nqmp = /s\ndisk.d0 = rbd:p/%s\n",
+             path);
+    assert_int_equal(load(text, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for disk.d0"));
+    path[280] = '\0';          /* the section fits its 300, not the name */
+    snprintf(text, sizeof(text), TLS "[vm %s]\nqmp = /s\n", path);
+    assert_int_equal(load(text, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "VM name empty or too long"));
+    path[200] = '\0';
+    snprintf(text, sizeof(text), TLS "[%s]\n", path);
+    assert_int_equal(load(text, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "unknown section"));
+    memset(path, 's', 400);
+    path[400] = '\0';
+    snprintf(text, sizeof(text), TLS "[vm %s]\n", path);
+    assert_int_equal(load(text, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, ":5: section name too long"));
+}
+
 static void
 test_start_command(void **state)
 {
@@ -144,6 +192,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_errors_name_the_line),
+        cmocka_unit_test(test_long_values_are_refused_not_cut),
         cmocka_unit_test(test_start_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

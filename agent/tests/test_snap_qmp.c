@@ -14,10 +14,12 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fakepeer.h"
 #include "mono.h"
+#include "rbdsnap.h"
 #include "snap.h"
 #include "vm.h"
 
@@ -180,6 +182,109 @@ test_remove_of_an_absent_snapshot_is_enoent(void **state)
 }
 
 static void
+test_bound_of_a_file_node_is_no_storage_wait(void **state)
+{
+    const char *files[] = {"query-named-block-nodes-qcow2.txt", NULL};
+    struct fixture f;
+    struct snap_disk d;
+    struct snap_bound b;
+    struct snap_err err = {0};
+
+    (void)state;
+    start(&f, files, 1, -1, "disk0");
+    vm_snap_disk(&f.v, 0, &d);
+    assert_int_equal(snap_qmp_ops.pause_bound(&d, 2000, &b, &err), 0);
+    assert_int_equal(b.storage, 0);
+    assert_int_equal(b.bound_ms, 0);
+    finish(&f);
+}
+
+/* The conf QEMU opened its rbd node with, as recorded; written here. */
+#define RBD_REC_CONF "/tmp/cp-qmp-rec-rbd/qemu.conf"
+
+static void
+write_conf(const char *path, const char *text)
+{
+    FILE *fp;
+
+    mkdir("/tmp/cp-qmp-rec-rbd", 0700);
+    fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+}
+
+static void
+bound_of_rbd(const char *conf, struct snap_bound *b, int *rc)
+{
+    const char *files[] = {"query-named-block-nodes-rbd.txt", NULL};
+    struct fixture f;
+    struct snap_disk d;
+    struct snap_err err = {0};
+
+    write_conf(RBD_REC_CONF, conf);
+    start(&f, files, 1, -1, "disk0");
+    vm_snap_disk(&f.v, 0, &d);
+    *rc = snap_qmp_ops.pause_bound(&d, 2000, b, &err);
+    finish(&f);
+    unlink(RBD_REC_CONF);
+}
+
+/* QEMU's own Ceph client (recorded: conf=RBD_REC_CONF, user=admin): its
+ * request timeouts are the bound; none means no limit. */
+static void
+test_bound_of_an_rbd_node_is_qemus_op_timeouts(void **state)
+{
+    struct snap_bound b;
+    int rc;
+
+    (void)state;
+    bound_of_rbd("[global]\nfsid = 1\n[client]\nrados osd op timeout = 5\n"
+                 "[client.admin]\nrados mon op timeout = 7\n", &b, &rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(b.storage, 1);
+    assert_int_equal(b.bound_ms, 12000);
+    assert_non_null(strstr(b.why, "client.admin"));
+    assert_non_null(strstr(b.why, RBD_REC_CONF));
+    bound_of_rbd("[global]\nfsid = 1\n[client]\nrados osd op timeout = 5\n",
+                 &b, &rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(b.storage, 1);
+    assert_int_equal(b.bound_ms, -1);
+    assert_non_null(strstr(b.why, "rados_mon_op_timeout=0"));
+}
+
+/* The same lookup without QEMU: sections by client name, legacy
+ * key=value pairs on top, an unreadable conf is an error. */
+static void
+test_client_timeouts_from_conf(void **state)
+{
+    const char *kv[] = {"rados_mon_op_timeout", "9"};
+    char err[256];
+    int osd = -1, mon = -1;
+
+    (void)state;
+    write_conf(RBD_REC_CONF, "[global]\nfsid = 1\n[client]\n"
+               "rados osd op timeout = 5\n[client.qemu]\n"
+               "rados mon op timeout = 7s\n");
+    assert_int_equal(rbdsnap_client_timeouts(RBD_REC_CONF, "qemu", NULL, 0,
+                                             &osd, &mon, err, sizeof(err)), 0);
+    assert_int_equal(osd, 5);
+    assert_int_equal(mon, 7);
+    assert_int_equal(rbdsnap_client_timeouts(RBD_REC_CONF, NULL, NULL, 0,
+                                             &osd, &mon, err, sizeof(err)), 0);
+    assert_int_equal(osd, 5);
+    assert_int_equal(mon, 0);
+    assert_int_equal(rbdsnap_client_timeouts(RBD_REC_CONF, "admin", kv, 1,
+                                             &osd, &mon, err, sizeof(err)), 0);
+    assert_int_equal(mon, 9);
+    unlink(RBD_REC_CONF);
+    assert_int_equal(rbdsnap_client_timeouts(RBD_REC_CONF, NULL, NULL, 0,
+                                             &osd, &mon, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "cannot read"));
+}
+
+static void
 test_backend_table(void **state)
 {
     struct snap_disk d = {.node = "disk0"};
@@ -204,6 +309,9 @@ main(void)
         cmocka_unit_test(test_hung_qemu_is_a_timeout),
         cmocka_unit_test(test_list_reads_the_node_from_query_block),
         cmocka_unit_test(test_remove_of_an_absent_snapshot_is_enoent),
+        cmocka_unit_test(test_bound_of_a_file_node_is_no_storage_wait),
+        cmocka_unit_test(test_bound_of_an_rbd_node_is_qemus_op_timeouts),
+        cmocka_unit_test(test_client_timeouts_from_conf),
         cmocka_unit_test(test_backend_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -122,6 +122,27 @@ rbd default features = 61
     return p
 
 
+def write_qemu_conf(site_status: dict[str, Any], op_timeout_s: int) -> str:
+    """The ceph.conf the site's QEMU guests open their disks with (conf=).
+
+    The site's own conf plus, for QEMU's client, the request timeouts an
+    operator sets on a hypervisor host (docs/operations.md): QEMU runs an
+    internal RBD snapshot in its main loop, which also serves `cont`, so
+    only its Ceph client's timeouts bound that pause.  0: the site's conf
+    as it is (no timeout)."""
+    conf = Path(site_status["ceph_conf"])
+    if op_timeout_s <= 0:
+        return str(conf)
+    q = conf.with_name("qemu.conf")
+    q.write_text(conf.read_text() + f"""
+# QEMU's Ceph client (cutpoint.lab.ceph.write_qemu_conf)
+[client.{site_status['client_id']}]
+rados osd op timeout = {op_timeout_s}
+rados mon op timeout = {op_timeout_s}
+""")
+    return str(q)
+
+
 def _authtool(*args: str) -> None:
     run(["ceph-authtool", *args])
 

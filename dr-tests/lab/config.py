@@ -71,6 +71,11 @@ class LabConfig:
     paxos: str = "tuned"
     dr_hosts: int = 1
     memory_mb: int = 160
+    # rados_osd_op_timeout and rados_mon_op_timeout of QEMU's own Ceph
+    # client (its conf=, ceph.py write_qemu_conf), as docs/operations.md asks
+    # of an operator whose VMs use the agent's QMP snapshot method on RBD;
+    # 0: none (the agent then refuses that method: agent-protocol §6).
+    qemu_op_timeout_s: int = 30
     kernel: str | None = None
     accel: str | None = None  # None: probe (cached); "tcg" or "kvm" forces
     state_dir: str = field(default_factory=lambda: str(state_dir()))
@@ -96,6 +101,9 @@ class LabConfig:
         if any(c.isspace() for c in self.workload_args) or '"' in self.workload_args:
             raise LabError(f"bad --workload-args {self.workload_args!r}: comma-separated, "
                            "no spaces or quotes (it goes on the guest kernel command line)")
+        if not 0 <= self.qemu_op_timeout_s <= 3600:
+            raise LabError("--qemu-op-timeout must be between 0 and 3600 seconds, "
+                           f"got {self.qemu_op_timeout_s}")
         if not 64 <= self.memory_mb <= 16384:
             raise LabError(f"--memory-mb must be between 64 and 16384, got {self.memory_mb}")
         if self.accel not in (None, "tcg", "kvm"):

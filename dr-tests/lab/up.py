@@ -94,6 +94,8 @@ def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
     if errors:
         write_status(status)
         raise LabError("; ".join(errors))
+    for site_status in status["sites"].values():
+        site_status["qemu_conf"] = ceph.write_qemu_conf(site_status, cfg.qemu_op_timeout_s)
     status["accel"] = accel["accel"]
     status["accel_why"] = accel["why"]
     status["phase"] = "disks"

@@ -90,7 +90,7 @@ def qemu_argv(vm: dict[str, Any], image: dict[str, Any], accel: str, peers: list
         if disk["backend"] == "rbd":
             s = sites[disk["site"]]
             bd = (f"driver=rbd,node-name={disk['node']},pool={disk['pool']},image={disk['image']},"
-                  f"conf={s['ceph_conf']},user={s['client_id']}")
+                  f"conf={s.get('qemu_conf') or s['ceph_conf']},user={s['client_id']}")
         else:
             bd = (f"driver=qcow2,node-name={disk['node']},file.driver=file,"
                   f"file.filename={disk['file']},file.node-name={disk['node']}-file")

@@ -48,6 +48,9 @@ def up(
                               help="mon paxos: tuned (propose interval 0.01 s) or default"),
     dr_hosts: int = typer.Option(1, "--dr-hosts", help="DR-site hosts"),
     memory_mb: int = typer.Option(160, "--memory-mb", help="guest memory in MiB"),
+    qemu_op_timeout: int = typer.Option(
+        30, "--qemu-op-timeout",
+        help="rados op timeouts (s) of QEMU's Ceph client; 0 none"),
     kernel: str = typer.Option(None, "--kernel", help="guest kernel (default: newest /boot/vmlinuz-*)"),
     accel: str = typer.Option(None, "--accel", help="force tcg or kvm (default: boot probe)"),
     state_dir: str = typer.Option(None, "--state-dir", help=f"default {C.DEFAULT_STATE_DIR}"),
@@ -61,7 +64,7 @@ def up(
     cfg = C.LabConfig(hosts=hosts, vms_per_host=vms_per_host, disks=disks, backend=backend,
                       workload=workload, workload_args=workload_args, disk_size_mb=disk_size_mb,
                       osd=osd, paxos=paxos, dr_hosts=dr_hosts, memory_mb=memory_mb,
-                      kernel=kernel, accel=accel, state_dir=str(C.state_dir(state_dir)))
+                      qemu_op_timeout_s=qemu_op_timeout, kernel=kernel, accel=accel, state_dir=str(C.state_dir(state_dir)))
     try:
         cfg.validate()
         # With --json, stdout carries only the JSON; progress goes to stderr.
