@@ -283,12 +283,21 @@ inventory_json(struct agent *a)
         jobs[i].vm = &a->vms[i];
     if (jobs && n)
         par_run(inv_one, jobs, sizeof(*jobs), n);
+    pthread_mutex_lock(&a->mu);
     for (int i = 0; jobs && i < n; i++) {
-        if (jobs[i].gone)
+        const struct vm *v = &a->vms[i];
+
+        if (jobs[i].gone) {
             json_decref(jobs[i].o);
-        else
-            json_array_append_new(vms, jobs[i].o);
+            continue;
+        }
+        /* false while a prepare of it would be BUSY for want of its
+         * connection or disks (bringup, adoption, vm.start) */
+        json_object_set_new(jobs[i].o, "ready", json_boolean(
+            !v->storage_pending && !v->starting));
+        json_array_append_new(vms, jobs[i].o);
     }
+    pthread_mutex_unlock(&a->mu);
     free(jobs);
     for (int i = 0; (d = vm_driver_at(i)); i++) {
         void *conn = vm_host_conn(&a->host, i);

@@ -17,6 +17,8 @@
 struct pending {
     int by_name;            /* key is a name, else a UUID string */
     int want_xml;
+    unsigned long seq;      /* bumped by each request: one that comes
+                               while a refresh runs asks for another */
     char key[256];
 };
 
@@ -28,6 +30,7 @@ struct lvcache {
     int synced, full_sync;
     struct pending queue[QUEUE_MAX];
     int nqueue;
+    unsigned long seq;
     void (*wake)(void *opaque);
     void *opaque;
 };
@@ -106,6 +109,7 @@ enqueue(struct lvcache *k, int by_name, const char *key, int want_xml)
         if (k->queue[i].by_name == by_name &&
             strcmp(k->queue[i].key, key) == 0) {
             k->queue[i].want_xml |= want_xml;
+            k->queue[i].seq = ++k->seq;
             return;
         }
     if (k->nqueue == QUEUE_MAX) {
@@ -114,6 +118,7 @@ enqueue(struct lvcache *k, int by_name, const char *key, int want_xml)
     }
     k->queue[k->nqueue].by_name = by_name;
     k->queue[k->nqueue].want_xml = want_xml;
+    k->queue[k->nqueue].seq = ++k->seq;
     snprintf(k->queue[k->nqueue].key, sizeof(k->queue[0].key), "%s", key);
     k->nqueue++;
 }
@@ -331,11 +336,12 @@ refresh(struct lvcache *k, struct lvcall_slot *slot, virConnectPtr conn,
         }
         put(k, &ra->d);
     }
-    /* done: off the queue (it may have moved, but not been replaced) */
+    /* done: off the queue, unless it was asked for again meanwhile */
     for (int i = 0; i < k->nqueue; i++)
         if (k->queue[i].by_name == p->by_name &&
             strcmp(k->queue[i].key, p->key) == 0) {
-            k->queue[i] = k->queue[--k->nqueue];
+            if (k->queue[i].seq == p->seq)
+                k->queue[i] = k->queue[--k->nqueue];
             break;
         }
     pthread_mutex_unlock(&k->mu);

@@ -29,6 +29,7 @@ struct job {
 };
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static __thread struct job *current;    /* the worker's job */
 
 /* libvirt's per-thread error state needs the library initialized before
  * a worker touches it (virConnectOpen does it too, but may not have run
@@ -96,11 +97,19 @@ worker(void *p)
     int abandoned;
 
     virResetLastError();
+    current = j;
     j->rc = j->fn(j->conn, j->arg);
-    if (j->rc < 0)
+    current = NULL;
+    if (j->rc == LVCALL_SKIPPED) {
+        j->err.kind = LVCALL_REFUSED;
+        snprintf(j->err.msg, sizeof(j->err.msg), "%s: not made: its caller "
+                 "had given up", j->what);
+        j->rc = -1;
+    } else if (j->rc < 0) {
         lvcall_last_error(j->what, &j->err);
-    else
+    } else {
         j->err.kind = LVCALL_OK;
+    }
     pthread_mutex_lock(&j->mu);
     j->done = 1;
     abandoned = j->abandoned;
@@ -120,6 +129,19 @@ worker(void *p)
         job_free(j);
     }
     return NULL;
+}
+
+int
+lvcall_abandoned(void)
+{
+    int a;
+
+    if (!current)
+        return 0;
+    pthread_mutex_lock(&current->mu);
+    a = current->abandoned;
+    pthread_mutex_unlock(&current->mu);
+    return a;
 }
 
 static struct timespec

@@ -66,8 +66,8 @@ int lvcall_slot_busy(struct lvcall_slot *s);
 /*
  * The call: fn runs in the worker on arg, a copy of argsize bytes of the
  * caller's arg that is copied back when the call answers in time.  fn
- * returns 0 or -1; on -1 lvcall fills err from libvirt's last error of
- * the worker thread.  drop (may be NULL) frees what fn left in an
+ * returns 0, -1 (lvcall fills err from libvirt's last error of the worker
+ * thread) or LVCALL_SKIPPED.  drop (may be NULL) frees what fn left in an
  * abandoned arg (a string it got, a domain it looked up).  conn (NULL
  * for virConnectOpen) is referenced for the worker's life.
  *
@@ -79,6 +79,13 @@ int lvcall_run(struct lvcall_slot *slot, const char *what,
                virConnectPtr conn, lvcall_fn fn, void *arg, size_t argsize,
                void (*drop)(void *arg), int timeout_ms,
                struct lvcall_err *err);
+
+/* In a worker: 1 when its caller gave up waiting.  A worker checks it
+ * before a call that changes something (a suspend after its lookup), so
+ * that a call nobody waits for any more is not made late; fn then
+ * returns LVCALL_SKIPPED (recorded as refused: nothing was done). */
+int lvcall_abandoned(void);
+#define LVCALL_SKIPPED (-2)
 
 /* Classifies libvirt's last error of this thread into err (for calls
  * made without lvcall_run, in threads of their own). */

@@ -70,6 +70,13 @@ call_dom(virConnectPtr conn, void *p)
         a->not_found = virGetLastErrorCode() == VIR_ERR_NO_DOMAIN;
         return -1;
     }
+    if ((a->op == LVOP_SUSPEND || a->op == LVOP_FREEZE) &&
+        lvcall_abandoned()) {
+        /* the lookup came back after the deadline: the caller failed the
+         * prepare already, so pausing (or freezing) now helps nobody */
+        virDomainFree(d);
+        return LVCALL_SKIPPED;
+    }
     switch (a->op) {
     case LVOP_SUSPEND:
         rc = virDomainSuspend(d);
