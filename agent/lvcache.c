@@ -232,7 +232,7 @@ call_read(virConnectPtr conn, void *p)
         return a->gone ? 0 : -1;
     }
     rc = read_domain(dom, a);
-    virDomainFree(dom);
+    lvcall_domain_free(dom);
     return rc;
 }
 
@@ -258,7 +258,7 @@ call_list(virConnectPtr conn, void *p)
         else if (a->doms && rc == 0 &&
                  virGetLastErrorCode() != VIR_ERR_NO_DOMAIN)
             rc = -1;        /* a domain that went meanwhile is fine */
-        virDomainFree(list[i]);
+        lvcall_domain_free(list[i]);
     }
     free(list);
     return a->doms ? rc : -1;

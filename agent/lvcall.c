@@ -17,6 +17,7 @@ struct job {
     pthread_mutex_t mu;
     pthread_cond_t cond;        /* CLOCK_MONOTONIC */
     int done, abandoned;
+    int kept;                   /* err holds the call's error already */
     int rc;
     struct lvcall_err err;
     struct lvcall_slot *slot;
@@ -70,6 +71,16 @@ is_transport(const virError *e)
 }
 
 void
+lvcall_domain_free(virDomainPtr d)
+{
+    if (current && virGetLastError()) {
+        lvcall_last_error(current->what, &current->err);
+        current->kept = 1;
+    }
+    virDomainFree(d);
+}
+
+void
 lvcall_last_error(const char *what, struct lvcall_err *err)
 {
     virErrorPtr e = virGetLastError();
@@ -106,7 +117,8 @@ worker(void *p)
                  "had given up", j->what);
         j->rc = -1;
     } else if (j->rc < 0) {
-        lvcall_last_error(j->what, &j->err);
+        if (!j->kept || virGetLastError())
+            lvcall_last_error(j->what, &j->err);
     } else {
         j->err.kind = LVCALL_OK;
     }

@@ -87,6 +87,11 @@ int lvcall_run(struct lvcall_slot *slot, const char *what,
 int lvcall_abandoned(void);
 #define LVCALL_SKIPPED (-2)
 
+/* virDomainFree for a worker: every public libvirt call resets the
+ * thread's last error on entry, virDomainFree too, so the error of the
+ * call before it is kept for lvcall first. */
+void lvcall_domain_free(virDomainPtr d);
+
 /* Classifies libvirt's last error of this thread into err (for calls
  * made without lvcall_run, in threads of their own). */
 void lvcall_last_error(const char *what, struct lvcall_err *err);

@@ -110,7 +110,7 @@ call_dom(virConnectPtr conn, void *p)
         rc = virDomainQemuMonitorCommand(d, a->in, &a->out, 0);
         break;
     }
-    virDomainFree(d);
+    lvcall_domain_free(d);
     return rc;
 }
 
