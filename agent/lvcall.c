@@ -105,12 +105,14 @@ static void *
 worker(void *p)
 {
     struct job *j = p;
+    unsigned long seq;
     int abandoned;
 
     virResetLastError();
     current = j;
     j->rc = j->fn(j->conn, j->arg);
     current = NULL;
+    seq = j->err.seq;
     if (j->rc == LVCALL_SKIPPED) {
         j->err.kind = LVCALL_REFUSED;
         snprintf(j->err.msg, sizeof(j->err.msg), "%s: not made: its caller "
@@ -122,6 +124,7 @@ worker(void *p)
     } else {
         j->err.kind = LVCALL_OK;
     }
+    j->err.seq = seq;
     pthread_mutex_lock(&j->mu);
     j->done = 1;
     abandoned = j->abandoned;
@@ -135,7 +138,6 @@ worker(void *p)
             j->drop(j->arg);
         pthread_mutex_lock(&j->slot->mu);
         j->slot->busy = 0;
-        j->slot->late_done = 1;
         j->slot->late = j->err;
         pthread_mutex_unlock(&j->slot->mu);
         job_free(j);
@@ -187,7 +189,7 @@ claim(struct lvcall_slot *slot, const char *what, struct lvcall_err *err)
         rc = -1;
     } else {
         slot->busy = 1;
-        slot->late_done = 0;
+        err->seq = ++slot->seq;
         snprintf(slot->what, sizeof(slot->what), "%s", what);
         slot->since = mono_ms();
     }
@@ -235,6 +237,7 @@ lvcall_run(struct lvcall_slot *slot, const char *what, virConnectPtr conn,
     j->drop = drop;
     j->argsize = argsize;
     snprintf(j->what, sizeof(j->what), "%s", what);
+    j->err.seq = err->seq;
     memcpy(j->arg, arg, argsize);
     if (conn && virConnectRef(conn) == 0)
         j->conn = conn;
@@ -257,7 +260,7 @@ lvcall_run(struct lvcall_slot *slot, const char *what, virConnectPtr conn,
     if (!j->done) {
         j->abandoned = 1;
         pthread_mutex_unlock(&j->mu);
-        err->kind = LVCALL_TIMEOUT;
+        err->kind = LVCALL_TIMEOUT;      /* err->seq: this call's */
         snprintf(err->msg, sizeof(err->msg), "%s: no answer from libvirt "
                  "within %d ms (libvirtd or QEMU not answering)", what,
                  timeout_ms);

@@ -45,6 +45,7 @@ enum lvcall_kind {
 struct lvcall_err {
     enum lvcall_kind kind;
     int code;               /* virErrorNumber, 0 if none */
+    unsigned long seq;      /* the call's number in its slot (0: none) */
     char msg[400];          /* "<what>: <libvirt's message or the cause>" */
 };
 
@@ -53,9 +54,10 @@ struct lvcall_slot {
     int busy;               /* a worker runs */
     char what[48];          /* its call, for the message of a BUSY */
     double since;           /* mono_ms when it started */
-    /* How the last abandoned call ended, once it did (kind LVCALL_OK
-     * means libvirt did it, late); for the driver's settle rules. */
-    int late_done;
+    unsigned long seq;      /* calls claimed so far */
+    /* How the last abandoned call ended, once it did: late.seq is its
+     * number (kind LVCALL_OK: libvirt did it, late); for the driver's
+     * settle rules. */
     struct lvcall_err late;
 };
 

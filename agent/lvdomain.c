@@ -149,7 +149,7 @@ lvdomain_run_locked(struct vm *v, struct lvdomain_call *a, int timeout_ms,
         snprintf(le->msg, sizeof(le->msg), "%s", err->msg);
         return -1;
     }
-    left = (int)(end - mono_ms());
+    left = (int)(end - mono_ms() + 0.5);
     rc = lvdomain_run(v, &LV_PRIV(v)->vm_slot, a, left > 0 ? left : 1, le);
     vm_unlock(v);
     if (rc < 0) {

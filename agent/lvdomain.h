@@ -37,6 +37,7 @@ struct lv_vm {
     pthread_mutex_t mu;             /* guards the fields below */
     int unsettled;                  /* a suspend may still land */
     long unsettled_epoch;           /* the connection it was sent on */
+    unsigned long unsettled_seq;    /* its call in vm_slot */
     char node[CFG_MAX_DISKS][64];   /* passthrough: QEMU node names */
 };
 

@@ -252,13 +252,15 @@ mark_unsettled(struct vm *v, const struct lvcall_err *le)
     long epoch;
     virConnectPtr c;
 
-    if (le->kind != LVCALL_TIMEOUT && le->kind != LVCALL_TRANSPORT)
+    if ((le->kind != LVCALL_TIMEOUT && le->kind != LVCALL_TRANSPORT) ||
+        !p->h)
         return;
     if ((c = lvconn_get(p->h->c, &epoch)))
         virConnectClose(c);
     pthread_mutex_lock(&p->mu);
     p->unsettled = 1;
     p->unsettled_epoch = epoch;
+    p->unsettled_seq = le->seq;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -287,16 +289,20 @@ still_unsettled(struct vm *v)
     struct lvconn_status st;
     int un;
 
+    unsigned long seq;
+
     pthread_mutex_lock(&p->mu);
     un = p->unsettled;
+    seq = p->unsettled_seq;
     pthread_mutex_unlock(&p->mu);
     if (!un)
         return 0;
     if (lvcall_slot_busy(&p->vm_slot))
         return 1;
     pthread_mutex_lock(&p->vm_slot.mu);
-    /* the abandoned call came back with libvirt's own answer */
-    un = !(p->vm_slot.late_done && p->vm_slot.late.kind != LVCALL_TRANSPORT);
+    /* that suspend came back late with libvirt's own answer */
+    un = !(p->vm_slot.late.seq == seq &&
+           p->vm_slot.late.kind != LVCALL_TRANSPORT);
     pthread_mutex_unlock(&p->vm_slot.mu);
     lvconn_status(p->h->c, &st);
     if (un && !(st.connected && st.epoch > p->unsettled_epoch &&
