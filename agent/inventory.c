@@ -11,6 +11,7 @@
 #include "log.h"
 #include "mono.h"
 #include "par.h"
+#include "recover.h"
 
 /* A hung QEMU shows `unknown` rather than delaying the reply. */
 #define INVENTORY_TIMEOUT_MS 500
@@ -58,6 +59,7 @@ publish(struct agent *a, const struct cfg_vm *m)
     pthread_mutex_unlock(&a->mu);
     log_info("event=vm_adopted vm=%s driver=%s disks=%d method=%s",
              m->name, v->ops->name, m->ndisks, config_method_name(m->method));
+    recover_adopted(a, v);
     if (vm_connect(v, 2000, &e) < 0)
         log_warnx("event=qmp_connect_failed vm=%s msg=\"%s\"", m->name,
                   e.msg);

@@ -265,6 +265,15 @@ vm_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err)
 }
 
 int
+vm_may_discover(const struct agent_config *cfg)
+{
+    for (int i = 0; i < NDRIVERS; i++)
+        if (drivers[i]->may_discover && drivers[i]->may_discover(cfg))
+            return 1;
+    return 0;
+}
+
+int
 vm_startable(const struct vm *v, char *why, size_t len)
 {
     if (!v->ops->start) {

@@ -56,6 +56,9 @@ struct vm_ops {
      * does not name, when cfg asks for discovery; returns how many. */
     int (*discover)(void *conn, const struct agent_config *cfg,
                     struct cfg_vm *out, int max);
+    /* 1 when cfg has this driver discover VMs (before any connection:
+     * recovery keeps the journal entries of VMs it may bring back). */
+    int (*may_discover)(const struct agent_config *cfg);
     /* Completes a configured VM from what the connection knows (libvirt:
      * the disks of a VM that names none, from the domain XML); 1 when it
      * changed m. */
@@ -201,6 +204,8 @@ int vm_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err);
 /* 1 for a configured VM that vm.start boots and that has nothing to talk
  * to yet (a DR standby). */
 int vm_is_standby(const struct vm *v);
+/* 1 when some driver may add VMs that cfg does not name (may_discover). */
+int vm_may_discover(const struct agent_config *cfg);
 /* 1 when vm.start may start v; 0 with why. */
 int vm_startable(const struct vm *v, char *why, size_t len);
 

@@ -96,6 +96,12 @@ lv_conn_close(void *conn)
 }
 
 static int
+lv_may_discover(const struct agent_config *cfg)
+{
+    return cfg->libvirt_uri[0] && cfg->libvirt_discover;
+}
+
+static int
 lv_conn_ready(void *conn, char *err, size_t errlen)
 {
     return lvconn_ready(((struct lv_host *)conn)->c, err, errlen);
@@ -464,6 +470,7 @@ const struct vm_ops vm_libvirt_ops = {
     .conn_watch = lv_conn_watch,
     .conn_describe = lv_conn_describe,
     .discover = lvdef_discover,
+    .may_discover = lv_may_discover,
     .fill = lvdef_fill,
     .open = lv_open,
     .close = lv_close,

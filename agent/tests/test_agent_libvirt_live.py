@@ -8,6 +8,9 @@
   same domains, after the agent reconnects by itself.
 - vm.start of a configured libvirt VM defines it from the config's `xml =`
   and starts it; a discovered domain is not the agent's to start.
+- kill -9 of the agent while a discovered domain is paused: the restarted
+  agent resumes it once discovery has found it again (its journal entry
+  is kept until then).
 
 The test owns libvirtd (libvirt_env.libvirtd_owned) and holds the lab lock
 while it kills it, so no other lab test runs meanwhile.
@@ -15,7 +18,9 @@ while it kills it, so no other lab test runs meanwhile.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -198,3 +203,38 @@ async def test_vm_start_refuses_a_discovered_domain(
         assert e.value.code == "UNKNOWN_VM"
         assert "configuration" in e.value.message
     assert domstate(NEW) == "shut off"
+
+
+async def test_kill9_while_paused_discovered_domain_resumes(
+        live: tuple[LibvirtAgent, OwnLibvirtd, Path], tmp_path: Path) -> None:
+    agent, _, _ = live
+    xml = tmp_path / "k.xml"
+    xml.write_text(domain_xml(NEW))
+    virsh("define", str(xml))
+    virsh("start", NEW)
+
+    async def ready() -> bool:
+        v = _vm(await agent_inv(agent), NEW)
+        return v is not None and v["ready"] and v["state"] == "running"
+
+    await until(ready, f"{NEW} ready", 10)
+    async with agent.client() as c:
+        await c.prepare("k1", [NEW], 60000)
+    assert domstate(NEW) == "paused"
+    assert agent.proc is not None
+    os.kill(agent.proc.pid, signal.SIGKILL)
+    agent.proc.wait()
+    agent.proc = None
+    assert domstate(NEW) == "paused"
+    agent.start()
+    took = await until(lambda: domstate(NEW) == "running", "resumed after restart", 15)
+    await until(lambda: (agent.dir / "journal").read_text() == "", "journal empty", 10)
+    print(f"\ndiscovered domain running {took * 1000:.0f} ms after the agent's restart")
+    text = agent.log_text()
+    assert f"event=journal_resume txn=k1 vm={NEW} result=deferred" in text
+    assert f"event=journal_resume txn=k1 vm={NEW} result=retrying why=discovered" in text
+
+
+async def agent_inv(agent: LibvirtAgent) -> dict[str, Any]:
+    async with agent.client() as c:
+        return await c.inventory()
