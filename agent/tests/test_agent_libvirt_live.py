@@ -129,6 +129,11 @@ async def _state(c: Any, name: str, state: str) -> bool:
     return v is not None and v["state"] == state
 
 
+async def _ready(c: Any, name: str) -> bool:
+    v = _vm(await c.inventory(), name)
+    return v is not None and v["ready"] and not v["stale"]
+
+
 async def _gone(c: Any, name: str) -> bool:
     return _vm(await c.inventory(), name) is None
 
@@ -169,7 +174,7 @@ async def test_vm_start_defines_the_configured_domain(
         live: tuple[LibvirtAgent, OwnLibvirtd, Path]) -> None:
     agent, _, _ = live
     async with agent.client() as c:
-        await until(lambda: _fresh(c), "libvirt connected")
+        await until(lambda: _ready(c, STARTED), f"{STARTED} ready")
         v = _vm(await c.inventory(), STARTED)
         assert v is not None and v["state"] == "shutoff" and v["defined"] is False
         res = await c.call("vm.start", {"spec": {"vm": STARTED}}, timeout=60)
