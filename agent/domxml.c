@@ -243,3 +243,33 @@ cleanup:
     xmlFreeDoc(doc);
     return rc;
 }
+
+char *
+domxml_with_uuid(const char *xml, const char *uuid, char *err, size_t errlen)
+{
+    xmlDocPtr doc;
+    xmlNodePtr root;
+    xmlChar *buf = NULL;
+    char *out = NULL;
+    int len = 0;
+
+    pthread_once(&init_once, init_parser);
+    doc = xmlReadMemory(xml, (int)strlen(xml), "domain.xml", NULL,
+                        XML_PARSE_NONET | XML_PARSE_NOERROR |
+                        XML_PARSE_NOWARNING);
+    if (!doc || !(root = xmlDocGetRootElement(doc)) || !is(root, "domain")) {
+        snprintf(err, errlen, "not a libvirt domain XML");
+        goto cleanup;
+    }
+    if (!child(root, "uuid"))
+        xmlNewTextChild(root, NULL, (const xmlChar *)"uuid",
+                        (const xmlChar *)uuid);
+    xmlDocDumpMemory(doc, &buf, &len);
+    if (!buf || !(out = strdup((const char *)buf)))
+        snprintf(err, errlen, "out of memory");
+cleanup:
+    xmlFree(buf);
+    xmlFreeDoc(doc);
+    return out;
+}
+

@@ -54,4 +54,13 @@ struct domxml {
 int domxml_parse(const char *xml, size_t len, struct domxml *out, char *err,
                  size_t errlen);
 
+/*
+ * xml (a domain XML without <uuid>) with <uuid>uuid</uuid> added, as a new
+ * string (free() it): a definition file that names no UUID redefines an
+ * existing domain of its name only with that domain's UUID (libvirt
+ * refuses another).  NULL with err when xml does not parse.
+ */
+char *domxml_with_uuid(const char *xml, const char *uuid, char *err,
+                       size_t errlen);
+
 #endif

@@ -360,6 +360,40 @@ lv_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err)
     return lvdomain_run_locked(v, &a, timeout_ms, &le, err);
 }
 
+/* The `xml =` file to define (*xml, new string).  One that names no UUID
+ * gets the UUID of the domain of its name, when this host has it:
+ * libvirt refuses to redefine a domain under another UUID. */
+static int
+definition(struct vm *v, char **xml, char *err, size_t errlen)
+{
+    struct domxml *dx = malloc(sizeof(*dx));
+    struct lvdom *d = malloc(sizeof(*d));
+    int up, rc = -1;
+    char *with;
+
+    if (!dx || !d) {
+        snprintf(err, errlen, "out of memory");
+        goto cleanup;
+    }
+    if (!(*xml = lvdef_read(v->cfg, dx, err, errlen)))
+        goto cleanup;
+    rc = 0;
+    if (dx->uuid[0] || lvdomain_cached(v, d, &up) < 0 || !d->uuid[0])
+        goto cleanup;
+    if (!(with = domxml_with_uuid(*xml, d->uuid, err, errlen))) {
+        free(*xml);
+        *xml = NULL;
+        rc = -1;
+        goto cleanup;
+    }
+    free(*xml);
+    *xml = with;
+cleanup:
+    free(dx);
+    free(d);
+    return rc;
+}
+
 /*
  * vm.start (agent-protocol §4.9): with `xml =`, virDomainDefineXML of that
  * file (created, or updated to it), then virDomainCreate; without, the
@@ -369,22 +403,18 @@ static int
 lv_start(struct vm *v, double deadline, double *cmd_ms, struct qmp_err *err)
 {
     struct lvdomain_call a = {.op = LVOP_START};
-    struct domxml *dx = NULL;
     struct lvcall_err le = {0};
     char e[300];
     double t0 = mono_ms();
     int rc = -1;
 
     *cmd_ms = 0;
-    if (v->cfg->xml[0]) {
-        if (!(dx = malloc(sizeof(*dx))) ||
-            !(a.in = lvdef_read(v->cfg, dx, e, sizeof(e)))) {
-            err->kind = QMP_E_ERROR;
-            err->cls[0] = '\0';
-            snprintf(err->msg, sizeof(err->msg), "vm %s: definition: %s",
-                     v->cfg->name, dx ? e : "out of memory");
-            goto cleanup;
-        }
+    if (v->cfg->xml[0] && definition(v, &a.in, e, sizeof(e)) < 0) {
+        err->kind = QMP_E_ERROR;
+        err->cls[0] = '\0';
+        snprintf(err->msg, sizeof(err->msg), "vm %s: definition: %s",
+                 v->cfg->name, e);
+        goto cleanup;
     }
     log_info("event=vm_start_begin vm=%s domain=%s define=%s", v->cfg->name,
              v->cfg->domain, a.in ? v->cfg->xml : "no");
@@ -401,7 +431,6 @@ lv_start(struct vm *v, double deadline, double *cmd_ms, struct qmp_err *err)
         lvcache_refresh(lvconn_cache(LV_PRIV(v)->h->c), v->cfg->domain);
 cleanup:
     lvdomain_call_done(&a, &le, rc);
-    free(dx);
     return rc;
 }
 

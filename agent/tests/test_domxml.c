@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "domxml.h"
@@ -170,6 +171,30 @@ test_bad_documents(void **state)
     }
 }
 
+static void
+test_with_uuid(void **state)
+{
+    struct domxml x;
+    char err[256] = "", *out;
+
+    (void)state;
+    out = domxml_with_uuid("<domain type='qemu'><name>d</name></domain>",
+                           "3b2f7c4e-0d4f-4a51-9a2e-1f0c2d3e4f50", err,
+                           sizeof(err));
+    assert_non_null(out);
+    assert_int_equal(domxml_parse(out, strlen(out), &x, err, sizeof(err)), 0);
+    assert_string_equal(x.uuid, "3b2f7c4e-0d4f-4a51-9a2e-1f0c2d3e4f50");
+    free(out);
+    /* one that has a UUID keeps it */
+    out = domxml_with_uuid(live_rbd, "00000000-0000-4000-8000-000000000000",
+                           err, sizeof(err));
+    assert_non_null(out);
+    assert_int_equal(domxml_parse(out, strlen(out), &x, err, sizeof(err)), 0);
+    assert_string_equal(x.uuid, "3b2f7c4e-0d4f-4a51-9a2e-1f0c2d3e4f50");
+    free(out);
+    assert_null(domxml_with_uuid("<x/>", "u", err, sizeof(err)));
+}
+
 int
 main(void)
 {
@@ -177,6 +202,7 @@ main(void)
         cmocka_unit_test(test_live_xml),
         cmocka_unit_test(test_unsupported_disks_are_listed),
         cmocka_unit_test(test_bad_documents),
+        cmocka_unit_test(test_with_uuid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
