@@ -5,14 +5,17 @@
 #   fuzz_journal  the journal file parser (seeds: agent/tests/fuzz-seeds/journal)
 #   fuzz_qmp      the QMP client on a monitor's byte stream (seeds:
 #                 agent/tests/fuzz-seeds/qmp, from tests/qmp-replies)
+#   fuzz_domxml   the libvirt driver's domain XML parser (seeds:
+#                 agent/tests/fuzz-seeds/domxml)
 # Exits non-zero on a crash; the crash input is left in build-fuzz/ (crash-*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-targets=(proto journal qmp)
+targets=(proto journal qmp domxml)
 share=$(( secs / ${#targets[@]} ))
 [ "$share" -ge 1 ] || share=1
-mkdir -p build-fuzz/corpus build-fuzz/corpus-journal build-fuzz/corpus-qmp
+mkdir -p build-fuzz/corpus build-fuzz/corpus-journal build-fuzz/corpus-qmp \
+    build-fuzz/corpus-domxml
 cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror
         -fsanitize=fuzzer,address,undefined -Iagent)
 clang "${cflags[@]}" agent/proto.c agent/tests/fuzz_proto.c -ljansson \
@@ -21,7 +24,11 @@ clang "${cflags[@]}" agent/journal.c agent/tests/fuzz_journal.c -lpthread \
     -o build-fuzz/fuzz_journal
 clang "${cflags[@]}" -Istorage agent/qmp.c agent/log.c agent/tests/fuzz_qmp.c \
     -ljansson -o build-fuzz/fuzz_qmp
+clang "${cflags[@]}" $(pkg-config --cflags libxml-2.0) agent/domxml.c \
+    agent/tests/fuzz_domxml.c $(pkg-config --libs libxml-2.0) -lpthread \
+    -o build-fuzz/fuzz_domxml
 cp agent/tests/fuzz-seeds/journal/* build-fuzz/corpus-journal/
+cp agent/tests/fuzz-seeds/domxml/* build-fuzz/corpus-domxml/
 cp agent/tests/fuzz-seeds/qmp/* build-fuzz/corpus-qmp/
 # Seed corpus: well-formed frames of every command of the command table
 # agent/commands.def (built, not committed; a command without a seed fails).
@@ -59,3 +66,6 @@ echo "== fuzz_journal ${share}s"
 echo "== fuzz_qmp ${share}s"
 ./fuzz_qmp -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
     corpus-qmp 2>&1 | tail -n 15
+echo "== fuzz_domxml ${share}s"
+./fuzz_domxml -max_total_time="$share" -max_len=4096 -print_final_stats=1 \
+    corpus-domxml 2>&1 | tail -n 15
