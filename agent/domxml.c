@@ -9,9 +9,6 @@
 #include <libxml/parser.h>
 #include <libxml/tree.h>
 
-/* Error messages are bounded buffers and are cut on purpose when long. */
-#pragma GCC diagnostic ignored "-Wformat-truncation"
-
 #define GUEST_AGENT_CHANNEL "org.qemu.guest_agent.0"
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
