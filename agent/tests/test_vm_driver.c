@@ -250,10 +250,18 @@ test_live_inventory_and_guest_freeze(void **state)
     assert_string_equal(cfg.vms[cfg.nvms].disks[0].image, "cp-new-disk0");
     assert_int_equal(cfg.vms[cfg.nvms].discovered, 1);
     assert_int_equal(vm_open(&v, &cfg.vms[cfg.nvms++], &h), 0);
-    o = json_object();
-    assert_int_equal(v.ops->describe(&v, o), 0);
-    assert_string_equal(json_string_value(json_object_get(o, "state")),
-                        "running");
+    /* discovered once defined; running once the start's event is in */
+    end = mono_ms() + 5000;
+    for (;;) {
+        o = json_object();
+        assert_int_equal(v.ops->describe(&v, o), 0);
+        if (strcmp(json_string_value(json_object_get(o, "state")),
+                   "running") == 0)
+            break;
+        json_decref(o);
+        assert_true(mono_ms() < end);
+        usleep(20000);
+    }
     assert_true(json_is_false(json_object_get(o, "stale")));
     assert_true(json_is_true(json_object_get(o, "guest_agent")));
     assert_int_equal(strlen(json_string_value(json_object_get(o, "uuid"))),
