@@ -8,6 +8,7 @@
 #include "log.h"
 #include "mono.h"
 #include "bringup.h"
+#include "inventory.h"
 #include "par.h"
 #include "reaper.h"
 #include "recover.h"
@@ -115,6 +116,7 @@ init_state(struct agent *a, const struct agent_config *cfg)
     a->cfg = *cfg;
     a->started_ms = mono_ms();
     pthread_mutex_init(&a->mu, NULL);
+    pthread_mutex_init(&a->adopt_mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&a->cond, &ca);
@@ -133,7 +135,10 @@ open_vms(struct agent *a, char *err, size_t errlen)
             snprintf(err, errlen, "out of memory");
             return -1;
         }
-        a->vms[i].storage_pending = a->cfg.vms[i].ndisks > 0;
+        /* A driver that fills disks in (libvirt: from the domain XML)
+         * needs its connection first: no cut until bringup opened it. */
+        a->vms[i].storage_pending = a->cfg.vms[i].ndisks > 0 ||
+                                    a->vms[i].ops->fill != NULL;
         a->nvms++;
     }
     return 0;
@@ -173,7 +178,8 @@ agent_start(struct agent *a, const struct agent_config *cfg, char *err,
         return -1;
     connect_all(a);
     recover_journal(a);
-    if (reaper_start(a, err, errlen) < 0)
+    if (reaper_start(a, err, errlen) < 0 ||
+        inventory_start(a, err, errlen) < 0)
         return -1;
     log_info("event=recovered ms=%.3f", mono_ms() - a->started_ms);
     /* The rest: never fatal, retried while the agent serves. */
@@ -217,6 +223,7 @@ agent_stop(struct agent *a)
     pthread_mutex_unlock(&a->mu);
     resume_vms(a, vms, n, NULL, "agent_stop", jobs);
     reaper_join(a);
+    inventory_join(a);
     /* bringup uses the host, Ceph and the VMs; a step hung in a connect
      * (a stopped mon) is left behind, and so is what it uses. */
     pthread_mutex_lock(&a->mu);

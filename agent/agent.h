@@ -9,6 +9,8 @@
  *   resume.c     resuming VMs;  quiesce.c: guest freeze and thaw
  *   reaper.c     the lease and resume-retry thread
  *   recover.c    what a previous run left undone (journal, fencing)
+ *   bringup.c    the rest of the start; inventory.c: VMs the hypervisor
+ *                connections report later, and the inventory reply
  *
  * Locking: a.mu guards the transaction table, the VMs' needs_resume,
  * starting, paused_at and quiesce fields, and the reaper's retry state; it
@@ -21,6 +23,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config.h"
 #include "journal.h"
@@ -43,6 +46,16 @@ struct agent {
     int stopping;
     /* bringup.c: 0 not started, 1 running, 2 done, 3 given up (stopping) */
     int bringup_state;
+    int host_open;              /* bringup opened a.host */
+    /* inventory.c: the live inventory's thread, its generation, the disks
+     * of VMs it adopted (a.mu, but adopt_mu for adopting) */
+    pthread_t inventory;
+    int inventory_started, inv_kick, inv_full_warned;
+    pthread_mutex_t adopt_mu;
+    long inv_generation;
+    uint64_t inv_digest;
+    char instance[17];          /* this run of the agent, random hex */
+    double images_retry_at[CFG_MAX_VMS], images_warned_at[CFG_MAX_VMS];
     /* reaper.c: a resume retry of vms[i] is running / last started */
     int retrying[CFG_MAX_VMS];
     double last_retry[CFG_MAX_VMS];

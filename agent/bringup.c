@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "inventory.h"
 #include "log.h"
 #include "mono.h"
-#include "par.h"
 #include "rbdsnap.h"
 #include "recover.h"
 
@@ -35,45 +35,27 @@ need_ceph(const struct agent *a)
     return 0;
 }
 
-static void *
-connect_one(void *arg)
-{
-    struct vm *v = arg;
-    struct qmp_err e;
-
-    if (vm_connect(v, 2000, &e) < 0)
-        log_warnx("event=qmp_connect_failed vm=%s msg=\"%s\"", v->cfg->name,
-                  e.msg);
-    return NULL;
-}
-
-/* Hypervisor connections (libvirt), given to the configured VMs of their
- * driver; then the VMs discovery added, opened and published. */
+/* Hypervisor connections (libvirt): opened once, then waited for until
+ * each knows its VMs; given to the configured VMs of their driver, which
+ * may take their disks from it; then the VMs discovery adds. */
 static int
 step_hypervisor(struct agent *a, char *err, size_t errlen)
 {
-    int first;
-
-    if (vm_host_open(&a->host, &a->cfg, err, errlen) < 0) {
-        vm_host_close(&a->host);
-        return -1;
-    }
-    for (int i = 0; i < a->nvms; i++)
-        vm_attach(&a->vms[i], &a->host);
-    first = a->nvms;
-    for (int i = first; i < a->cfg.nvms; i++) {
-        if (vm_open(&a->vms[i], &a->cfg.vms[i], &a->host) < 0) {
-            snprintf(err, errlen, "vm %s: cannot open", a->cfg.vms[i].name);
+    if (!a->host_open) {
+        if (vm_host_open(&a->host, &a->cfg, err, errlen) < 0) {
+            vm_host_close(&a->host);
             return -1;
         }
-        pthread_mutex_lock(&a->mu);
-        a->vms[i].storage_pending = a->cfg.vms[i].ndisks > 0;
-        a->nvms++;              /* published: requests may find it now */
-        pthread_mutex_unlock(&a->mu);
+        a->host_open = 1;
+        inventory_watch(a);
     }
-    if (a->nvms > first)
-        par_run(connect_one, &a->vms[first], sizeof(a->vms[0]),
-                a->nvms - first);
+    if (vm_host_ready(&a->host, err, errlen) < 0)
+        return -1;
+    for (int i = 0; i < a->nvms; i++) {
+        vm_attach(&a->vms[i], &a->host);
+        vm_fill(&a->vms[i], &a->host, &a->cfg);
+    }
+    inventory_adopt(a);
     return 0;
 }
 
@@ -82,7 +64,8 @@ step_ceph(struct agent *a, char *err, size_t errlen)
 {
     struct rbdsnap_cluster *c = NULL;
 
-    if (!need_ceph(a) || !a->cfg.ceph_conf[0])
+    /* with discovery, a domain with rbd disks may come later */
+    if ((!need_ceph(a) && !a->cfg.libvirt_discover) || !a->cfg.ceph_conf[0])
         return 0;
     if (rbdsnap_connect(a->cfg.ceph_conf, a->cfg.ceph_id,
                         a->cfg.ceph_keyring[0] ? a->cfg.ceph_keyring : NULL,
@@ -107,7 +90,7 @@ step_images(struct agent *a, char *err, size_t errlen)
 
     for (int i = 0; i < a->nvms; i++) {
         struct vm *v = &a->vms[i];
-        char e[256] = "";
+        char e[256] = "", why[256];
 
         pthread_mutex_lock(&a->mu);
         if (!v->storage_pending) {
@@ -120,7 +103,7 @@ step_images(struct agent *a, char *err, size_t errlen)
             log_info("event=standby vm=%s qmp=%s images=deferred",
                      v->cfg->name, v->cfg->qmp);
         } else if (a->ceph && agent_open_images(a, v, e, sizeof(e)) < 0) {
-            if (!v->cfg->start[0]) {
+            if (!vm_startable(v, why, sizeof(why))) {
                 snprintf(err, errlen, "%s", e);
                 rc = -1;
                 continue;       /* the others need not wait for this one */

@@ -1,15 +1,14 @@
 /*
  * cmd_info: the informational commands (agent-protocol §4.1, §4.2, §4.10):
  * hello (version, drivers, commands, snapshot methods), inventory (each
- * VM's driver, state, method and disks) and stats (counters).
+ * VM's driver, state, method and disks, with a generation: inventory.c)
+ * and stats (counters).
  */
 #include "cmd.h"
 
 #include "dispatch.h"
+#include "inventory.h"
 #include "mono.h"
-#include "par.h"
-
-#define INVENTORY_TIMEOUT_MS 500
 
 json_t *
 cmd_hello(struct agent *a, json_t *args, const char **code, char *msg,
@@ -32,60 +31,12 @@ cmd_hello(struct agent *a, json_t *args, const char **code, char *msg,
                      "snapshot_methods", methods);
 }
 
-static json_t *
-disk_json(const struct vm *v, int d)
-{
-    const struct cfg_disk *dk = &v->cfg->disks[d];
-    json_t *o = json_pack("{s:s++,s:s,s:s}", "id", v->cfg->name, "/",
-                          dk->node, "node", dk->node, "backend",
-                          dk->backend == CFG_BACKEND_RBD ? "rbd" : "qcow2");
-
-    if (dk->backend == CFG_BACKEND_RBD) {
-        json_object_set_new(o, "pool", json_string(dk->pool));
-        json_object_set_new(o, "image", json_string(dk->image));
-    } else {
-        json_object_set_new(o, "file", json_string(dk->file));
-    }
-    return o;
-}
-
-struct inv_job {
-    struct vm *vm;
-    const char *state;
-};
-
-static void *
-inv_one(void *arg)
-{
-    struct inv_job *j = arg;
-
-    j->state = vm_state(j->vm, INVENTORY_TIMEOUT_MS);
-    return NULL;
-}
-
 json_t *
 cmd_inventory(struct agent *a, json_t *args, const char **code, char *msg,
               size_t msglen, json_t **err_result)
 {
-    struct inv_job jobs[CFG_MAX_VMS];
-    json_t *vms = json_array();
-
     (void)args, (void)code, (void)msg, (void)msglen, (void)err_result;
-    for (int i = 0; i < a->nvms; i++)
-        jobs[i] = (struct inv_job){.vm = &a->vms[i]};
-    if (a->nvms)
-        par_run(inv_one, jobs, sizeof(*jobs), a->nvms);
-    for (int i = 0; i < a->nvms; i++) {
-        struct vm *v = &a->vms[i];
-        json_t *disks = json_array();
-        for (int d = 0; d < v->cfg->ndisks; d++)
-            json_array_append_new(disks, disk_json(v, d));
-        json_array_append_new(vms, json_pack(
-            "{s:s,s:s,s:s,s:s,s:o}", "name", v->cfg->name, "driver",
-            v->ops->name, "state", jobs[i].state, "method", v->snap->name,
-            "disks", disks));
-    }
-    return json_pack("{s:o}", "vms", vms);
+    return inventory_json(a);
 }
 
 json_t *

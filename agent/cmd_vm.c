@@ -1,10 +1,11 @@
 /*
  * cmd_vm: starting and stopping VMs (agent-protocol §4.9): vm.start of a
- * configured VM (its driver's start: for qmp, the `start =` command), and
- * vm.stop.  vm.start never takes a definition from the wire (spec.xml): a
- * libvirt domain XML can name any disk, device or emulator of the host, so
- * whoever may send it would be root here; only the VMs the host's own
- * configuration names are started.
+ * configured VM (its driver's start: for qmp, the `start =` command; for
+ * libvirt, the domain, defined first from the config's `xml =` file when
+ * there is one), and vm.stop.  vm.start never takes a definition from the
+ * wire (spec.xml): a libvirt domain XML can name any disk, device or
+ * emulator of the host, so whoever may send it would be root here; only
+ * the VMs the host's own configuration names are started.
  */
 #include "cmd.h"
 
@@ -20,9 +21,10 @@
  * vm.start of a configured VM (agent-protocol §4.9):
  *
  *   state running/paused ─────────────────────────► reply, nothing run
- *   state unknown (QMP hung) ─────────────────────► BUSY, nothing run
+ *   state unknown (QMP or libvirt hung) ──────────► BUSY, nothing run
  *   shutoff ─► the driver's start (qmp: run `start =`, then query-status
- *              until "running"; deadline start_timeout_ms) ─► open
+ *              until "running"; libvirt: define from `xml =`, then
+ *              virDomainCreate; deadline start_timeout_ms) ─► open
  *              deferred rbd disks ─► reply
  *
  * v->starting (under a.mu) makes a second concurrent vm.start of the VM,
@@ -33,16 +35,15 @@ vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
              size_t msglen)
 {
     const struct cfg_vm *m = v->cfg;
-    char err[512] = "";
+    char err[512] = "", why[512];
     struct qmp_err qe = {0};
     const char *st;
     double t0 = mono_ms(), end = t0 + m->start_timeout_ms, cmd_ms = 0;
     json_t *r = NULL;
     int claimed = 0;
 
-    if (!m->start[0])
-        FAIL("BAD_REQUEST", "vm %s has no start command in the agent "
-             "config ([vm %s] start = ...)", m->name, m->name);
+    if (!vm_startable(v, why, sizeof(why)))
+        FAIL("BAD_REQUEST", "%s", why);
     pthread_mutex_lock(&a->mu);
     if (v->starting) {
         pthread_mutex_unlock(&a->mu);
@@ -60,8 +61,9 @@ vm_start_cmd(struct agent *a, struct vm *v, const char **code, char *msg,
         goto cleanup;
     }
     if (strcmp(st, "unknown") == 0)
-        FAIL("BUSY", "vm %s: its QMP socket %s exists but does not answer; "
-             "not starting a second QEMU", m->name, m->qmp);
+        FAIL("BUSY", "vm %s: its state is unknown (%s does not answer); "
+             "not starting a second QEMU", m->name, m->qmp[0] ? m->qmp :
+             "libvirt");
     if (v->ops->start(v, end, &cmd_ms, &qe) < 0)
         FAIL(vm_err_code(&qe), "%s", qe.msg);
     if (v->images_deferred) {
@@ -106,11 +108,10 @@ cmd_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
     }
     if (!name)
         FAIL("BAD_REQUEST", "args.spec needs vm (a VM of the agent config)");
-    if (!(v = agent_find_vm(a, name)))
-        FAIL("UNKNOWN_VM", "unknown vm %s", name);
-    if (!v->ops->start)
-        FAIL("BAD_REQUEST", "vm %s uses the %s driver, which cannot start "
-             "a VM", name, v->ops->name);
+    if (!(v = agent_find_vm(a, name)) || v->cfg->discovered)
+        /* a discovered domain is the host's, not this config's */
+        FAIL("UNKNOWN_VM", "unknown vm %s (vm.start starts the VMs of the "
+             "agent's configuration)", name);
     return vm_start_cmd(a, v, code, msg, msglen);
 cleanup:
     return NULL;

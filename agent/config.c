@@ -72,6 +72,36 @@ parse_disk(struct cfg_disk *d, const char *node, const char *v)
     return -1;
 }
 
+void
+config_vm_method(const struct agent_config *cfg, struct cfg_vm *m)
+{
+    int all_rbd = m->ndisks > 0;
+
+    for (int d = 0; d < m->ndisks; d++)
+        if (m->disks[d].backend != CFG_BACKEND_RBD)
+            all_rbd = 0;
+    if (m->method == CFG_METHOD_AUTO || m->method_auto) {
+        m->method_auto = 1;
+        m->method = all_rbd && cfg->ceph_conf[0] ? CFG_METHOD_RBD :
+            CFG_METHOD_QMP;
+    }
+}
+
+/* Blank-separated absolute paths. */
+static int
+parse_paths(const char *v)
+{
+    for (const char *p = v; *p;) {
+        size_t n;
+        p += strspn(p, " \t");
+        n = strcspn(p, " \t");
+        if (n && *p != '/')
+            return -1;
+        p += n;
+    }
+    return 0;
+}
+
 static int
 parse_int(const char *v, int lo, int hi, int *out)
 {
@@ -230,7 +260,14 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             TAKE(cfg->ceph_keyring);
         else if (KEY("libvirt", "uri"))
             TAKE(cfg->libvirt_uri);
-        else if (KEY("libvirt", "discover")) {
+        else if (KEY("libvirt", "qmp_passthrough")) {
+            if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
+                cfg->libvirt_qmp_passthrough = 1;
+            else if (strcmp(v, "no") == 0 || strcmp(v, "false") == 0)
+                cfg->libvirt_qmp_passthrough = 0;
+            else
+                goto bad;
+        } else if (KEY("libvirt", "discover")) {
             if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
                 cfg->libvirt_discover = 1;
             else if (strcmp(v, "no") == 0 || strcmp(v, "false") == 0)
@@ -252,6 +289,15 @@ config_load(const char *path, struct agent_config *cfg, char *err,
         }
         else if (vm && strcmp(k, "domain") == 0)
             TAKE(vm->domain);
+        else if (vm && strcmp(k, "xml") == 0) {
+            if (v[0] != '/')
+                goto bad;
+            TAKE(vm->xml);
+        } else if (vm && strcmp(k, "mountpoints") == 0) {
+            if (strlen(v) >= sizeof(vm->mountpoints) || parse_paths(v) < 0)
+                goto bad;
+            TAKE(vm->mountpoints);
+        }
         else if (vm && strcmp(k, "start") == 0) {
             char buf[sizeof(vm->start)], *argv[RUNCMD_MAX_ARGS];
             if (strlen(v) >= sizeof(vm->start) ||
@@ -303,9 +349,6 @@ toolong:
         struct cfg_vm *m = &cfg->vms[i];
         int all_rbd = m->ndisks > 0;
         const struct vm_ops *drv = vm_driver_find(m->driver);
-        if (drv->config_check &&
-            drv->config_check(cfg, m, path, err, errlen) < 0)
-            goto cleanup;
         if (m->start[0]) {
             char buf[sizeof(m->start)], *argv[RUNCMD_MAX_ARGS];
             /* -n tells the operator now, not at the first failover. */
@@ -324,9 +367,11 @@ toolong:
                      "disks and a [ceph] section", path, m->name);
             goto cleanup;
         }
-        if (m->method == CFG_METHOD_AUTO)
-            m->method = all_rbd && cfg->ceph_conf[0] ? CFG_METHOD_RBD :
-                CFG_METHOD_QMP;
+        config_vm_method(cfg, m);
+        /* after the method: a driver may not run every method */
+        if (drv->config_check &&
+            drv->config_check(cfg, m, path, err, errlen) < 0)
+            goto cleanup;
     }
     ret = 0;
 cleanup:

@@ -35,7 +35,15 @@ struct cfg_vm {
      * arguments separated by blanks, no shell; "" none. */
     char start[1024];
     int start_timeout_ms;   /* command + QMP answering "running" */
+    /* libvirt driver: the domain's definition, which vm.start defines
+     * before it starts the domain (absolute path, "" none), and the guest
+     * mountpoints fs-freeze freezes (blank-separated, "" all). */
+    char xml[1024];
+    char mountpoints[1024];
     enum cfg_method method;
+    int method_auto;        /* method = auto: config_vm_method resolves it
+                               again when the driver learns the disks */
+    int discovered;         /* added by the driver's discovery, not the file */
     struct cfg_disk disks[CFG_MAX_DISKS];
     int ndisks;
 };
@@ -57,7 +65,9 @@ struct agent_config {
     int queue;                  /* requests waiting for one; beyond: BUSY */
     char ceph_conf[1024], ceph_id[128], ceph_keyring[1024];
     char libvirt_uri[512];
-    int libvirt_discover;       /* add every running domain of the URI */
+    int libvirt_discover;       /* add every domain of the URI */
+    int libvirt_qmp_passthrough;    /* raw QMP (virDomainQemuMonitorCommand,
+                                       taints the domain): off by default */
     struct cfg_vm vms[CFG_MAX_VMS];
     int nvms;
 };
@@ -65,5 +75,8 @@ struct agent_config {
 int config_load(const char *path, struct agent_config *cfg, char *err,
                 size_t errlen);
 const char *config_method_name(enum cfg_method m);
+/* Resolves method = auto of m from its disks: rbd when every disk is rbd
+ * and [ceph] is set, else qmp-transaction.  Other methods stay. */
+void config_vm_method(const struct agent_config *cfg, struct cfg_vm *m);
 
 #endif

@@ -130,6 +130,12 @@ prepare_begin(struct prepare *p, json_t **replay, const char **code,
         goto cleanup;
     }
     for (int k = 0; k < p->n; k++) {
+        char why[300];
+
+        if (p->vms[k]->ops->snap_check &&
+            p->vms[k]->ops->snap_check(p->vms[k], why, sizeof(why)) < 0)
+            /* its commit could not snapshot it: no pause for nothing */
+            FAIL("BAD_REQUEST", "%s", why);
         if (p->vms[k]->starting)
             /* vm.start is still opening its disks: no cut of it yet. */
             FAIL("BUSY", "vm %s is being started (vm.start)", p->names[k]);
@@ -242,10 +248,16 @@ cleanup:
 void
 prepare_pause(struct prepare *p)
 {
+    /* A stop that has not returned within the lease fails: the others,
+     * already paused, must not wait longer than the lease for it. */
+    int stop_ms = p->lease < p->a->cfg.qmp_timeout_ms ? (int)p->lease :
+                  p->a->cfg.qmp_timeout_ms;
+
     for (int k = 0; k < p->n; k++) {
         p->jobs[k] = (struct txn_vm_prep){.a = p->a, .vm = p->vms[k],
                                           .txn = p->x->id, .journaled = 1,
-                                          .freeze_timeout_ms = p->freeze_ms};
+                                          .freeze_timeout_ms = p->freeze_ms,
+                                          .stop_timeout_ms = stop_ms};
         quiesce_reset(p->a, p->vms[k]);
     }
     if (p->freeze)

@@ -24,12 +24,25 @@ entry_of(const struct journal_entry *e, int n, enum journal_kind kind,
     return NULL;
 }
 
-/* A VM the config no longer names: nothing to resume; drop its entries. */
+/* A VM the config no longer names: nothing to resume; drop its entries.
+ * Unless a driver discovers VMs: then it may be one of those, not known
+ * before its connection is up; its entries stay, and recover_adopted
+ * acts on them when discovery adds it. */
 static void
 recover_unknown(struct agent *a, const char *vm,
                 const struct journal_entry *p, const struct journal_entry *fz)
 {
     char jerr[256];
+
+    if (vm_may_discover(&a->cfg)) {
+        if (p)
+            log_warnx("event=journal_resume txn=%s vm=%s result=deferred "
+                      "msg=\"not known until discovery\"", p->txn, p->vm);
+        if (fz)
+            log_warnx("event=journal_thaw txn=%s vm=%s result=deferred "
+                      "msg=\"not known until discovery\"", fz->txn, fz->vm);
+        return;
+    }
 
     if (p)
         log_warnx("event=journal_resume txn=%s vm=%s result=unknown_vm",
@@ -138,6 +151,35 @@ recover_journal(struct agent *a)
             recover_unknown(a, e[i].vm, p, fz);
         else
             recover_vm(a, v, p, fz);
+    }
+    free(e);
+}
+
+void
+recover_adopted(struct agent *a, struct vm *v)
+{
+    struct journal_entry *e = NULL;
+    int n = 0;
+
+    if (journal_entries(a->journal, &e, &n) < 0)
+        return;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(e[i].vm, v->cfg->name) != 0)
+            continue;
+        if (e[i].kind == JOURNAL_PAUSED) {
+            /* the reaper's resume retry, then its thaw */
+            pthread_mutex_lock(&a->mu);
+            v->needs_resume = 1;
+            snprintf(v->needs_resume_txn, sizeof(v->needs_resume_txn), "%s",
+                     e[i].txn);
+            pthread_mutex_unlock(&a->mu);
+            log_info("event=journal_resume txn=%s vm=%s result=retrying "
+                     "why=discovered", e[i].txn, e[i].vm);
+        } else if (e[i].kind == JOURNAL_FROZEN) {
+            quiesce_thaw_later(a, v, e[i].txn);
+            log_info("event=journal_thaw txn=%s vm=%s result=deferred "
+                     "why=discovered", e[i].txn, e[i].vm);
+        }
     }
     free(e);
 }

@@ -18,7 +18,9 @@
  *   paused only:      cont.
  *   frozen only:      thaw (killed after cont, or between freeze and
  *                     stop, or a thaw that failed before).
- *   not configured:   log unknown_vm and drop its entries.
+ *   not configured:   log unknown_vm and drop its entries; but when a
+ *                     driver discovers VMs (libvirt, discover = yes) keep
+ *                     them (result=deferred) for recover_adopted.
  *
  * A recovery thaw that fails keeps its `frozen` entry and is retried by
  * the reaper with backoff (quiesce.h) until the guest agent answers or the
@@ -27,6 +29,11 @@
  * a freeze that never happened costs one round trip.
  */
 void recover_journal(struct agent *a);
+
+/* A VM discovery just added (inventory.c): what the journal still holds
+ * for it is undone as for a configured VM, by the reaper (resume retry,
+ * then thaw retry). */
+void recover_adopted(struct agent *a, struct vm *v);
 
 /*
  * Records this agent's RADOS client address next to the journal and

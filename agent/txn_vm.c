@@ -27,7 +27,7 @@ txn_vm_pause(void *arg)
     struct qmp_err err;
 
     j->t0 = mono_ms();
-    j->rc = vm_stop(j->vm, j->a->cfg.qmp_timeout_ms, &err);
+    j->rc = vm_stop(j->vm, j->stop_timeout_ms, &err);
     j->t1 = mono_ms();
     if (j->rc == 0) {
         pthread_mutex_lock(&j->a->mu);

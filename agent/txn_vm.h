@@ -18,6 +18,7 @@ struct txn_vm_prep {
     struct vm *vm;
     const char *txn;
     int freeze_timeout_ms;      /* min(config, prepare's freeze_timeout_ms) */
+    int stop_timeout_ms;        /* min(qmp_timeout_ms, the lease) */
     double t0, t1;              /* the stop call, start and end */
     int rc;
     int journaled;

@@ -50,14 +50,27 @@ vm_host_open(struct vm_host *h, struct agent_config *cfg, char *err,
              size_t errlen)
 {
     memset(h, 0, sizeof(*h));
-    for (int i = 0; i < NDRIVERS; i++) {
+    for (int i = 0; i < NDRIVERS; i++)
         if (drivers[i]->conn_open &&
             drivers[i]->conn_open(cfg, &h->conn[i], err, errlen) < 0)
             return -1;
-        if (drivers[i]->discover && h->conn[i])
-            drivers[i]->discover(h->conn[i], cfg);
-    }
     return 0;
+}
+
+int
+vm_host_ready(struct vm_host *h, char *err, size_t errlen)
+{
+    for (int i = 0; i < NDRIVERS; i++)
+        if (h->conn[i] && drivers[i]->conn_ready &&
+            drivers[i]->conn_ready(h->conn[i], err, errlen) < 0)
+            return -1;
+    return 0;
+}
+
+void *
+vm_host_conn(struct vm_host *h, int i)
+{
+    return i >= 0 && i < NDRIVERS ? h->conn[i] : NULL;
 }
 
 void
@@ -94,7 +107,8 @@ snap_call(void *opaque, const char *cmd, json_t *args, int timeout_ms,
 void
 vm_snap_disk(struct vm *v, int d, struct snap_disk *out)
 {
-    out->node = v->cfg->disks[d].node;
+    out->node = v->ops->monitor_node ? v->ops->monitor_node(v, d) :
+                v->cfg->disks[d].node;
     out->img = v->img[d];
     out->mon = &v->mon;
 }
@@ -164,11 +178,24 @@ vm_attach(struct vm *v, struct vm_host *h)
 
     if (i < 0 || !h->conn[i] || !v->ops->conn_open || !v->ops->open)
         return;
+    /* open again, with the connection (the driver keeps its state: a
+     * resume retry may be using it) */
     pthread_mutex_lock(&v->mu);
-    if (v->ops->close)
-        v->ops->close(v);
     v->ops->open(v, h->conn[i]);
     pthread_mutex_unlock(&v->mu);
+}
+
+void
+vm_fill(struct vm *v, struct vm_host *h, const struct agent_config *cfg)
+{
+    int i = driver_index(v->cfg->driver);
+    const struct snap_ops *snap;
+
+    if (i < 0 || !h->conn[i] || !v->ops->fill ||
+        !v->ops->fill(h->conn[i], cfg, (struct cfg_vm *)v->cfg))
+        return;
+    if ((snap = snap_backend_find(config_method_name(v->cfg->method))))
+        v->snap = snap;
 }
 
 void
@@ -274,7 +301,30 @@ vm_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err)
 }
 
 int
+vm_may_discover(const struct agent_config *cfg)
+{
+    for (int i = 0; i < NDRIVERS; i++)
+        if (drivers[i]->may_discover && drivers[i]->may_discover(cfg))
+            return 1;
+    return 0;
+}
+
+int
+vm_startable(const struct vm *v, char *why, size_t len)
+{
+    if (!v->ops->start) {
+        snprintf(why, len, "vm %s uses the %s driver, which cannot start a "
+                 "VM", v->cfg->name, v->ops->name);
+        return 0;
+    }
+    return !v->ops->startable || v->ops->startable(v, why, len);
+}
+
+int
 vm_is_standby(const struct vm *v)
 {
-    return v->cfg->start[0] && v->ops->present && !v->ops->present(v);
+    char why[256];
+
+    return vm_startable(v, why, sizeof(why)) && v->ops->present &&
+           !v->ops->present(v);
 }

@@ -3,8 +3,9 @@
  *
  * A driver is an operations table, struct vm_ops, in its own file:
  *   vm_qmp.c      "qmp"      QEMU over the VM's QMP UNIX socket (qmp.c)
- *   vm_libvirt.c  "libvirt"  libvirt domains (the only file that calls
- *                            libvirt)
+ *   vm_libvirt.c  "libvirt"  libvirt domains through libvirt's native
+ *                            API (with lvconn.c, lvcall.c, domxml.c: the
+ *                            only files that call libvirt)
  * The driver table in vm.c lists them; a VM's `driver =` in the config
  * names its row.  Adding a driver adds a vm_*.c file and a table row.
  *
@@ -42,17 +43,50 @@ struct vm_ops {
     int (*conn_open)(const struct agent_config *cfg, void **conn, char *err,
                      size_t errlen);
     void (*conn_close)(void *conn);
-    /* Adds to cfg the running VMs the connection knows that cfg does not
-     * name, when cfg asks for discovery. */
-    void (*discover)(void *conn, struct agent_config *cfg);
+    /* 0 when the connection is up and knows its VMs; -1 with why.  NULL:
+     * ready once opened. */
+    int (*conn_ready)(void *conn, char *err, size_t errlen);
+    /* fn(opaque) is called, from a thread of the driver, whenever what
+     * the connection knows changes (VMs come, go, change state). */
+    void (*conn_watch)(void *conn, void (*fn)(void *opaque), void *opaque);
+    /* The connection's facts for `inventory` (no I/O): at least
+     * "connected" (bool); its "events" and "epoch" count changes. */
+    void (*conn_describe)(void *conn, json_t *o);
+    /* Fills out[0..max) with the VMs the connection knows now that cfg
+     * does not name, when cfg asks for discovery; returns how many. */
+    int (*discover)(void *conn, const struct agent_config *cfg,
+                    struct cfg_vm *out, int max);
+    /* 1 when cfg has this driver discover VMs (before any connection:
+     * recovery keeps the journal entries of VMs it may bring back). */
+    int (*may_discover)(const struct agent_config *cfg);
+    /* Completes a configured VM from what the connection knows (libvirt:
+     * the disks of a VM that names none, from the domain XML); 1 when it
+     * changed m. */
+    int (*fill)(void *conn, const struct agent_config *cfg,
+                struct cfg_vm *m);
 
     /* ---- one VM ---- */
-    /* Sets up v->priv (no I/O); conn is the driver's connection. */
+    /* Sets up v->priv (no I/O); conn is the driver's connection, NULL
+     * before it is opened; called again with it then (vm_attach). */
     int (*open)(struct vm *v, void *conn);
     void (*close)(struct vm *v);
     /* 1 when the VM has something to talk to now (qmp: its socket
-     * exists); a configured VM without one is a standby. */
+     * exists; libvirt: the domain runs); a startable VM without one is a
+     * standby. */
     int (*present)(const struct vm *v);
+    /* 1 when vm.start may start this VM; 0 with why otherwise. */
+    int (*startable)(const struct vm *v, char *why, size_t len);
+    /* The VM's entry of `inventory`, without I/O: sets "state" and
+     * "stale" and the driver's own facts in o; 1 when the VM is gone (a
+     * discovered VM whose domain no longer exists: not listed).  NULL:
+     * state from the state op. */
+    int (*describe)(struct vm *v, json_t *o);
+    /* 0 when the VM's snapshot method can run on this driver; -1 with
+     * why (checked by prepare, before any pause).  NULL: always. */
+    int (*snap_check)(const struct vm *v, char *err, size_t errlen);
+    /* The QEMU block node of disk d for the QMP snapshot backend; NULL:
+     * the config's node name. */
+    const char *(*monitor_node)(struct vm *v, int d);
     /* Connects to the VM's monitor now, so that no pause window holds a
      * connect (design "Coordinator latency"). */
     int (*connect)(struct vm *v, int timeout_ms, struct qmp_err *err);
@@ -106,11 +140,15 @@ struct vm_host {
     void *conn[VM_MAX_DRIVERS];
 };
 
-/* Opens every driver's connection that cfg configures, and lets each add
- * the VMs it discovers to cfg.  On -1 err says what failed. */
+/* Opens every driver's connection that cfg configures.  On -1 err says
+ * what failed. */
 int vm_host_open(struct vm_host *h, struct agent_config *cfg, char *err,
                  size_t errlen);
+/* 0 when every open connection is ready (conn_ready); -1 with why. */
+int vm_host_ready(struct vm_host *h, char *err, size_t errlen);
 void vm_host_close(struct vm_host *h);
+/* The connection of driver row i, or NULL. */
+void *vm_host_conn(struct vm_host *h, int i);
 
 struct vm {
     const struct cfg_vm *cfg;          /* borrowed from the agent config */
@@ -155,6 +193,10 @@ void vm_close(struct vm *v);
 /* Gives v its driver's connection in h, opened after v (the libvirt
  * connection comes after recovery); no-op for drivers without one. */
 void vm_attach(struct vm *v, struct vm_host *h);
+/* Lets v's driver fill in what its config leaves to the connection in h
+ * (the fill op), and picks v's snapshot backend again.  Before any
+ * request may use v (it is storage_pending). */
+void vm_fill(struct vm *v, struct vm_host *h, const struct agent_config *cfg);
 
 /* Each takes the VM's mutex for its duration (through its driver). */
 int vm_connect(struct vm *v, int timeout_ms, struct qmp_err *err);
@@ -167,6 +209,10 @@ int vm_poweroff(struct vm *v, int timeout_ms, struct qmp_err *err);
 /* 1 for a configured VM that vm.start boots and that has nothing to talk
  * to yet (a DR standby). */
 int vm_is_standby(const struct vm *v);
+/* 1 when some driver may add VMs that cfg does not name (may_discover). */
+int vm_may_discover(const struct agent_config *cfg);
+/* 1 when vm.start may start v; 0 with why. */
+int vm_startable(const struct vm *v, char *why, size_t len);
 
 const char *vm_err_code(const struct qmp_err *err);
 

@@ -32,6 +32,21 @@ qmp_config_check(const struct agent_config *cfg, struct cfg_vm *m,
                  m->name);
         return -1;
     }
+    if (m->xml[0] || m->mountpoints[0] || m->domain[0]) {
+        snprintf(err, errlen, "%s: [vm %s] domain, xml and mountpoints are "
+                 "for the libvirt driver", path, m->name);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+qmp_startable(const struct vm *v, char *why, size_t len)
+{
+    if (v->cfg->start[0])
+        return 1;
+    snprintf(why, len, "vm %s has no start command in the agent config "
+             "([vm %s] start = ...)", v->cfg->name, v->cfg->name);
     return 0;
 }
 
@@ -252,6 +267,7 @@ const struct vm_ops vm_qmp_ops = {
     .open = qmp_vm_open,
     .close = qmp_vm_close,
     .present = qmp_present,
+    .startable = qmp_startable,
     .connect = qmp_connect,
     .pause = qmp_pause,
     .resume = qmp_resume,

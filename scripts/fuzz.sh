@@ -13,6 +13,7 @@
 #   journal        the agent journal file          agent/tests/fuzz-seeds/journal
 #   qmp            QMP client on a monitor stream  agent/tests/fuzz-seeds/qmp
 #   config         the agent INI file              agent/tests/fuzz-seeds/config
+#   domxml         libvirt domain XML (disks)      agent/tests/fuzz-seeds/domxml
 #   sync-args      cutpoint-sync's command line    storage/tests/fuzz-seeds/sync-args
 #   sync-progress  cutpoint-sync's progress record storage/tests/fuzz-seeds/sync-progress
 #
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
-all=(proto journal qmp config sync-args sync-progress)
+all=(proto journal qmp config domxml sync-args sync-progress)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 share=$(( secs / ${#targets[@]} ))
@@ -36,7 +37,9 @@ cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -DCUTPOINT_VERSION="\"$(cat VERSION)\""
 # The config parser asks the VM driver table about `driver =`, so it links
 # the drivers (and what they call), as cutpointd -n does.
 agent_drivers=(agent/config.c agent/log.c agent/runcmd.c agent/vm.c
-               agent/vm_qmp.c agent/vm_libvirt.c agent/guest_qga.c agent/qmp.c
+               agent/vm_qmp.c agent/vm_libvirt.c agent/lvdef.c agent/lvconn.c
+               agent/lvcache.c agent/lvdomain.c agent/lvcall.c
+               agent/guest_libvirt.c agent/domxml.c agent/guest_qga.c agent/qmp.c
                agent/qga.c storage/snap.c storage/snap_rbd.c storage/snap_qmp.c
                storage/rbdsnap.c)
 sync_lib=(storage/sync/sync_args.c storage/sync/sync_digest.c
@@ -53,8 +56,12 @@ build() {
     qmp) clang "${cflags[@]}" agent/qmp.c agent/log.c agent/tests/fuzz_qmp.c \
                -ljansson -o "$out" ;;
     config) clang "${cflags[@]}" "${agent_drivers[@]}" \
-               agent/tests/fuzz_config.c -ljansson -lvirt -lvirt-qemu -lrbd \
+               $(pkg-config --cflags libxml-2.0) agent/tests/fuzz_config.c \
+               $(pkg-config --libs libxml-2.0) -ljansson -lvirt -lvirt-qemu -lrbd \
                -lrados -lpthread -o "$out" ;;
+    domxml) clang "${cflags[@]}" $(pkg-config --cflags libxml-2.0) \
+               agent/domxml.c agent/tests/fuzz_domxml.c \
+               $(pkg-config --libs libxml-2.0) -lpthread -o "$out" ;;
     sync-args) clang "${cflags[@]}" "${sync_lib[@]}" \
                storage/tests/fuzz_sync_args.c -lrbd -lrados -lssl -lcrypto -lz \
                -ljansson -lpthread -o "$out" ;;

@@ -1,13 +1,19 @@
-"""The libvirt driver does prepare → commit on a libvirt domain.
+"""The libvirt driver's opt-in raw QMP: prepare → commit of a qcow2 disk.
 
 A transient `type='qemu'` domain with one qcow2 disk is created through the
 real libvirtd (started by libvirt_env if it is not running); cutpointd uses
-`[libvirt] uri` with virDomainSuspend/Resume and a QMP `transaction` through
-virDomainQemuMonitorCommand.  No Ceph is needed, but root and libvirt are.
+`[libvirt] uri` with virDomainSuspend/Resume and, because the config says
+`qmp_passthrough = yes`, a QMP `transaction` through
+virDomainQemuMonitorCommand on libvirt's node of the disk `vda`.  That
+path marks the domain tainted (custom-monitor), which the test asserts: it
+is why it is off by default (test_agent_libvirt_rbd_lab.py shows the
+default path leaves no taint).  No Ceph is needed, but root and libvirt
+are.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -21,13 +27,15 @@ import pytest
 from conftest import coordinator_context
 from cutpoint.agentclient import AgentClient
 from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path, stop_agent_pid
+from libvirt_agent import log_since
 from libvirt_env import libvirtd_running
 
 pytestmark = pytest.mark.lab
 
 DOMAIN = "cp-agenttest-lv1"
-# libvirt (9.x, -blockdev) names the format node of the first disk so.
-NODE = "libvirt-1-format"
+# disks are named by their target device
+NODE = "vda"
+LOG = Path(f"/var/log/libvirt/qemu/{DOMAIN}.log")
 
 
 def free_port() -> int:
@@ -74,6 +82,7 @@ def libvirt_agent(request: pytest.FixtureRequest,
     subprocess.run([str(CA_SCRIPT), str(certs), "issue", "coordinator", "coordinator"], check=True)
     with libvirtd_running() as uri:
         subprocess.run(["virsh", "-c", uri, "destroy", DOMAIN], check=False, capture_output=True)
+        offset = LOG.stat().st_size if LOG.exists() else 0
         virsh(uri, "create", str(xml))
         port = free_port()
         cfg = tmp_path / "agent.ini"
@@ -89,6 +98,7 @@ key = {certs / 'agent.key'}
 
 [libvirt]
 uri = {uri}
+qmp_passthrough = yes
 """ + ("discover = yes\n" if request.param == "discovered" else f"""
 [vm {DOMAIN}]
 driver = libvirt
@@ -108,7 +118,8 @@ disk.{NODE} = qcow2:{disk}
                     assert p.poll() is None, (tmp_path / "agent.log").read_text()
                     assert time.monotonic() - t0 < 20
                     time.sleep(0.05)
-            yield {"address": "127.0.0.1", "port": port, "pid": p.pid}, certs, uri
+            yield {"address": "127.0.0.1", "port": port, "pid": p.pid, "log_offset": offset}, \
+                certs, uri
         finally:
             stop_agent_pid(p.pid)
             p.wait(timeout=10)
@@ -122,6 +133,14 @@ async def test_libvirt_prepare_commit(libvirt_agent: tuple[dict, Path, str]) -> 
     disk = f"{DOMAIN}/{NODE}"
     async with AgentClient(rec["address"], rec["port"],
                            ssl_context=coordinator_context(certs)) as c:
+        async def ready() -> bool:
+            inv = await c.inventory()
+            return any(v["name"] == DOMAIN and v["ready"] for v in inv["vms"])
+
+        t0 = time.monotonic()
+        while not await ready():
+            assert time.monotonic() - t0 < 20, "the domain is not ready"
+            await asyncio.sleep(0.05)
         inv = await c.inventory()
         # (a libvirtd that was already running may have other domains)
         mine = [v for v in inv["vms"] if v["name"] == DOMAIN]
@@ -139,3 +158,5 @@ async def test_libvirt_prepare_commit(libvirt_agent: tuple[dict, Path, str]) -> 
         ab = await c.abort("lv-t1")
         assert ab["deleted"] == [{"disk": disk, "name": "cp.lvtest.lv-t1"}]
         assert await c.snapshot_list(disk) == []
+    # the price of raw QMP, and why it is off by default
+    assert "is tainted: custom-monitor" in log_since(LOG, rec["log_offset"])
