@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "sync_engine.h"
+#include "sync_fence.h"
 
 /* Exit codes, documented in docs/replication.md. */
 enum {
@@ -21,6 +22,7 @@ enum {
     EXIT_NOBASE = 3,
     EXIT_VERIFY = 4,
     EXIT_NOSRC = 5,
+    EXIT_FENCED = 6,
 };
 
 static void
@@ -51,8 +53,12 @@ usage(FILE *f)
 "  --progress-ms N      interval of progress events (default 500)\n"
 "  --op-timeout S       fail a Ceph request (mon or OSD) after S seconds\n"
 "                       instead of waiting forever (default 60)\n"
+"  --epoch N            fencing epoch the source site is active under\n"
+"                       (default 0); a DR image that is the live copy\n"
+"                       since an epoch >= N is refused, nothing written\n"
 "exit: 0 ok, 1 error, 2 usage, 3 base missing at DR, 4 verification\n"
-"      failed, 5 image or snapshot missing at the primary\n");
+"      failed, 5 image or snapshot missing at the primary, 6 fenced:\n"
+"      the DR image is the live copy\n");
 }
 
 static void
@@ -125,7 +131,7 @@ main(int argc, char **argv)
     enum { O_SRC_CONF = 256, O_SRC_ID, O_SRC_KEYRING, O_SRC_POOL, O_DST_CONF,
            O_DST_ID, O_DST_KEYRING, O_DST_POOL, O_IMAGE, O_SNAP, O_BASE,
            O_FULL, O_VFULL, O_VONLY, O_RATE, O_STATE, O_CHUNK, O_JOBS,
-           O_PMS, O_EVERIFY, O_TIMEOUT, O_HELP };
+           O_PMS, O_EVERIFY, O_TIMEOUT, O_EPOCH, O_HELP };
     static const struct option longopts[] = {
         {"src-conf", required_argument, NULL, O_SRC_CONF},
         {"src-id", required_argument, NULL, O_SRC_ID},
@@ -148,6 +154,7 @@ main(int argc, char **argv)
         {"progress-ms", required_argument, NULL, O_PMS},
         {"extent-verify", required_argument, NULL, O_EVERIFY},
         {"op-timeout", required_argument, NULL, O_TIMEOUT},
+        {"epoch", required_argument, NULL, O_EPOCH},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -209,6 +216,11 @@ main(int argc, char **argv)
             else
                 o.op_timeout_s = (int)v;
             break;
+        case O_EPOCH:
+            if (sync_fence_parse(optarg, &o.epoch) < 0)
+                bad = "--epoch wants a whole number from 0 to "
+                      "9007199254740991";
+            break;
         case O_EVERIFY:
             if (strcmp(optarg, "osd") == 0)
                 o.extent_verify = SYNC_VERIFY_OSD;
@@ -263,6 +275,7 @@ main(int argc, char **argv)
     case SYNC_ENOBASE: code = EXIT_NOBASE; break;
     case SYNC_EVERIFY: code = EXIT_VERIFY; break;
     case SYNC_ENOSRC: code = EXIT_NOSRC; break;
+    case SYNC_EFENCED: code = EXIT_FENCED; break;
     default: code = EXIT_ERROR; break;
     }
     if (code != EXIT_OK) {
