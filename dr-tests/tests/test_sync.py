@@ -279,6 +279,7 @@ def test_a_fenced_dr_image_is_never_written(lab: dict[str, Any], image: str,
     before = dr_state()
     write_extents(p, image, size, [(0, pattern(9, MiB))])  # the old primary
     snap_create(p, image, "f1")
+    messages = []
     for extra in (["--epoch", "0"], [], ["--full-resync", "--epoch", "0"], ["--epoch", "1"]):
         run = run_sync(lab, image, "f1", "f0", extra, str(tmp_path), check=False)
         assert run.returncode == EXIT_FENCED, (extra, run.stderr)
@@ -289,9 +290,10 @@ def test_a_fenced_dr_image_is_never_written(lab: dict[str, Any], image: str,
         assert "refusing to write" in err["message"]
         assert [e["event"] for e in run.events] == ["error"], run.events
         assert "exit=6" in run.stderr
+        messages.append(err["message"])
     assert dr_state() == before, "a refused copy changed the DR image"
     assert not list(tmp_path.glob("*.progress")), "a refused copy left a progress record"
-    print(f"\nrefused: {err['message']}")
+    print(f"\nrefused: {messages[0]}")
 
     # A failback made the primary active again at epoch 2: DR is a replica.
     done = run_sync(lab, image, "f1", "f0", ["--epoch", "2", "--verify-full"],

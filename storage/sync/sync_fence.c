@@ -58,9 +58,9 @@ sync_fence_judge(const char *image, const char *value, uint64_t epoch,
     *image_epoch = e;
     if (e >= epoch) {
         seterr(err, errlen, "fenced: dr image %s is the live copy since "
-               "fencing epoch %" PRIu64 " and this copy runs under epoch %"
-               PRIu64 " (an old primary); refusing to write into it",
-               image, e, epoch);
+               "fencing epoch %" PRIu64 "; this copy runs under epoch %"
+               PRIu64 ", so its source is not the active site (an old "
+               "primary): refusing to write into it", image, e, epoch);
         return SYNC_EFENCED;
     }
     return 0;
