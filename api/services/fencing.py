@@ -139,18 +139,19 @@ def replication_refusal(s: Session, snap: GroupSnapshot, target: str,
     if fe is None:
         return None
     if fe.active_site == target:
-        return ("fenced", f"group snapshot {snap.txn}: the group is active at {target!r} "
-                f"since fencing epoch {fe.epoch} (failover job {fe.job_id}); replication into "
-                f"{target!r} would overwrite the live copy, so it is refused")
+        return ("fenced", (f"group snapshot {snap.txn}: the group is active at {target!r} "
+                           f"since fencing epoch {fe.epoch} (failover job {fe.job_id}); "
+                           f"replication into {target!r} would overwrite the live copy, so it "
+                           "is refused"))
     cut = snap.cut_at or snap.requested_at
     at = fe.at
     if cut is not None and at is not None and _utc(cut) < _utc(at):
-        return ("epoch_moved", f"group snapshot {snap.txn} was cut before fencing epoch "
-                f"{fe.epoch} ({at.isoformat()}): it belongs to the site that epoch fenced, and "
-                "is never replicated")
+        return ("epoch_moved", (f"group snapshot {snap.txn} was cut before fencing epoch "
+                                f"{fe.epoch} ({at.isoformat()}): it belongs to the site that "
+                                "epoch fenced, and is never replicated"))
     if expected_epoch is not None and expected_epoch != fe.epoch:
-        return ("epoch_moved", f"the job was queued under fencing epoch {expected_epoch} and "
-                f"the group is at epoch {fe.epoch} now: refused")
+        return ("epoch_moved", (f"the job was queued under fencing epoch {expected_epoch} "
+                                f"and the group is at epoch {fe.epoch} now: refused"))
     return None
 
 
