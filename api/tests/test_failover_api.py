@@ -6,12 +6,11 @@ through and one refused with real agents and QEMU, are test_failover_lab.py."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from typing import Any
-
-import json
 from pathlib import Path
+from typing import Any
 
 from cutpoint.api.models import Job
 from cutpoint.api.services.failover_timeline import breakdown
