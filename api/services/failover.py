@@ -318,7 +318,7 @@ def _stop_primaries(sf: Any, settings: Any, g_id: int, hosts: dict[str, list[str
         assert g is not None
         g.enabled = False
         s.commit()
-        out = fencing.stop_primaries(s, settings, hosts)
+    out = fencing.stop_primaries(sf, settings, hosts)
     steps.mark("fence", {"stopped": out["stopped"], "unreachable": out["unreachable"]},
                status="ok" if not out["unreachable"] else "info")
     return out
@@ -432,10 +432,11 @@ class _Run:
 
         plan, _ = self._plan(snap_id)
         with self.sf() as s:
+            g = s.get(Group, self.g_id)
             snap = s.get(GroupSnapshot, snap_id)
-            assert snap is not None
-            check = failover_checks.recovery_point(self.settings, plan, snap)
-        _check(self.steps, [check], "job")
+            assert g is not None and snap is not None
+            inp = failover_checks.gather(s, self.settings, g, plan, snap)
+        _check(self.steps, [failover_checks.recovery_point(self.settings, inp)], "job")
 
     def go(self) -> dict[str, Any]:
         plan, checks = self._plan(self.snap_id, check=True)

@@ -112,67 +112,102 @@ def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str 
                        tls=tls, check_timeout_s=float(settings.failover_check_timeout_s))
 
 
-def run(s: Session, settings: Any, g: Group, plan: Plan,
-        snap: GroupSnapshot | None) -> list[pre.Check]:
-    """Every precondition, in order; nothing is written anywhere."""
-    from cutpoint.api.services import dr_ceph, fencing
-    from cutpoint.coordinator.dr.boot import UnknownBooter, load_booter
-    from cutpoint.coordinator.dr.site import CephConnection
+@dataclass(frozen=True)
+class RecoveryPoint:
+    txn: str
+    name: str  # the member snapshots' name, cp.<group>.<txn>
+    verified: bool
 
-    timeout = int(settings.failover_check_timeout_s)
-    checks: list[pre.Check] = []
+    @classmethod
+    def of(cls, g: Group, snap: GroupSnapshot) -> RecoveryPoint:
+        name = snap.members[0].name if snap.members else f"cp.{g.name}.{snap.txn}"
+        return cls(snap.txn, name, snap.dr_verified_at is not None)
+
+
+@dataclass
+class Inputs:
+    """What the checks that ask other systems need, read from the database
+    first: they then run with no transaction open (on SQLite a transaction
+    holds the database's write lock, and a DR site that does not answer
+    takes the whole check deadline)."""
+
+    plan: Plan
+    rp: RecoveryPoint | None
+    site: Any  # CephSite, or None (why_none says why)
+    why_none: str
+    boot: Any  # BootRequest of the plan's VMs, with their DR agent
+
+
+def gather(s: Session, settings: Any, g: Group, plan: Plan,
+           snap: GroupSnapshot | None) -> Inputs:
+    from cutpoint.api.services import dr_ceph
+
     try:
-        site = dr_ceph.ceph_site(plan.target, timeout_s=timeout)
+        site = dr_ceph.ceph_site(plan.target, timeout_s=int(settings.failover_check_timeout_s))
         why = ""
     except dr_ceph.NoCephSite as exc:
         site, why = None, str(exc)
-    ceph = CephConnection(site) if site is not None else None
+    return Inputs(plan, RecoveryPoint.of(g, snap) if snap is not None else None, site, why,
+                  boot_request(s, settings, plan, "preflight"))
+
+
+def external(settings: Any, inp: Inputs, *, agents: bool = True) -> list[pre.Check]:
+    """The checks that ask the DR site: its Ceph cluster, the recovery point
+    there, its agents (unless `agents` is false).  No database access."""
+    from cutpoint.coordinator.dr.boot import UnknownBooter, load_booter
+    from cutpoint.coordinator.dr.site import CephConnection
+
+    plan = inp.plan
+    checks: list[pre.Check] = []
+    ceph = CephConnection(inp.site) if inp.site is not None else None
     try:
-        checks.append(pre.dr_site_reachable(ceph, plan.target, plan.pools, why))
-        if snap is None:
+        checks.append(pre.dr_site_reachable(ceph, plan.target, plan.pools, inp.why_none))
+        if inp.rp is None:
             checks.append(pre.skipped("recovery_point_at_dr", "planned: checked on the final "
                                       "snapshot once it is replicated, before any primary "
                                       "VM stops"))
         elif ceph is None or not checks[0].ok:
             checks.append(pre.skipped("recovery_point_at_dr", "the DR site is not reachable"))
         else:
-            checks.append(pre.recovery_point_at_dr(
-                ceph, snap.txn, snap.members[0].name if snap.members else f"cp.{g.name}.{snap.txn}",
-                verified=snap.dr_verified_at is not None, images=plan.images))
+            checks.append(pre.recovery_point_at_dr(ceph, inp.rp.txn, inp.rp.name,
+                                                   verified=inp.rp.verified,
+                                                   images=plan.images))
     finally:
         if ceph is not None:
             ceph.close()
+    if not agents:
+        return checks
     try:
         booter = load_booter(settings.booter)
     except UnknownBooter as exc:
         checks.append(pre.Check("dr_agents_ready", pre.FAIL, "unknown_booter", str(exc)))
     else:
-        checks.append(pre.dr_agents_ready(booter, boot_request(s, settings, plan, "preflight")))
-    st = fencing.state(s, g.id)
-    checks.append(pre.fencing_epoch_available(
-        st, plan.target, lambda n: fencing.reserve(s, g.id, n, plan.target, plan.source)))
+        checks.append(pre.dr_agents_ready(booter, inp.boot))
     return checks
 
 
-def recovery_point(settings: Any, plan: Plan, snap: GroupSnapshot) -> pre.Check:
-    """The recovery point check alone (the job's, on its own final snapshot)."""
-    from cutpoint.api.services import dr_ceph
-    from cutpoint.coordinator.dr.site import CephConnection
+def run(s: Session, settings: Any, g: Group, plan: Plan,
+        snap: GroupSnapshot | None) -> list[pre.Check]:
+    """Every precondition, in order; nothing is written anywhere.  Ends the
+    session's transaction before asking the DR site (see Inputs)."""
+    from cutpoint.api.services import fencing
 
-    try:
-        site = dr_ceph.ceph_site(plan.target, timeout_s=int(settings.failover_check_timeout_s))
-    except dr_ceph.NoCephSite as exc:
-        return pre.dr_site_reachable(None, plan.target, plan.pools, str(exc))
-    ceph = CephConnection(site)
-    try:
-        reach = pre.dr_site_reachable(ceph, plan.target, plan.pools)
-        if not reach.ok:
-            return reach
-        return pre.recovery_point_at_dr(
-            ceph, snap.txn, snap.members[0].name if snap.members else f"cp.{plan.group}.{snap.txn}",
-            verified=snap.dr_verified_at is not None, images=plan.images)
-    finally:
-        ceph.close()
+    g_id = g.id
+    inp = gather(s, settings, g, plan, snap)
+    s.rollback()
+    checks = external(settings, inp)
+    st = fencing.state(s, g_id)
+    checks.append(pre.fencing_epoch_available(
+        st, plan.target, lambda n: fencing.reserve(s, g_id, n, plan.target, plan.source)))
+    s.rollback()
+    return checks
+
+
+def recovery_point(settings: Any, inp: Inputs) -> pre.Check:
+    """The recovery point check alone (the job's, on its own final snapshot),
+    the DR site's reachability first; no database access."""
+    checks = external(settings, inp, agents=False)
+    return next((c for c in checks if c.status == pre.FAIL), checks[1])
 
 
 def raise_if_failed(checks: list[pre.Check]) -> None:

@@ -4,7 +4,7 @@
     reserve(s, group_id, n, target, fenced)    try epoch n in a savepoint, undo it
     take(s, group_id, n, target, fenced, job)  record epoch n (or adopt it, on a retry)
     mark_images(ceph, images, n)               cutpoint.fencing_epoch = n on each DR image
-    stop_primaries(s, settings, vms_by_host)   vm.stop through the primary agents
+    stop_primaries(sf, settings, vms_by_host)  vm.stop through the primary agents
     replication_refusal(s, snap, target)       why a copy into `target` must not run
 
 A failover takes fencing epoch n = newest + 1 (`fencing_epochs`: the target
@@ -93,9 +93,11 @@ def mark_images(ceph: Any, images: Sequence[tuple[str, str]], n: int) -> list[st
     return done
 
 
-def stop_primaries(s: Session, settings: Any, vms_by_host: dict[str, list[str]],
+def stop_primaries(sf: Any, settings: Any, vms_by_host: dict[str, list[str]],
                    connect_timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
-    """`vm.stop` every VM through its host's agent, all hosts at once.
+    """`vm.stop` every VM through its host's agent, all hosts at once.  The
+    hosts are read first and the session closed: no transaction waits on
+    an agent.
 
     -> {stopped: [vm], unreachable: [{host, error}], site: the hosts' site}"""
     from cutpoint.api.services import agents
@@ -103,13 +105,15 @@ def stop_primaries(s: Session, settings: Any, vms_by_host: dict[str, list[str]],
     hosts: list[tuple[Host, list[str]]] = []
     unreachable: list[dict[str, str]] = []
     site = None
-    for name, vms in sorted(vms_by_host.items()):
-        host = s.scalar(select(Host).where(Host.name == name))
-        if host is None:
-            unreachable.append({"host": name, "error": "unknown host"})
-            continue
-        site = site or host.site.name
-        hosts.append((host, sorted(vms)))
+    with sf() as s:
+        for name, vms in sorted(vms_by_host.items()):
+            host = s.scalar(select(Host).where(Host.name == name))
+            if host is None:
+                unreachable.append({"host": name, "error": "unknown host"})
+                continue
+            site = site or host.site.name
+            hosts.append((host, sorted(vms)))
+    # Closed, not rolled back: the hosts keep their loaded columns, detached.
 
     async def all_() -> list[Any]:
         return await asyncio.gather(
