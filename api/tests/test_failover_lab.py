@@ -76,7 +76,7 @@ def _refused(c: TestClient, status: int, code: str, precondition: str) -> dict[s
     assert (p["code"], p["precondition"]) == (code, precondition), p
     assert r.headers["content-type"].startswith("application/problem+json")
     assert c.get("/v1/jobs", params={"kind": "failover"}).json()["items"] == []
-    print(f"  {status} {code} ({precondition}) after {took:.2f} s: {p['detail'][:160]}")
+    print(f"  {status} {code} ({precondition}) after {took:.2f} s: {p['detail']}")
     return p
 
 
