@@ -4,8 +4,8 @@ A failover (and any job that records steps) writes one row per step as it
 happens: `GET /v1/jobs/{id}/events`.  A failed job keeps the steps it got
 through, so the operator sees where it stopped.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-25 02:00:00
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0006'
-down_revision: str | None = '0005'
+revision: str = '0007'
+down_revision: str | None = '0006'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
