@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # agents, or a booter another package registers under the entry-point
     # group `cutpoint.booters` (cutpoint.coordinator.dr.boot).
     booter: str = "agent"
+    # The deadline of each failover precondition check that asks another
+    # system (the DR Ceph cluster, a DR agent): a failover that cannot reach
+    # DR says so within it, before anything at the primary is touched.
+    failover_check_timeout_s: int = Field(default=10, ge=1, le=120)
 
     page_max: int = Field(default=500, ge=1, le=10000)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -338,6 +338,24 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
 
 
+class JobEvent(Base):
+    """One step of a job, as it happened: the job's own record of what it did.
+
+    `t_s` counts from the job's origin (a failover: the HTTP request), `at`
+    is the wall clock.  `status`: ok, failed, skipped or info."""
+
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    t_s: Mapped[float | None] = mapped_column(Float, default=None)
+    step: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="ok")
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
+
+
 class RpoMiss(Base):
     __tablename__ = "rpo_misses"
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -473,6 +473,8 @@ def _replicate(ctx: Ctx) -> dict[str, Any] | None:
             s.commit()
     try:
         return replication.run(ctx.fenced or ctx.sf, ctx.settings, snap_id,
+                               expected_epoch=(int(params["epoch"])
+                                               if params.get("epoch") is not None else None),
                                jobs=int(params.get("jobs", 2)),
                                verify_full=bool(params.get("verify_full", False)),
                                rate_mbps=(float(params["rate_mbps"])
@@ -546,7 +548,10 @@ def failover(ctx: Ctx) -> dict[str, Any] | None:
         ctx.hold(lock)
         return fo.run_job(ctx.hold(rlock), ctx.settings, ctx.job_id or "")
     except fo.FailoverFailed as exc:
-        raise JobFailed(exc.code, str(exc)) from exc
+        failed = JobFailed(exc.code, str(exc))
+        # Where it stopped, whether production was touched, the next step.
+        failed.result = exc.result  # type: ignore[attr-defined]
+        raise failed from exc
     finally:
         rlock.release()
         lock.release()
@@ -559,15 +564,17 @@ def _queue_replication(ctx: Ctx, snap_id: int) -> None:
     rule), not the group snapshot, which is committed and can be replicated
     later (`POST /v1/snapshots/{id}/replicate`)."""
     from cutpoint.api.models import Policy
-    from cutpoint.api.services import jobs, queue
+    from cutpoint.api.services import fencing, jobs, queue
 
     with ctx.sf() as s:
         snap = s.get(GroupSnapshot, snap_id)
         pol = s.get(Policy, snap.group_id) if snap else None
         if snap is None or pol is None or pol.replication_target_id is None:
             return
+        # The epoch it is queued under: a failover before it runs refuses it.
         job = jobs.create(s, "replicate", actor="scheduler", group_id=snap.group_id,
-                          snapshot_id=snap.id, params={"jobs": 2})
+                          snapshot_id=snap.id,
+                          params={"jobs": 2, "epoch": fencing.current_epoch(s, snap.group_id)})
         try:
             queue.enqueue(s, ctx.settings, job)
         except queue.BrokerUnavailable as exc:

@@ -44,7 +44,8 @@ agent_drivers=(agent/config.c agent/log.c agent/runcmd.c agent/vm.c
                storage/rbdsnap.c)
 sync_lib=(storage/sync/sync_args.c storage/sync/sync_digest.c
           storage/sync/sync_extents.c storage/sync/sync_progress.c
-          storage/sync/sync_rate.c storage/sync/sync_engine.c)
+          storage/sync/sync_rate.c storage/sync/sync_fence.c
+          storage/sync/sync_engine.c)
 
 build() {
     local t=$1 out=build-fuzz/fuzz_${1//-/_}

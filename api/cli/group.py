@@ -46,6 +46,22 @@ def create(name: str, description: str = "", rpo: int | None = RpoOpt,
     print_json(g) if json_out else typer.echo(f"group {g['name']} id={g['id']}")
 
 
+@app.command("enable")
+def enable(name: str, url: str = UrlOpt, token: str = TokenOpt,
+           json_out: bool = JsonOpt) -> None:
+    """Turn the group's snapshot schedule back on (a failover turns it off)."""
+    g = run(lambda: Api(url, token).patch(f"/v1/groups/{name}", json={"enabled": True}))
+    print_json(g) if json_out else typer.echo(f"group {g['name']}: schedule enabled")
+
+
+@app.command("disable")
+def disable(name: str, url: str = UrlOpt, token: str = TokenOpt,
+            json_out: bool = JsonOpt) -> None:
+    """Stop the group's scheduled snapshots (manual ones still run)."""
+    g = run(lambda: Api(url, token).patch(f"/v1/groups/{name}", json={"enabled": False}))
+    print_json(g) if json_out else typer.echo(f"group {g['name']}: schedule disabled")
+
+
 @app.command("list")
 def list_(url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
     """List groups."""

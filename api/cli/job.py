@@ -82,3 +82,21 @@ def list_(url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt,
         t.add_row(j["id"][:8], j["kind"], j["state"], f"{j['progress']:.0%}", j["created_at"],
                   j["error_code"] or "")
     Console().print(t)
+
+
+@app.command("events")
+def events(job_id: str, url: str = UrlOpt, token: str = TokenOpt,
+           json_out: bool = JsonOpt) -> None:
+    """The job's steps, in order, with their time."""
+    items = run(lambda: Api(url, token).get(f"/v1/jobs/{job_id}/events"))
+    if json_out:
+        print_json(items)
+        return
+    t = Table("#", "at", "t (s)", "step", "status", "detail")
+    for e in items:
+        d = e["detail"]
+        text = d.get("message") or d.get("error") or ", ".join(
+            f"{k}={v}" for k, v in d.items() if not isinstance(v, (dict, list)))
+        t.add_row(str(e["seq"]), e["at"][11:23], "" if e["t_s"] is None else f"{e['t_s']:.2f}",
+                  e["step"], e["status"], str(text)[:100])
+    Console().print(t)

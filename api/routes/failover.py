@@ -15,17 +15,26 @@ router = APIRouter(tags=["failover"])
 GroupRef = Annotated[str, Path(max_length=64, description="Group id or name")]
 
 
-@router.post("/groups/{group}/failover", status_code=202, response_model=JobPublic)
+@router.post("/groups/{group}/failover", status_code=202, response_model=JobPublic,
+             responses={409: {"description": "A precondition does not hold (the problem's "
+                              "`precondition` names it); nothing was touched"},
+                        503: {"description": "The DR site (Ceph or an agent) did not answer "
+                              "within the check deadline; nothing was touched"}})
 def start_failover(group: GroupRef, data: FailoverRequest, session: SessionDep, token: Admin,
                    settings: SettingsDep, response: Response) -> JobPublic:
     """Fence the primary and bring the group up at DR from a recovery point.
 
-    planned: a final group snapshot is taken and replicated first (it is the
-    recovery point).  The job result holds the RTO (from this request to
-    every DR guest ready), its breakdown, the timeline and the fencing epoch."""
+    Every precondition is checked first (the DR site answers, the recovery
+    point is verified and on every DR image, the DR agents know every VM,
+    the fencing epoch can be taken); a failure is refused here with a
+    problem naming it, and no primary VM is touched.  planned: a final group
+    snapshot is taken and replicated first (it is the recovery point).  The
+    job result holds the RTO (from this request to every DR guest ready),
+    its breakdown, the timeline and the fencing epoch; its steps are
+    `GET /v1/jobs/{id}/events`."""
     requested_at = time.time()  # RTO origin: the request, not the worker's start
     g = groups.resolve(session, group)
-    job = failover.request(session, g, data.recovery_point, data.mode, data.workload,
+    job = failover.request(session, settings, g, data.recovery_point, data.mode, data.workload,
                            token.name, requested_at=requested_at)
     queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"

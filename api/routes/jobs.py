@@ -6,7 +6,7 @@ from cutpoint.api.deps import Limit, SessionDep, Viewer
 from cutpoint.api.errors import ApiError
 from cutpoint.api.models import Job
 from cutpoint.api.schemas.common import Page
-from cutpoint.api.schemas.jobs import JobPublic
+from cutpoint.api.schemas.jobs import JobEventPublic, JobPublic
 from cutpoint.api.services import jobs
 from cutpoint.api.services.common import get_or_404
 from fastapi import APIRouter, Path, Query
@@ -50,3 +50,12 @@ def list_jobs(session: SessionDep, _: Viewer, limit: Limit = 50,
 def get_job(job_id: Annotated[str, Path(max_length=36)], session: SessionDep, _: Viewer) \
         -> JobPublic:
     return jobs.public(get_or_404(session, Job, job_id, "job"))
+
+
+@router.get("/{job_id}/events", response_model=list[JobEventPublic])
+def get_job_events(job_id: Annotated[str, Path(max_length=36)], session: SessionDep,
+                   _: Viewer) -> list[JobEventPublic]:
+    """The job's steps in order, each with its wall-clock time (`at`) and, where the
+    job has an origin (a failover: the request), seconds from it (`t_s`)."""
+    get_or_404(session, Job, job_id, "job")
+    return jobs.events(session, job_id)

@@ -23,3 +23,12 @@ class JobPublic(Public):
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+
+
+class JobEventPublic(Public):
+    seq: int
+    at: dt.datetime
+    t_s: float | None
+    step: str
+    status: str
+    detail: dict[str, Any]

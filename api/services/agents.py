@@ -34,17 +34,22 @@ def _context(settings: Settings) -> Any:
     return client_context(settings.agent_ca, settings.agent_cert, settings.agent_key)
 
 
-def pinned_client(host: Host, settings: Settings, *, timeout_s: float | None = None) -> Any:
+def pinned_client(host: Host, settings: Settings, *, timeout_s: float | None = None,
+                  connect_timeout_s: float | None = None) -> Any:
     """An (unconnected) AgentClient of `host`'s agent, pinned to its
-    registered certificate; AgentCallError `unpinned` when it has none."""
+    registered certificate; AgentCallError `unpinned` when it has none.
+    `connect_timeout_s` (at most the agent timeout) bounds the connect alone,
+    for callers that must not wait long on a host that is gone."""
     from cutpoint.agentclient import AgentClient
 
     if not host.cert_fingerprint:
         raise AgentCallError(host.name, "unpinned",
                              "the host has no certificate pin, so its agent is not called; "
                              "set cert_fingerprint (PATCH /v1/hosts/{id})")
+    connect = settings.agent_timeout_s if connect_timeout_s is None \
+        else min(connect_timeout_s, settings.agent_timeout_s)
     return AgentClient(host.address, host.port, ssl_context=_context(settings),
-                       name=host.name, connect_timeout=settings.agent_timeout_s,
+                       name=host.name, connect_timeout=connect,
                        call_timeout=timeout_s or settings.agent_timeout_s,
                        cert_sha256=host.cert_fingerprint)
 
@@ -62,13 +67,15 @@ def _error(host: Host, exc: Exception) -> AgentCallError:
 
 
 async def _calls(host: Host, settings: Settings, calls: list[tuple[str, dict[str, Any]]],
-                 *, parallel: bool = False, timeout_s: float | None = None) \
+                 *, parallel: bool = False, timeout_s: float | None = None,
+                 connect_timeout_s: float | None = None) \
         -> list[dict[str, Any] | AgentCallError]:
     """One connection; `parallel`: all calls at once, each with its own
     outcome; otherwise in order, stopping at the first error (raised)."""
     from cutpoint.agentclient import AgentError
 
-    client = pinned_client(host, settings, timeout_s=timeout_s)
+    client = pinned_client(host, settings, timeout_s=timeout_s,
+                           connect_timeout_s=connect_timeout_s)
     out: list[dict[str, Any] | AgentCallError] = []
     try:
         await client.connect()
@@ -94,6 +101,14 @@ def call(host: Host, settings: Settings, *calls: tuple[str, dict[str, Any]]) \
     """The replies of `calls`, sent in order over one pinned connection;
     AgentCallError at the first failure."""
     return [r for r in asyncio.run(_calls(host, settings, list(calls)))
+            if isinstance(r, dict)]
+
+
+async def call_async(host: Host, settings: Settings, calls: list[tuple[str, dict[str, Any]]],
+                     *, connect_timeout_s: float | None = None) -> list[dict[str, Any]]:
+    """`call` for an event loop of the caller's (several hosts at once), with
+    its own connect deadline."""
+    return [r for r in await _calls(host, settings, calls, connect_timeout_s=connect_timeout_s)
             if isinstance(r, dict)]
 
 

@@ -2,37 +2,52 @@
 
     {recovery_point: <id|txn|"latest">, mode: planned|unplanned, workload?: str}
 
-planned:   take a final group snapshot with the guests running (the normal
-           capture path) and replicate it (the bulk of the lag); fence;
-           then, with every member VM stopped and its images closed, take
-           `rbd snap create` of each disk (a consistent cut: nothing runs)
-           and replicate that small increment.  The stopped-disk snapshot
-           is the recovery point, so nothing written before the fence is
-           lost.  If a host could not be fenced, the online snapshot is the
-           recovery point and the result says what was not captured
-           (`not_captured`).
-both:      fence the primary (agents' `vm.stop` for every member VM; an
-           unreachable host is recorded, not waited for), record fencing
-           epoch n+1 (`fencing_epochs`: DR is the only writer from then on),
-           disable the group's schedule at the fenced site, roll the DR
-           images back to the recovery point and boot the VMs at DR
-           (`cutpoint.coordinator.dr.failover`).  Unplanned mode fences inside
-           `failover()`; planned mode has fenced already and hands it the
-           record.  A failure after the fence leaves the primary stopped
-           and the group disabled: the job's error says where it stopped.
+A failover never hurts production before it can succeed.  The route first
+checks every precondition (failover_checks.py: the DR Ceph site answers,
+the recovery point is verified and present on every DR image, the DR
+agents know how to start every VM, the fencing epoch can be taken), and
+refuses with a 409/503 problem naming the one that failed: no job, nothing
+touched.  The job checks them again before it touches anything.  Its
+stages (failover_recovery.py), each step a job event (failover_timeline.py):
+
+    checking  preconditions; planned mode without a chosen recovery point:
+              a final group snapshot with the guests running (the normal
+              capture path) and its replication, then the recovery point
+              check on it.  A failure leaves every primary VM running.
+    stopped   `vm.stop` of every member VM through the primary agents, all
+              at once, each host bounded by a short connect deadline (an
+              unreachable host is recorded, not waited for); the group's
+              schedule is disabled.  Planned mode then snapshots the stopped
+              disks (`rbd snap create` once no client holds an image's
+              exclusive lock: a consistent cut, nothing runs), replicates it
+              and checks it at DR: it is the recovery point, so nothing
+              written before the stop is lost.  If a host could not be
+              stopped, the online final snapshot is the recovery point and
+              the result says what was not captured (`not_captured`).
+    fenced    fencing epoch n (`fencing_epochs`: DR is the only writer; a
+              retry of a failover that failed after this point reuses it),
+              `cutpoint.fencing_epoch = n` on every member image at DR (the
+              copy engine refuses to write an image marked so by an older
+              primary), then the DR images are rolled back to the recovery
+              point and the VMs booted at DR
+              (`cutpoint.coordinator.dr.failover`).
+
+A failure after `checking` fails the job with its stage, whether production
+was touched and the next step the operator runs (retry, or roll back to
+the primary) in its error and result.
+
+Unplanned mode asks nothing of the primary's Ceph cluster; the only calls
+to the primary site are the bounded `vm.stop`s, so it works with the
+primary gone.
 
 RTO is measured from the HTTP request, not from the worker: the route
 stamps the request's wall-clock time into the job's params (`requested_at`,
 epoch seconds; `Job.created_at` when absent) and the worker turns it into
 the monotonic origin it passes to `failover(t_request=...)`, so every `t_s`
-of the timeline and `rto_s` count from the request (one clock on one
-machine; across machines it needs synchronised clocks).  The result's
-`breakdown` splits the RTO between consecutive milestones: `queue_wait_s`
-(request -> worker start), planned only `final_snapshot_s`,
-`replication_s`, then `fence_s`, `stopped_snapshot_s`,
-`stopped_replication_s`; both `setup_s` (the boot spec), unplanned
-`fence_s`, `rollback_s`, `boot_s` (rollback done -> every guest ready).
-They add up to `rto_s`.
+of the timeline and `rto_s` count from the request to the last VM running
+(one clock on one machine; across machines it needs synchronised clocks).
+The result's `breakdown` splits the RTO between consecutive milestones
+(failover_timeline.MILESTONES); they add up to `rto_s`.
 
 The job runs under the group's Redis lock (the one group snapshots take):
 no scheduled snapshot runs during it, and a redelivered copy of the task
@@ -58,7 +73,6 @@ from typing import Any
 
 from cutpoint.api.models import (
     Disk,
-    FencingEpoch,
     Group,
     GroupSnapshot,
     Host,
@@ -68,34 +82,61 @@ from cutpoint.api.models import (
     SnapState,
     utcnow,
 )
-from sqlalchemy import func, select
+from cutpoint.api.services.failover_recovery import CHECKING, FENCED, STOPPED
+from cutpoint.api.services.failover_timeline import Steps, breakdown
+from sqlalchemy import select
 from sqlalchemy.orm import Session
+
+__all__ = ["FailoverFailed", "breakdown", "dr_agent_for", "request", "run_job"]
 
 
 class FailoverFailed(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    """A failover step failed; `stage` says how far it got (failover_recovery)."""
+
+    def __init__(self, code: str, message: str, *, stage: str = CHECKING,
+                 result: dict[str, Any] | None = None) -> None:
         self.code = code
+        self.stage = stage
+        self.result = result
         super().__init__(message)
 
 
-def request(s: Session, g: Group, ref: str | None, mode: str, workload: str,
+def request(s: Session, settings: Any, g: Group, ref: str | None, mode: str, workload: str,
             actor: str | None, requested_at: float | None = None) -> Job:
-    """Create the failover job; `requested_at` is the request's wall clock (epoch s)."""
+    """Check every precondition, then create the failover job (a refusal is a
+    PreconditionNotMet problem and no job).  `requested_at` is the request's
+    wall clock (epoch s): the RTO's origin."""
     from cutpoint.api.errors import ApiError
-    from cutpoint.api.services import drills, jobs
+    from cutpoint.api.services import drills, failover_checks, jobs
 
+    if requested_at is None:
+        requested_at = time.time()
+    t0 = time.monotonic() - max(0.0, time.time() - requested_at)
     if mode not in ("planned", "unplanned"):
         raise ApiError(f"mode must be planned or unplanned, not {mode!r}", code="bad_mode")
     snap = None
     if mode == "unplanned" or ref not in (None, "", "latest"):
         snap = drills.recovery_point(s, g, ref)
-    return jobs.create(s, "failover", actor=actor, group_id=g.id,
-                       snapshot_id=snap.id if snap else None,
-                       params={"group_id": g.id, "mode": mode, "workload": workload,
-                               "recovery_point": snap.txn if snap else None,
-                               "requested_at": requested_at if requested_at is not None
-                               else time.time()})
+    plan = failover_checks.members(s, g, snap)
+    checks = failover_checks.run(s, settings, g, plan, snap)
+    failover_checks.raise_if_failed(checks)
+    t_checked = round(time.monotonic() - t0, 3)
+    job = jobs.create(s, "failover", actor=actor, group_id=g.id,
+                      snapshot_id=snap.id if snap else None,
+                      params={"group_id": g.id, "mode": mode, "workload": workload,
+                              "recovery_point": snap.txn if snap else None,
+                              "requested_at": requested_at})
+    jobs.add_event(s, job.id, "request", t_s=0.0, detail={
+        "mode": mode, "recovery_point": snap.txn if snap else ref or "latest",
+        "target": plan.target, "vms": list(plan.vms)})
+    for c in checks:
+        jobs.add_event(s, job.id, "precondition", status=_STATUS[c.status], t_s=t_checked,
+                       detail={"check": c.name, "code": c.code, "message": c.message,
+                               "ms": c.ms, "at": "request"})
+    return job
 
+
+_STATUS = {"pass": "ok", "fail": "failed", "skip": "skipped"}
 
 def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
                     mark: Any) -> int:
@@ -240,41 +281,6 @@ def _stopped_snapshot(sf: Any, settings: Any, g_id: int, online_id: int, job_id:
     return snap_id
 
 
-def fence(sf: Any, settings: Any, g_id: int, snap_id: int, job_id: str,
-          target: str) -> dict[str, Any]:
-    from cutpoint.api.services import agents
-
-    stopped, unreachable = [], []
-    with sf() as s:
-        snap = s.get(GroupSnapshot, snap_id)
-        assert snap is not None
-        vms_by_host: dict[str, set[str]] = {}
-        for m in snap.members:
-            vms_by_host.setdefault(m.host, set()).add(m.vm)
-        source = None
-        for host_name, vms in sorted(vms_by_host.items()):
-            host = s.scalar(select(Host).where(Host.name == host_name))
-            if host is None:
-                unreachable.append({"host": host_name, "error": "unknown host"})
-                continue
-            source = host.site.name
-            try:
-                agents.call(host, settings, *[("vm.stop", {"vm": v}) for v in sorted(vms)])
-                stopped += sorted(vms)
-            except agents.AgentCallError as exc:
-                unreachable.append({"host": host_name, "error": str(exc)[:400]})
-        epoch = (s.scalar(select(func.max(FencingEpoch.epoch)).where(
-            FencingEpoch.group_id == g_id)) or 0) + 1
-        s.add(FencingEpoch(group_id=g_id, epoch=epoch, active_site=target,
-                           fenced_site=source or "primary", job_id=job_id))
-        g = s.get(Group, g_id)
-        assert g is not None
-        g.enabled = False  # no more snapshots of the fenced primary
-        s.commit()
-    return {"epoch": epoch, "stopped": stopped, "unreachable": unreachable,
-            "fenced_site": source}
-
-
 def _progress(sf: Any, job_id: str, progress: float, message: str,
               snap_id: int | None = None) -> None:
     with sf() as s:
@@ -286,40 +292,60 @@ def _progress(sf: Any, job_id: str, progress: float, message: str,
             s.commit()
 
 
-# Timeline milestones and the breakdown key of the span that ends at each.
-MILESTONES = {"worker_start": "queue_wait_s", "final_snapshot": "final_snapshot_s",
-              "replicated": "replication_s", "failover_start": "setup_s", "fence": "fence_s",
-              "stopped_snapshot": "stopped_snapshot_s",
-              "stopped_replicated": "stopped_replication_s", "rollback": "rollback_s",
-              "running": "boot_s"}
+
+def _check(steps: Steps, checks: list[Any], where: str) -> None:
+    """Each check as a job event; the first failure fails the job (production untouched)."""
+    from cutpoint.coordinator.dr.preconditions import first_failure
+
+    for c in checks:
+        steps.mark("precondition", {"check": c.name, "code": c.code, "message": c.message,
+                                    "ms": c.ms, "at": where}, status=_STATUS[c.status])
+    failed = first_failure(checks)
+    if failed is not None:
+        raise FailoverFailed(failed.code or "precondition_not_met",
+                             f"precondition {failed.name} failed: {failed.message}",
+                             stage=CHECKING)
 
 
-def breakdown(timeline: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Where the RTO went: each milestone minus the one before it (`t_s` from the request).
+def _stop_primaries(sf: Any, settings: Any, g_id: int, hosts: dict[str, list[str]],
+                    steps: Steps) -> dict[str, Any]:
+    """`vm.stop` of every member VM, all hosts at once; the schedule is disabled
+    first (no snapshot of a group whose VMs are going down)."""
+    from cutpoint.api.services import fencing
 
-    A step absent from this run (unplanned: no final snapshot) is None."""
-    out: dict[str, float | None] = dict.fromkeys(MILESTONES.values())
-    prev = 0.0
-    seen: set[str] = set()
-    for e in sorted(timeline, key=lambda e: e["t_s"]):
-        step = str(e["step"])
-        if step in MILESTONES and step not in seen:
-            seen.add(step)
-            out[MILESTONES[step]] = round(float(e["t_s"]) - prev, 3)
-            prev = float(e["t_s"])
+    with sf() as s:
+        g = s.get(Group, g_id)
+        assert g is not None
+        g.enabled = False
+        s.commit()
+    out = fencing.stop_primaries(sf, settings, hosts)
+    steps.mark("fence", {"stopped": out["stopped"], "unreachable": out["unreachable"]},
+               status="ok" if not out["unreachable"] else "info")
     return out
 
 
+def _take_epoch(sf: Any, settings: Any, g_id: int, plan: Any, job_id: str,
+                steps: Steps) -> int:
+    """Record the fencing epoch (or adopt a failed failover's) and mark every
+    member image at DR with it."""
+    from cutpoint.api.services import dr_ceph, fencing
+    from cutpoint.coordinator.dr.site import CephConnection
+
+    with sf() as s:
+        st = fencing.state(s, g_id)
+        n = st.epoch if st.active_site == plan.target else st.epoch + 1
+        rec = fencing.take(s, g_id, n, plan.target, plan.source, job_id)
+    site = dr_ceph.ceph_site(plan.target, timeout_s=int(settings.failover_check_timeout_s))
+    with CephConnection(site) as ceph:
+        marked = fencing.mark_images(ceph, plan.images, n)
+    steps.mark("epoch", {**rec, "dr_images_marked": marked})
+    return n
+
+
 def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
-    from cutpoint.api.services import drills
-    from cutpoint.coordinator.dr.boot import (
-        FAILOVER,
-        AgentRef,
-        BootRequest,
-        UnknownBooter,
-        load_booter,
-    )
-    from cutpoint.coordinator.dr.failover import FailoverError, failover
+    """The failover job, as a table of contents: check, (final snapshot), stop,
+    (stopped-disk snapshot), fence, roll back and boot at DR."""
+    from cutpoint.api.services import failover_recovery
 
     with sf() as s:
         job = s.get(Job, job_id)
@@ -331,80 +357,172 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
         requested_at = job.params.get("requested_at")
         if requested_at is None:
             requested_at = job.created_at.timestamp()
+        g = s.get(Group, g_id)
+        gname = g.name if g is not None else str(g_id)
     # The request's wall-clock time as a point on this process's monotonic
     # clock: the coordinator times everything monotonically from it.
     t_request = time.monotonic() - max(0.0, time.time() - float(requested_at))
-    ours: list[dict[str, Any]] = [{"t_s": 0.0, "step": "request"}]
+    steps = Steps(sf, job_id, t_request)
+    steps.mark("worker_start", {"mode": mode})
+    run = _Run(sf, settings, job_id, g_id, gname, mode, workload, snap_id, actor, steps)
+    try:
+        out = run.go()
+    except Exception as exc:
+        failed = exc if isinstance(exc, FailoverFailed) else FailoverFailed(
+            getattr(exc, "code", "failover_failed"), f"{type(exc).__name__}: {exc}")
+        stage = run.stage
+        nxt = failover_recovery.next_step(stage, gname, retry_txn=run.retry_txn,
+                                          vms=run.vms, epoch=run.epoch,
+                                          unreplicated_id=run.unreplicated_id)
+        steps.mark("failed", {"code": failed.code, "stage": stage, "error": str(failed)[:1000],
+                              "next_step": nxt}, status="failed")
+        result = {"mode": mode, "stage": stage,
+                  "production_touched": failover_recovery.production_touched(stage),
+                  "next_step": nxt, "requested_at": float(requested_at),
+                  **run.partial(), "timeline": steps.timeline}
+        raise FailoverFailed(failed.code, f"{failed} [{stage}] Next: {nxt}", stage=stage,
+                             result=result) from exc
+    out["requested_at"] = float(requested_at)
+    return out
 
-    def mark(step: str, detail: dict[str, Any] | None = None) -> None:
-        ours.append({"t_s": round(time.monotonic() - t_request, 3), "step": step,
-                     **(detail or {})})
 
-    mark("worker_start", {"mode": mode})
-    fenced: dict[str, Any] | None = None
-    final: dict[str, Any] = {}
-    if mode == "planned" and snap_id is None:
-        _progress(sf, job_id, 0.05, "final group snapshot (guests running)")
-        online_id = _final_snapshot(sf, settings, g_id, actor, mark)
-        final["online_snapshot_id"] = online_id
-        _progress(sf, job_id, 0.25, "fencing the primary", online_id)
-        fenced = fence(sf, settings, g_id, online_id, job_id, _target(sf, g_id))
-        mark("fence", fenced)
-        if fenced["unreachable"]:
-            # A VM we could not stop may still write: no stopped-disk cut is
-            # possible, and its writes after the online cut are not at DR.
-            snap_id = online_id
-            final["stopped_snapshot_id"] = None
-            final["not_captured"] = ("writes after the online final snapshot on "
-                                     f"{[u['host'] for u in fenced['unreachable']]}")
+class _Run:
+    """One failover job's state as it goes; `go` is the sequence of steps."""
+
+    def __init__(self, sf: Any, settings: Any, job_id: str, g_id: int, gname: str, mode: str,
+                 workload: str, snap_id: int | None, actor: str | None, steps: Steps) -> None:
+        self.sf, self.settings, self.job_id, self.g_id = sf, settings, job_id, g_id
+        self.gname, self.mode, self.workload, self.snap_id = gname, mode, workload, snap_id
+        self.actor, self.steps = actor, steps
+        self.stage = CHECKING
+        self.retry_txn: str | None = None
+        self.vms: list[str] = []
+        self.epoch: int | None = None
+        self.unreplicated_id: int | None = None
+        self.final: dict[str, Any] = {}
+        self.stopped: dict[str, Any] | None = None
+
+    def partial(self) -> dict[str, Any]:
+        return {"snapshot_id": self.snap_id, **self.final,
+                "fence": {**(self.stopped or {}), "epoch": self.epoch}}
+
+    def _plan(self, snap_id: int | None, *, check: bool = False) -> tuple[Any, list[Any]]:
+        """The VMs and DR images of the recovery point (of the group's disks
+        when none is chosen yet); with `check`, every precondition too."""
+        from cutpoint.api.errors import ApiError
+        from cutpoint.api.services import failover_checks
+
+        with self.sf() as s:
+            g = s.get(Group, self.g_id)
+            if g is None:
+                raise FailoverFailed("group_gone", f"group {self.gname} no longer exists")
+            snap = s.get(GroupSnapshot, snap_id) if snap_id is not None else None
+            try:
+                plan = failover_checks.members(s, g, snap)
+            except ApiError as exc:  # the group's definition, e.g. a disk that is not RBD
+                raise FailoverFailed(exc.code, str(exc)) from exc
+            if snap is not None:
+                self.retry_txn = snap.txn
+            return plan, (failover_checks.run(s, self.settings, g, plan, snap) if check else [])
+
+    def _recovery_point_check(self, snap_id: int) -> None:
+        """Planned mode: the final snapshot just replicated is verified and at DR.
+        It becomes the retry's recovery point whether or not the failover goes on."""
+        from cutpoint.api.services import failover_checks
+
+        plan, _ = self._plan(snap_id)
+        with self.sf() as s:
+            g = s.get(Group, self.g_id)
+            snap = s.get(GroupSnapshot, snap_id)
+            assert g is not None and snap is not None
+            inp = failover_checks.gather(s, self.settings, g, plan, snap)
+        _check(self.steps, [failover_checks.recovery_point(self.settings, inp)], "job")
+
+    def go(self) -> dict[str, Any]:
+        plan, checks = self._plan(self.snap_id, check=True)
+        _check(self.steps, checks, "job")
+        self.steps.mark("preconditions", {"checks": len(checks)})
+        self.vms = list(plan.vms)
+        if self.mode == "planned" and self.snap_id is None:
+            _progress(self.sf, self.job_id, 0.05, "final group snapshot (guests running)")
+            online_id = _final_snapshot(self.sf, self.settings, self.g_id, self.actor,
+                                        self.steps.mark)
+            self.final["online_snapshot_id"] = online_id
+            self._recovery_point_check(online_id)
+            _progress(self.sf, self.job_id, 0.25, "stopping the primary VMs", online_id)
+            self.stage = STOPPED
+            self.stopped = _stop_primaries(self.sf, self.settings, self.g_id, plan.hosts,
+                                           self.steps)
+            if self.stopped["unreachable"]:
+                # A VM we could not stop may still write: no stopped-disk cut
+                # is possible, and its writes after the online cut are not at DR.
+                self.snap_id = online_id
+                self.final["stopped_snapshot_id"] = None
+                self.final["not_captured"] = (
+                    "writes after the online final snapshot on "
+                    f"{[u['host'] for u in self.stopped['unreachable']]}")
+            else:
+                _progress(self.sf, self.job_id, 0.3, "snapshot of the stopped disks")
+                self.snap_id = _stopped_snapshot(self.sf, self.settings, self.g_id, online_id,
+                                                 self.job_id, self.steps.mark)
+                self.final["stopped_snapshot_id"] = self.snap_id
+                self._recovery_point_check(self.snap_id)
         else:
-            _progress(sf, job_id, 0.3, "snapshot of the stopped disks")
-            snap_id = _stopped_snapshot(sf, settings, g_id, online_id, job_id, mark)
-            final["stopped_snapshot_id"] = snap_id
-    assert snap_id is not None
-    with sf() as s:
-        snap = s.get(GroupSnapshot, snap_id)
-        if snap is None or snap.dr_verified_at is None:
-            raise FailoverFailed("not_a_recovery_point", "the recovery point is not verified at DR")
+            self.stage = STOPPED
+            _progress(self.sf, self.job_id, 0.1, "stopping the primary VMs")
+            self.stopped = _stop_primaries(self.sf, self.settings, self.g_id, plan.hosts,
+                                           self.steps)
+        assert self.snap_id is not None
+        plan, _ = self._plan(self.snap_id)
+        self.stage = FENCED
+        self.epoch = _take_epoch(self.sf, self.settings, self.g_id, plan, self.job_id,
+                                 self.steps)
+        return self._boot(plan)
+
+    def _boot(self, plan: Any) -> dict[str, Any]:
+        from cutpoint.api.services import failover_checks, replication
+        from cutpoint.coordinator.dr.boot import UnknownBooter, load_booter
+        from cutpoint.coordinator.dr.failover import FailoverError, failover
+
+        assert self.snap_id is not None and self.stopped is not None
+        with self.sf() as s:
+            snap = s.get(GroupSnapshot, self.snap_id)
+            assert snap is not None
+            txn, rp = snap.txn, snap.members[0].name
+            site = replication.ceph_sites().get(plan.target, {})
+            boot = failover_checks.boot_request(s, self.settings, plan,
+                                                f"failover-{self.job_id[:8]}",
+                                                self.workload, site)
         try:
-            spec = drills.build_spec(s, snap, [], "fo")
-        except drills.DrillFailed as exc:
-            raise FailoverFailed(exc.code, str(exc)) from exc
-        txn, rp = snap.txn, snap.members[0].name
-    target = _target(sf, g_id)
-    with sf() as s:
-        dr_agent = dr_agent_for(s, settings, target, [v.name for v in spec.vms])
-    try:
-        booter = load_booter(settings.booter)
-    except UnknownBooter as exc:
-        raise FailoverFailed("unknown_booter", str(exc)) from exc
-    _progress(sf, job_id, 0.4, f"failing over to {target}; recovery point {txn}", snap_id)
-    agents = {v.name: AgentRef(*dr_agent["agent"]) for v in spec.vms} if dr_agent else {}
-    tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key)) \
-        if settings.agent_ca and settings.agent_cert and settings.agent_key else None
-    boot = BootRequest(FAILOVER, spec.site, spec.vms, f"failover-{job_id[:8]}",
-                       workload=workload, agents=agents, tls=tls)
-    mark("failover_start", {"recovery_point": txn})
+            booter = load_booter(self.settings.booter)
+        except UnknownBooter as exc:
+            raise FailoverFailed("unknown_booter", str(exc), stage=FENCED) from exc
+        _progress(self.sf, self.job_id, 0.4, f"failing over to {plan.target}; recovery point "
+                  f"{txn}", self.snap_id)
+        self.steps.mark("failover_start", {"recovery_point": txn})
+        fenced = {"epoch": self.epoch, "stopped": self.stopped["stopped"],
+                  "unreachable": self.stopped["unreachable"],
+                  "fenced_site": self.stopped.get("site") or plan.source}
 
-    def do_fence() -> dict[str, Any]:
-        if fenced is not None:  # planned: fenced before the stopped-disk snapshot
-            return fenced
-        return fence(sf, settings, g_id, snap_id, job_id, target)
+        def theirs(step: str, detail: dict[str, Any]) -> None:
+            if step != "fence":  # ours, earlier
+                self.steps.record(step, detail.get("t_s"),
+                                  {k: v for k, v in detail.items() if k not in ("t_s", "step")})
 
-    try:
-        res = failover(booter, boot, rp, do_fence, t_request=t_request)
-    except FailoverError as exc:
-        raise FailoverFailed("failover_failed", str(exc)) from exc
-    out = res.as_dict()
-    theirs = [e for e in out.pop("timeline", [])
-              if not (fenced is not None and e["step"] == "fence")]  # ours, earlier
-    timeline = sorted(ours + theirs, key=lambda e: e["t_s"])
-    guests = out.pop("guests", [])
-    # recovery_point: the group snapshot's txn, as the request names it (the
-    # coordinator's is the member snapshot name: snapshot_name).
-    return {"mode": mode, "snapshot_id": snap_id, "requested_at": float(requested_at),
-            **final, **out, "recovery_point": txn, "snapshot_name": rp, "guests": guests,
-            "timeline": timeline, "breakdown": breakdown(timeline)}
+        try:
+            res = failover(booter, boot, rp, lambda: fenced, t_request=self.steps.t_request,
+                           on_event=theirs)
+        except FailoverError as exc:
+            raise FailoverFailed("failover_failed", str(exc), stage=FENCED) from exc
+        out = res.as_dict()
+        events = [e for e in out.pop("timeline", []) if e["step"] != "fence"]
+        timeline = sorted(self.steps.timeline + events, key=lambda e: e["t_s"])
+        guests = out.pop("guests", [])
+        # recovery_point: the group snapshot's txn, as the request names it (the
+        # coordinator's is the member snapshot name: snapshot_name).
+        return {"mode": self.mode, "snapshot_id": self.snap_id, **self.final, **out,
+                "recovery_point": txn, "snapshot_name": rp, "guests": guests,
+                "timeline": timeline, "breakdown": breakdown(timeline)}
 
 
 def dr_agent_for(s: Session, settings: Any, site: str, vms: list[str]) -> dict[str, Any]:
@@ -427,10 +545,3 @@ def dr_agent_for(s: Session, settings: Any, site: str, vms: list[str]) -> dict[s
                     "tls": (settings.agent_ca, settings.agent_cert, settings.agent_key)}
     return {}
 
-
-def _target(sf: Any, g_id: int) -> str:
-    with sf() as s:
-        g = s.get(Group, g_id)
-        if g is None or g.policy is None or g.policy.replication_target is None:
-            raise FailoverFailed("no_target", f"group {g_id} has no replication target")
-        return str(g.policy.replication_target.name)

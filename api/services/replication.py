@@ -22,6 +22,13 @@ point, every replication base, and the base of any copy running now
 One replication per group at a time: the `replicate` task holds a Redis
 lock per group with a lease (tasks.ReplicationLock); a second job waits,
 queued, with a message naming the job it waits for.
+
+Fencing (fencing.py): once a failover made the target the group's active
+site, a copy into it would overwrite the live copy.  `request` refuses it
+(409 `fenced` / `epoch_moved`), `run` refuses it again before anything is
+copied (the job may have been queued before the failover), and every copy
+runs cutpoint-sync with `--epoch` = the group's epoch, so the engine itself
+refuses a DR image that is live since that epoch or a newer one.
 """
 
 from __future__ import annotations
@@ -93,14 +100,21 @@ def request(s: Session, snap: GroupSnapshot, *, verify_full: bool, jobs: int,
             actor: str | None) -> Job:
     """The replicate job of one committed group snapshot (409 if it is not committed)."""
     from cutpoint.api.errors import Conflict
+    from cutpoint.api.services import fencing
     from cutpoint.api.services import jobs as job_service
 
     if snap.state != SnapState.committed:
         raise Conflict(f"snapshot {snap.txn} is {snap.state.value}, not committed",
                        code="not_committed")
+    g = s.get(Group, snap.group_id)
+    target = g.policy.replication_target if g is not None and g.policy else None
+    refusal = fencing.replication_refusal(s, snap, target.name) if target else None
+    if refusal is not None:
+        raise Conflict(refusal[1], code=refusal[0])
     return job_service.create(s, "replicate", actor=actor, group_id=snap.group_id,
                               snapshot_id=snap.id,
-                              params={"verify_full": verify_full, "jobs": jobs})
+                              params={"verify_full": verify_full, "jobs": jobs,
+                                      "epoch": fencing.current_epoch(s, snap.group_id)})
 
 
 def dr_policy(s: Session, g: Group) -> DrPolicy:
@@ -172,7 +186,10 @@ def in_flight(s: Session, group_id: int) -> tuple[set[int], set[int]]:
 
 def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
         verify_full: bool = False, rate_mbps: float | None = None,
-        state_dir: str | None = None) -> dict[str, Any]:
+        state_dir: str | None = None, expected_epoch: int | None = None) -> dict[str, Any]:
+    """Copy the snapshot's members to the target.  `expected_epoch`: the fencing
+    epoch the job was queued under (refused if the group's moved since)."""
+    from cutpoint.api.services import fencing
     from cutpoint.coordinator.dr.replicate import MemberCopy, replicate_group
 
     if rate_mbps is None:
@@ -189,6 +206,10 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
         target = g.policy.replication_target if g.policy else None
         if target is None:
             raise ReplicationFailed("no_target", f"group {g.name} has no replication target")
+        refusal = fencing.replication_refusal(s, snap, target.name, expected_epoch)
+        if refusal is not None:
+            raise ReplicationFailed(*refusal)
+        epoch = fencing.current_epoch(s, g.id)
         if snap.dr_verified_at is not None:
             return summary(s, snap)
         base = base_for(s, snap)
@@ -221,7 +242,7 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
             raise ReplicationFailed("unknown_site", f"no Ceph configuration for site {src_name!r}")
         rep = replicate_group(sites[src_name], sites[target.name], copies, jobs=jobs,
                               verify_full=verify_full, rate_mbps=rate_mbps,
-                              state_dir=state_dir or "/var/lib/cutpoint/sync")
+                              state_dir=state_dir or "/var/lib/cutpoint/sync", epoch=epoch)
         now = utcnow()
         for row, r in zip(rows, rep.members, strict=True):
             row.state, row.full, row.error = r.state, r.full, r.error
@@ -248,7 +269,9 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
         out = summary(s, snap)
         if not rep.recovery_point:
             failed = [f"{r.disk}: {r.error}" for r in rep.members if r.state != "verified"]
-            raise ReplicationFailed("replication_failed", "; ".join(failed))
+            fenced = any(r.fenced for r in rep.members)
+            raise ReplicationFailed("fenced" if fenced else "replication_failed",
+                                    "; ".join(failed))
         return out
 
 

@@ -195,6 +195,7 @@ def dr_snapshot(api: Api, session_factory: sessionmaker[Session],
     import datetime as dt
 
     from cutpoint.api.models import (
+        Disk,
         Group,
         GroupSnapshot,
         MemberSnapshot,
@@ -221,9 +222,11 @@ def dr_snapshot(api: Api, session_factory: sessionmaker[Session],
             s.add(snap)
             s.flush()
             for d in disks:
+                key = f"primary-h1-vm1/disk{d}"
                 s.add(MemberSnapshot(group_snapshot_id=snap.id, host="primary-h1",
-                                     vm="primary-h1-vm1", disk=f"primary-h1-vm1/disk{d}",
-                                     name="cp.app.t1", state="present"))
+                                     vm="primary-h1-vm1", disk=key, name="cp.app.t1",
+                                     state="present",
+                                     disk_id=s.scalar(select(Disk.id).where(Disk.key == key))))
             s.commit()
             return int(snap.id)
     return make

@@ -46,6 +46,7 @@ REQUIRED = {
     ("POST", "/v1/groups/{group}/failover"): "admin",
     ("GET", "/v1/jobs"): "viewer",
     ("GET", "/v1/jobs/{job_id}"): "viewer",
+    ("GET", "/v1/jobs/{job_id}/events"): "viewer",
     ("GET", "/v1/audit"): "admin",
     ("GET", "/v1/tokens"): "admin",
     ("POST", "/v1/tokens"): "admin",

@@ -41,98 +41,124 @@ import pytest
 from cutpoint.api import services_local
 from cutpoint.api.models import FencingEpoch
 from fastapi.testclient import TestClient
-from plane import (  # api/tests/plane.py
-    Plane,
-    agent_vm_states,
-    lab_pin,
-    lab_plane,
-    wait_for,
+from labflow import (  # api/tests/labflow.py
+    failover_plane,
+    finish,
+    inventory_states,
+    register,
+    snapshot_and_replicate,
+    writer_verdict,
 )
+from plane import Plane
 from sqlalchemy import select
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
                                      workload="writer")]
 
-DONE = ("succeeded", "failed")
 
 
 @pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
-          local_services: services_local.Endpoints) -> Iterator[Plane]:
-    with lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
-                   CUTPOINT_AGENT_TIMEOUT_S="15",  # vm.stop waits for QEMU to exit
-                   CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
+          local_services: services_local.Endpoints,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
+    with failover_plane(lab, tmp_path, local_services, monkeypatch) as p:
         yield p
 
 
-def finish(c: TestClient, job_id: str, what: str, plane: Plane, timeout: float = 300,
-           follow: bool = False) -> dict[str, Any]:
-    """Poll the job until it ends; with `follow`, print each new progress message."""
-    seen = ""
-
-    def done() -> bool:
-        nonlocal seen
-        j = c.get(f"/v1/jobs/{job_id}").json()
-        if follow and j["message"] != seen:
-            seen = j["message"]
-            print(f"  job {j['state']} {j['progress']:.2f} {seen}", flush=True)
-        return j["state"] in DONE
-
-    wait_for(done, timeout, what, plane)
-    return dict(c.get(f"/v1/jobs/{job_id}").json())
+def _refused(c: TestClient, status: int, code: str, precondition: str) -> dict[str, Any]:
+    """A planned failover asked for now: refused with that problem, and no job."""
+    t0 = time.monotonic()
+    r = c.post("/v1/groups/app/failover", json={"mode": "planned"})
+    took = time.monotonic() - t0
+    assert r.status_code == status, r.text
+    p = dict(r.json())
+    assert (p["code"], p["precondition"]) == (code, precondition), p
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert c.get("/v1/jobs", params={"kind": "failover"}).json()["items"] == []
+    print(f"  {status} {code} ({precondition}) after {took:.2f} s: {p['detail']}")
+    return p
 
 
-def register(c: TestClient, lab: dict[str, Any], plane: Plane) -> None:
-    for site in ("primary", "dr"):
-        assert c.post("/v1/sites", json={"name": site}).status_code == 201
-    for h in lab["hosts"]:
-        r = c.post("/v1/hosts", json={"name": h["name"], "site": h["site"],
-                                      "address": h["address"], "port": 7443,
-                                      "cert_fingerprint": lab_pin(lab, h["name"])})
-        assert r.status_code == 201, r.text
-        job = c.post(f"/v1/hosts/{r.json()['id']}/sync").json()
-        done = finish(c, job["id"], f"inventory sync of {h['name']}", plane, 60)
-        assert done["state"] == "succeeded", done
-    r = c.post("/v1/groups", json={"name": "app", "policy": {
-        "lease_ms": 3000, "pause_budget_ms": 2000, "keep_last": 100,
-        "replication_target": "dr"}})
-    assert r.status_code == 201, r.text
-    for vm in lab["vms"]:
-        if vm["site"] == "primary":
-            # The DR agent lists a standby of the same name: say which host.
-            r = c.post("/v1/groups/app/members", json={"vm": vm["name"], "host": vm["host"]})
-            assert r.status_code == 201, r.text
+def _production_runs(c: TestClient, lab: dict[str, Any], plane: Plane) -> None:
+    """Every primary VM runs: its agent says so and its QEMU is alive; the
+    group's schedule is on."""
+    states = inventory_states(lab, plane)
+    assert set(states.values()) == {"running"}, states
+    for v in lab["vms"]:
+        if v["site"] == "primary":
+            assert Path(f"/proc/{v['pid']}").exists(), f"{v['name']} QEMU is gone"
+    assert c.get("/v1/groups/app").json()["enabled"] is True
 
 
-def snapshot_and_replicate(c: TestClient, plane: Plane) -> dict[str, Any]:
-    """A group snapshot through the API; its replicate job makes it a recovery point."""
-    job = c.post("/v1/groups/app/snapshots").json()
-    done = finish(c, job["id"], "group snapshot", plane, 90)
-    assert done["state"] == "succeeded", done
-    sid = done["snapshot_id"]
+def test_a_failover_that_cannot_succeed_leaves_production_running(
+        lab: dict[str, Any], agents: list[dict[str, Any]], plane: Plane,
+        client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real agents, real QEMU, the control plane with no usable DR site:
+    each planned failover is refused at the request with a problem naming
+    the failed precondition, and the primary agents still report every VM
+    running.  In turn: no Ceph access registered for DR; a DR site whose mon
+    does not answer; the DR agent does not know the VMs (restarted without
+    its standbys); the DR agent down."""
+    import json
 
-    def verified() -> dict[str, Any] | None:
-        rep = c.get(f"/v1/snapshots/{sid}/replication").json()
-        assert rep["state"] != "failed", rep
-        return rep if rep["recovery_point"] else None
+    from cutpoint.lab.agents import start_agent, stop_agent_pid
 
-    return dict(wait_for(verified, 300, f"replication of snapshot {sid}", plane, every=1))
+    c = client
+    plane.start("worker")
+    register(c, lab, plane)
+    _production_runs(c, lab, plane)
+    real = plane.env["CP_CEPH_SITES_FILE"]
+    sites = json.loads(Path(real).read_text())
+    print()
 
+    no_dr = tmp_path / "sites-no-dr.json"
+    no_dr.write_text(json.dumps({"primary": sites["primary"]}))
+    monkeypatch.setenv("CP_CEPH_SITES_FILE", str(no_dr))
+    p = _refused(c, 409, "no_ceph_site", "dr_site_reachable")
+    assert "no Ceph configuration for site 'dr'" in p["detail"]
+    _production_runs(c, lab, plane)
 
-def inventory_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \
-        -> dict[str, str]:
-    """Each primary VM's state from the agents of `site` (not listed: 'absent')."""
-    seen = agent_vm_states(lab, plane, site)
-    return {v["name"]: seen.get(v["name"], "absent") for v in lab["vms"]
-            if v["site"] == "primary"}
+    dead = tmp_path / "sites-dead-dr.json"
+    dead.write_text(json.dumps({**sites, "dr": {**sites["dr"], "mon_host": ["v2:127.0.0.1:9"],
+                                                "connect_timeout_s": 3}}))
+    monkeypatch.setenv("CP_CEPH_SITES_FILE", str(dead))
+    t0 = time.monotonic()
+    p = _refused(c, 503, "ceph_unreachable", "dr_site_reachable")
+    assert time.monotonic() - t0 < 15
+    assert {ch["name"]: ch["status"] for ch in p["checks"]}["dr_agents_ready"] == "pass"
+    _production_runs(c, lab, plane)
 
+    # The DR site answers, but its agent no longer defines the standbys (the
+    # control plane's inventory, synced before, still says it does).
+    monkeypatch.setenv("CP_CEPH_SITES_FILE", real)
+    dr = next(h for h in lab["hosts"] if h["site"] == "dr")
+    certs = Path(lab["state_dir"]) / "certs"
+    stop_agent_pid(next(a["pid"] for a in agents if a["host"] == dr["name"]))
+    start_agent(lab, dr, certs, standby=False)
+    try:
+        p = _refused(c, 409, "dr_agent_unknown_vm", "dr_agents_ready")
+        primaries = sorted(v["name"] for v in lab["vms"] if v["site"] == "primary")
+        for name in primaries:
+            assert f"{name}: agent {dr['address']}:7443 does not define it" in p["detail"], p
+        assert [ch["status"] for ch in p["checks"]] == ["pass", "skip", "fail", "pass"]
+        _production_runs(c, lab, plane)
+        # The DR agent down: 503, within the check deadline.
+        stop_agent_pid(int((Path(lab["state_dir"]) / "agents" / dr["name"] / "agent.pid")
+                           .read_text()))
+        p = _refused(c, 503, "dr_agent_unreachable", "dr_agents_ready")
+        _production_runs(c, lab, plane)
+    finally:
+        start_agent(lab, dr, certs)  # as the fixture started it, standbys defined
+    # With everything back the checks pass (no failover is asked for here).
+    with plane.sf() as s:
+        from cutpoint.api.models import Group
+        from cutpoint.api.services import failover_checks
 
-def writer_verdict(site: dict[str, Any], images: list[str], snap: str | None) -> Any:
-    from cutpoint.checkers.writer import RbdSpec, scan_specs
-
-    return scan_specs([RbdSpec(site["pool"], i, snap, site["ceph_conf"], site["client_id"],
-                               site["keyring"]) for i in images])
+        g = s.scalar(select(Group).where(Group.name == "app"))
+        checks = failover_checks.run(s, plane.settings, g, failover_checks.members(s, g, None),
+                                     None)
+        assert [ch.status for ch in checks] == ["pass", "skip", "pass", "pass"], checks
 
 
 def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
@@ -185,6 +211,25 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
         assert abs(parts - res["rto_s"]) < 0.05, (parts, res["rto_s"])
         print(f"failover RTO {res['rto_s']:.1f} s from the request "
               f"(test saw {t_seen - t_before:.1f} s); breakdown {bd}")
+
+        # Every step is a job event with its time, in the order it happened;
+        # the last is the last VM running, at the RTO.
+        evs = c.get(f"/v1/jobs/{job_id}/events").json()
+        names = [e["step"] for e in evs]
+        assert names[0] == "request" and names[-1] == "running", names
+        for step in ("worker_start", "preconditions", "final_snapshot", "replicated", "fence",
+                     "stopped_snapshot", "stopped_replicated", "epoch", "failover_start",
+                     "rollback", "vm_start", "ready"):
+            assert step in names, (step, names)
+        assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+        assert [e["at"] for e in evs] == sorted(e["at"] for e in evs)
+        checks = [e for e in evs if e["step"] == "precondition"]
+        assert {e["detail"]["at"] for e in checks} == {"request", "job"}
+        assert all(e["status"] in ("ok", "skipped") for e in checks), checks
+        assert abs(evs[-1]["t_s"] - res["rto_s"]) < 0.01, (evs[-1], res["rto_s"])
+        epoch_ev = evs[names.index("epoch")]["detail"]
+        assert epoch_ev["epoch"] == 1 and len(epoch_ev["dr_images_marked"]) == 4, epoch_ev
+        print(f"job events: {len(evs)} ({', '.join(dict.fromkeys(names))})")
 
         # Two final snapshots, both replicated: one with the guests running,
         # then one of the stopped disks, which is the recovery point.

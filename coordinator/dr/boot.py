@@ -4,10 +4,16 @@ A boot request names VMs and the disk images (RBD, at `site`) they boot
 from, what for (`failover`: the replicated images; `drill`: clones), and a
 tag that names what this boot starts.  A booter:
 
+    preflight(req)                       -> [Unbootable]  what it could not start,
+                                                      found without starting anything
     start(req, on_event)                 -> [Guest]   start every VM
     wait_ready(req, guests, timeout_s, on_event)      until each is ready
     stop(req, guests)                    -> [error]   stop what it started
     leftovers(req)                       -> {kind: [item]}  what still exists
+
+A failover asks `preflight` before it stops anything at the primary
+(coordinator/dr/preconditions.py): a VM the booter already knows it cannot
+start must stop the failover while production still runs.
 
 `AgentBooter` is the product's booter: it starts and stops VMs through the
 site's agents (`vm.start{spec: {vm}}`, `vm.stop{vm}`, docs/agent-protocol.md
@@ -99,6 +105,23 @@ class BootRequest:
     tls: tuple[str, str, str] | None = None  # (ca, cert, key) to reach the agents
     evidence_dir: str | None = None  # where a booter may keep consoles and logs
     start_timeout_s: float = 180
+    check_timeout_s: float = 10  # `preflight`: each agent must answer within it
+
+
+@dataclass(frozen=True)
+class Unbootable:
+    """A VM of a request that the booter could not start (`preflight`).
+
+    `why`: "no_agent" (no agent is named for it), "agent_unreachable" (its
+    agent did not answer), "unknown_vm" (its agent does not define it),
+    "cannot_start" (anything else the booter knows)."""
+
+    vm: str
+    why: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.vm}: {self.message}"
 
 
 @dataclass
@@ -118,6 +141,8 @@ class Guest:
 
 class Booter(Protocol):
     purposes: frozenset[str]  # what it can boot: FAILOVER, DRILL
+
+    def preflight(self, req: BootRequest) -> list[Unbootable]: ...
 
     def start(self, req: BootRequest, on_event: EventHook | None = None) -> list[Guest]: ...
 
@@ -158,6 +183,48 @@ class AgentBooter:
 
     purposes = frozenset({FAILOVER})
     poll_s = 0.5
+
+    def preflight(self, req: BootRequest) -> list[Unbootable]:
+        """Each VM's agent is named, answers within `req.check_timeout_s`,
+        has `vm.start` and lists the VM in its inventory (a standby it
+        starts).  Asks `hello` and `inventory` only: nothing is started."""
+        if req.purpose not in self.purposes:
+            return [Unbootable(v.name, "cannot_start", f"the agent booter cannot boot for "
+                               f"{req.purpose!r}") for v in req.vms]
+        out = [Unbootable(v.name, "no_agent", "no agent of the site is known to start it: "
+                          "register the DR host whose agent defines it and sync its inventory")
+               for v in req.vms if v.name not in req.agents]
+        if req.tls is None:
+            return out + [Unbootable(v.name, "no_agent", "no agent certificate configured "
+                                     "(agent_ca, agent_cert, agent_key)")
+                          for v in req.vms if v.name in req.agents]
+        by_agent: dict[AgentRef, list[str]] = {}
+        for v in req.vms:
+            if v.name in req.agents:
+                by_agent.setdefault(req.agents[v.name], []).append(v.name)
+        replies = asyncio.run(self._hello_inventories(req, list(by_agent),
+                                                      req.check_timeout_s))
+        for agent, r in replies.items():
+            vms = by_agent[agent]
+            if isinstance(r, BaseException):
+                out += [Unbootable(vm, "agent_unreachable", f"agent {agent}: {_why(r)}")
+                        for vm in vms]
+                continue
+            hello, inv = r
+            if "vm.start" not in hello.get("capabilities", []):
+                out += [Unbootable(vm, "cannot_start", f"agent {agent} has no vm.start")
+                        for vm in vms]
+                continue
+            listed = {v["name"]: v.get("state", "?") for v in inv.get("vms", [])}
+            for vm in vms:
+                if vm not in listed:
+                    out.append(Unbootable(vm, "unknown_vm", f"agent {agent} does not define "
+                                          "it (not in its inventory)"))
+                elif listed[vm] == "unknown":
+                    out.append(Unbootable(vm, "cannot_start", f"agent {agent} lists it in "
+                                          "state unknown (its QMP does not answer)"))
+        order = {v.name: k for k, v in enumerate(req.vms)}
+        return sorted(out, key=lambda u: order.get(u.vm, 0))
 
     def start(self, req: BootRequest, on_event: EventHook | None = None) -> list[Guest]:
         if req.purpose == DRILL:
@@ -295,6 +362,29 @@ class AgentBooter:
 
         agents = list(by_agent)
         done = await asyncio.gather(*(one(a, by_agent[a]) for a in agents))
+        return dict(zip(agents, done, strict=True))
+
+    @staticmethod
+    async def _hello_inventories(req: BootRequest, agents: list[AgentRef], timeout_s: float) \
+            -> dict[AgentRef, tuple[dict[str, Any], dict[str, Any]] | BaseException]:
+        from cutpoint.agentclient.client import AgentClient
+        from cutpoint.agentclient.tls import client_context
+
+        assert req.tls is not None
+        ctx = client_context(*req.tls)
+
+        async def one(agent: AgentRef) -> tuple[dict[str, Any], dict[str, Any]] | BaseException:
+            try:
+                async with AgentClient(agent.address, agent.port, ssl_context=ctx,
+                                       connect_timeout=timeout_s,
+                                       call_timeout=timeout_s) as c:
+                    hello: dict[str, Any] = await c.call("hello", {})
+                    inv: dict[str, Any] = await c.call("inventory", {})
+                    return hello, inv
+            except Exception as exc:  # noqa: BLE001  reported per VM by the caller
+                return exc
+
+        done = await asyncio.gather(*(one(a) for a in agents))
         return dict(zip(agents, done, strict=True))
 
     @staticmethod

@@ -96,13 +96,20 @@ class FailoverResult:
 
 def failover(booter: Booter, req: BootRequest, recovery_point: str,
              fence: Callable[[], dict[str, Any]], t_request: float | None = None,
-             boot_timeout_s: float = 240) -> FailoverResult:
-    """Fence, roll the DR images back to `recovery_point`, boot at DR; RTO from t_request."""
+             boot_timeout_s: float = 240,
+             on_event: Callable[[str, dict[str, Any]], None] | None = None) -> FailoverResult:
+    """Fence, roll the DR images back to `recovery_point`, boot at DR; RTO from t_request.
+
+    `on_event(step, event)` sees each timeline event as it happens (the
+    caller records job events with it)."""
     t0 = t_request if t_request is not None else time.monotonic()
     timeline: list[dict[str, Any]] = []
 
     def ev(step: str, detail: dict[str, Any]) -> None:
-        timeline.append({"t_s": round(time.monotonic() - t0, 3), "step": step, **detail})
+        e = {"t_s": round(time.monotonic() - t0, 3), "step": step, **detail}
+        timeline.append(e)
+        if on_event is not None:
+            on_event(step, e)
 
     fenced = fence()
     ev("fence", fenced)
@@ -118,6 +125,7 @@ def failover(booter: Booter, req: BootRequest, recovery_point: str,
         booter.wait_ready(req, guests, boot_timeout_s, ev)
     except BootError as exc:
         booter.stop(req, guests or exc.guests)
+        ev("boot_failed", {"error": str(exc)[:1000]})
         raise FailoverError(f"boot at DR failed: {exc}") from exc
     except BaseException:
         booter.stop(req, guests)

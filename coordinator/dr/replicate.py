@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]  # the source tree, for its build/
 DEFAULT_STATE_DIR = "/var/lib/cutpoint/sync"
 
 EventHook = Callable[[str, dict[str, Any]], None]
+EXIT_FENCED = 6  # cutpoint-sync: the target image is the live copy (docs/replication.md)
 
 
 class ReplicationError(RuntimeError):
@@ -98,6 +99,11 @@ class MemberResult:
     error: str | None = None
     returncode: int | None = None
 
+    @property
+    def fenced(self) -> bool:
+        """cutpoint-sync refused: the target image is the live copy (exit 6)."""
+        return self.returncode == EXIT_FENCED
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -134,10 +140,13 @@ def site_args(prefix: str, site: dict[str, Any]) -> list[str]:
 
 def sync_argv(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, *,
               verify_full: bool = False, rate_mbps: float | None = None,
-              state_dir: str = DEFAULT_STATE_DIR, full_resync: bool = False) -> list[str]:
+              state_dir: str = DEFAULT_STATE_DIR, full_resync: bool = False,
+              epoch: int = 0) -> list[str]:
+    """`epoch`: the fencing epoch the source site is active under; the engine
+    refuses a target image that is the live copy since it or a newer one."""
     argv = [sync_binary(), *site_args("src", src), *site_args("dst", dst),
             "--image", m.image, "--snap", m.snap, "--state-dir", state_dir,
-            "--progress-ms", "500"]
+            "--progress-ms", "500", "--epoch", str(epoch)]
     if m.base:
         argv += ["--base", m.base]
     if verify_full:
@@ -212,8 +221,9 @@ def replicate_group(src: dict[str, Any], dst: dict[str, Any], members: Sequence[
                     *, jobs: int = 2, verify_full: bool = False,
                     rate_mbps: float | None = None, state_dir: str = DEFAULT_STATE_DIR,
                     on_event: EventHook | None = None,
-                    timeout_s: float = 1800) -> GroupReplication:
-    """Copy every member (at most `jobs` at once); verified only if all are."""
+                    timeout_s: float = 1800, epoch: int = 0) -> GroupReplication:
+    """Copy every member (at most `jobs` at once); verified only if all are.
+    `epoch`: the group's fencing epoch, passed to every cutpoint-sync run."""
     if not members:
         raise ReplicationError("a group snapshot with no member disks is not replicable")
     if jobs < 1:
@@ -223,7 +233,8 @@ def replicate_group(src: dict[str, Any], dst: dict[str, Any], members: Sequence[
     t0, w0 = time.monotonic(), time.time()
     with ThreadPoolExecutor(max_workers=min(jobs, len(members))) as ex:
         futs = [ex.submit(_copy_one, src, dst, m, r, on_event, timeout_s,
-                          verify_full=verify_full, rate_mbps=rate_mbps, state_dir=state_dir)
+                          verify_full=verify_full, rate_mbps=rate_mbps, state_dir=state_dir,
+                          epoch=epoch)
                 for m, r in zip(members, results, strict=True)]
         for f, r in zip(futs, results, strict=True):
             try:

@@ -147,3 +147,35 @@ def test_a_failed_start_names_the_agents_error_and_returns_what_started(
     with pytest.raises(BootError) as ei2:
         booter.wait_ready(_request(a, "bad"), [Guest("bad")], 1)
     assert "not running after 1s: bad (shutoff)" in str(ei2.value)
+
+
+def test_preflight_asks_without_starting(standby_agent: dict[str, Any]) -> None:
+    """A failover's `dr_agents_ready` precondition: the agent answers, has
+    vm.start and defines the VM; a VM it does not define, an agent that does
+    not answer and a VM no agent is named for are each reported, and
+    nothing is started."""
+    from cutpoint.coordinator.dr.preconditions import dr_agents_ready
+
+    a = standby_agent
+    booter = AgentBooter()
+    assert booter.preflight(_request(a, "sb1", "bad")) == []  # "bad" is defined
+    assert dr_agents_ready(booter, _request(a, "sb1")).ok
+    ghost = booter.preflight(_request(a, "sb1", "ghost"))
+    assert [(u.vm, u.why) for u in ghost] == [("ghost", "unknown_vm")], ghost
+    assert "does not define it" in ghost[0].message and str(a["agent"]) in ghost[0].message
+    check = dr_agents_ready(booter, _request(a, "sb1", "ghost"))
+    assert (check.status, check.code, check.unavailable) == ("fail", "dr_agent_unknown_vm",
+                                                             False), check
+    assert "ghost" in check.message and "sb1" not in check.detail["vms"]
+    # An agent that does not answer: reported within the check deadline.
+    gone = dict(a, agent=AgentRef("127.0.0.1", _free_port()))
+    t0 = time.monotonic()
+    check = dr_agents_ready(booter, _request(gone, "sb1"))
+    assert time.monotonic() - t0 < 12
+    assert (check.code, check.unavailable) == ("dr_agent_unreachable", True), check
+    # No agent named for the VM, or no certificate: nobody to ask.
+    nobody = BootRequest(FAILOVER, {}, [BootVM("sb1", ())], "failover-t", tls=a["tls"])
+    assert [u.why for u in booter.preflight(nobody)] == ["no_agent"]
+    # Asking started nothing: sb1 is still shut off, no QEMU pid file.
+    assert booter.states(_request(a, "sb1"), ["sb1"]) == {"sb1": "shutoff"}
+    assert not (a["dir"] / "sb1.pid").exists()

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 PROBE = '''
 class ProbeBooter:
     purposes = frozenset({"failover"})
+    def preflight(self, req): return []
     def start(self, req, on_event=None): return []
     def wait_ready(self, req, guests, timeout_s, on_event=None): pass
     def stop(self, req, guests): return []

@@ -38,6 +38,7 @@ from cutpoint.coordinator.dr.boot import (
     BootVM,
     EventHook,
     Guest,
+    Unbootable,
 )
 from cutpoint.coordinator.dr.drill import DrillSpec
 from cutpoint.lab import config as C
@@ -79,6 +80,25 @@ class LabBooter:
             return load_status(self.state_dir)
         except LabError as exc:
             raise BootError(f"the lab booter needs a running lab: {exc}") from exc
+
+    def preflight(self, req: BootRequest) -> list[Unbootable]:
+        """Failover: the DR agent's check (AgentBooter), and a standby spec
+        per VM.  A drill boots its clones itself: nothing to ask."""
+        if req.purpose == DRILL:
+            return []
+        from cutpoint.lab import standby
+
+        out = AgentBooter().preflight(req)
+        try:
+            status = self.status()
+        except BootError as exc:
+            return out + [Unbootable(v.name, "cannot_start", str(exc)) for v in req.vms]
+        for vm in req.vms:
+            try:
+                standby.load(status, vm.name)
+            except (LabError, OSError, ValueError) as exc:
+                out.append(Unbootable(vm.name, "cannot_start", f"no standby at DR: {exc}"))
+        return out
 
     def start(self, req: BootRequest, on_event: EventHook | None = None) -> list[Guest]:
         if req.purpose == DRILL:

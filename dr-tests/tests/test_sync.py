@@ -42,7 +42,8 @@ from cutpoint.bench.replication import (
 pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=0)]
 
 # Exit codes of cutpoint-sync (docs/replication.md).
-EXIT_NOBASE, EXIT_VERIFY = 3, 4
+EXIT_NOBASE, EXIT_VERIFY, EXIT_FENCED = 3, 4, 6
+FENCE_KEY = "cutpoint.fencing_epoch"  # storage/sync/sync_fence.h
 
 
 @pytest.fixture
@@ -252,6 +253,53 @@ def test_dr_drift_is_repaired_and_a_mismatch_is_detected(lab: dict[str, Any], im
     # (and verified), not shipped.
     assert done["bytes_shipped"] == 8192 and done["bytes_zero_data"] == 65536
     assert_identical(lab, image, "b")
+
+
+def test_a_fenced_dr_image_is_never_written(lab: dict[str, Any], image: str,
+                                            tmp_path: Path) -> None:
+    """A failover made the DR image the live copy at fencing epoch 1 (its
+    metadata key) and the DR guest wrote to it.  The old primary comes back,
+    writes, snapshots and replicates: under its old epoch, with no --epoch
+    at all, even as a full resync or under epoch 1 itself, the copy is
+    refused with exit 6 before anything is written, and the DR image's head
+    and snapshots keep their bytes.  After a failback (epoch 2: the primary
+    is the active site again) the same copy goes through and repairs DR."""
+    p, d = sites(lab)
+    size = 16 * MiB
+    create_image(p, image, size)
+    write_extents(p, image, size, [(0, pattern(1, 2 * MiB))])
+    snap_create(p, image, "f0")
+    run_sync(lab, image, "f0", None, [], str(tmp_path))
+    rbd(d, "image-meta", "set", spec(d, image), FENCE_KEY, "1")
+    write_extents(d, image, size, [(4 * MiB, pattern(50, 65536))])  # the DR guest
+
+    def dr_state() -> tuple[str, str, list[str]]:
+        return snap_sha256(d, image, None), snap_sha256(d, image, "f0"), snaps(d, image)
+
+    before = dr_state()
+    write_extents(p, image, size, [(0, pattern(9, MiB))])  # the old primary
+    snap_create(p, image, "f1")
+    messages = []
+    for extra in (["--epoch", "0"], [], ["--full-resync", "--epoch", "0"], ["--epoch", "1"]):
+        run = run_sync(lab, image, "f1", "f0", extra, str(tmp_path), check=False)
+        assert run.returncode == EXIT_FENCED, (extra, run.stderr)
+        err = run.error
+        assert err is not None and err["exit"] == EXIT_FENCED, run.events
+        assert err["message"].startswith(f"fenced: dr image {image} is the live copy since "
+                                         "fencing epoch 1"), err
+        assert "refusing to write" in err["message"]
+        assert [e["event"] for e in run.events] == ["error"], run.events
+        assert "exit=6" in run.stderr
+        messages.append(err["message"])
+    assert dr_state() == before, "a refused copy changed the DR image"
+    assert not list(tmp_path.glob("*.progress")), "a refused copy left a progress record"
+    print(f"\nrefused: {messages[0]}")
+
+    # A failback made the primary active again at epoch 2: DR is a replica.
+    done = run_sync(lab, image, "f1", "f0", ["--epoch", "2", "--verify-full"],
+                    str(tmp_path)).done
+    assert done["full"] is False and done["bytes_repaired"] == 65536, done
+    assert_identical(lab, image, "f1")
 
 
 def test_progress_events_are_json_lines(lab: dict[str, Any], image: str, tmp_path: Path) -> None:

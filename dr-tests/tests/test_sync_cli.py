@@ -35,6 +35,8 @@ def run(*args: str, state: Path | None = None) -> subprocess.CompletedProcess[st
     ([*BASE, "--op-timeout", "0"], "--op-timeout wants an integer from 1 to 3600"),
     ([*BASE, "--extent-verify", "maybe"], "--extent-verify wants osd or readback"),
     ([*BASE, "--verify-only", "--full-resync"], "--verify-only takes no --base"),
+    ([*BASE, "--epoch", "-1"], "--epoch wants a whole number"),
+    ([*BASE, "--epoch", "1.5"], "--epoch wants a whole number"),
     ([*BASE, "extra"], "unexpected positional argument"),
 ])
 def test_bad_usage_exits_2(args: list[str], message: str) -> None:

@@ -1,5 +1,6 @@
 /* sync_args: see sync_args.h. */
 #include "sync_args.h"
+#include "sync_fence.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -23,7 +24,7 @@ sync_args_parse(int argc, char **argv, struct sync_opts *o, const char **bad)
     enum { O_SRC_CONF = 256, O_SRC_ID, O_SRC_KEYRING, O_SRC_POOL, O_DST_CONF,
            O_DST_ID, O_DST_KEYRING, O_DST_POOL, O_IMAGE, O_SNAP, O_BASE,
            O_FULL, O_VFULL, O_VONLY, O_RATE, O_STATE, O_CHUNK, O_JOBS,
-           O_PMS, O_EVERIFY, O_TIMEOUT, O_HELP };
+           O_PMS, O_EVERIFY, O_TIMEOUT, O_EPOCH, O_HELP };
     static const struct option longopts[] = {
         {"src-conf", required_argument, NULL, O_SRC_CONF},
         {"src-id", required_argument, NULL, O_SRC_ID},
@@ -46,6 +47,7 @@ sync_args_parse(int argc, char **argv, struct sync_opts *o, const char **bad)
         {"progress-ms", required_argument, NULL, O_PMS},
         {"extent-verify", required_argument, NULL, O_EVERIFY},
         {"op-timeout", required_argument, NULL, O_TIMEOUT},
+        {"epoch", required_argument, NULL, O_EPOCH},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -105,6 +107,11 @@ sync_args_parse(int argc, char **argv, struct sync_opts *o, const char **bad)
                 *bad = "--op-timeout wants an integer from 1 to 3600";
             else
                 o->op_timeout_s = (int)v;
+            break;
+        case O_EPOCH:
+            if (sync_fence_parse(optarg, &o->epoch) < 0)
+                *bad = "--epoch wants a whole number from 0 to "
+                       "9007199254740991";
             break;
         case O_EVERIFY:
             if (strcmp(optarg, "osd") == 0)

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "sync_extents.h"
+#include "sync_fence.h"
 #include "sync_progress.h"
 #include "sync_rate.h"
 
@@ -1260,8 +1261,14 @@ static int
 dst_lookups(struct site_prep *p)
 {
     const struct sync_opts *o = p->o;
+    uint64_t dr_epoch;
     int rc;
 
+    /* Before anything that writes, a stale lock's break included. */
+    rc = sync_fence_check(p->img, o->image, o->epoch, &dr_epoch, p->err,
+                          sizeof(p->err));
+    if (rc != 0)
+        return rc;
     if (p->have != NULL)
         break_stale_lock(o, p->img, p->have);
     if (snap_exists(p->img, o->target, &p->target_ex, "dr", p->err,

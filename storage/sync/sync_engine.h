@@ -11,6 +11,9 @@
  *      │       and looks its snapshots up (errors judged afterwards in
  *      │       the order below)
  *   OPEN ───── primary image @ target snap (missing → SYNC_ENOSRC)
+ *      │       DR image: its fencing epoch first (sync_fence.h: live since
+ *      │       an epoch >= ours → SYNC_EFENCED, before any write, even
+ *      │       before a stale lock is broken);
  *      │       DR image (created with the primary's size and order when a
  *      │       full copy is asked for; missing when a base is given →
  *      │       SYNC_ENOBASE unless full_resync)
@@ -53,6 +56,8 @@ enum {
     SYNC_ENOBASE = -2,   /* base snapshot (or image) missing at DR */
     SYNC_EVERIFY = -3,   /* a checksum or the full-image hash differed */
     SYNC_ENOSRC = -4,    /* image or snapshot missing at the primary */
+    SYNC_EFENCED = -5,   /* the DR image is the live copy since a fencing
+                            epoch >= the copy's (sync_fence.h) */
 };
 
 struct sync_site {
@@ -94,6 +99,8 @@ struct sync_opts {
     int workers;               /* concurrent extents in flight */
     int progress_ms;           /* interval of progress events */
     int op_timeout_s;          /* bound on one mon or OSD request */
+    uint64_t epoch;            /* fencing epoch the source is active under
+                                  (0: before any failover); sync_fence.h */
     sync_event_fn on_event;
     sync_log_fn on_log;
     void *arg;

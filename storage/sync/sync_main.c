@@ -12,6 +12,7 @@
 
 #include "sync_args.h"
 #include "sync_engine.h"
+#include "sync_fence.h"
 
 /* Exit codes, documented in docs/replication.md. */
 enum {
@@ -21,6 +22,7 @@ enum {
     EXIT_NOBASE = 3,
     EXIT_VERIFY = 4,
     EXIT_NOSRC = 5,
+    EXIT_FENCED = 6,
 };
 
 static void
@@ -51,8 +53,12 @@ usage(FILE *f)
 "  --progress-ms N      interval of progress events (default 500)\n"
 "  --op-timeout S       fail a Ceph request (mon or OSD) after S seconds\n"
 "                       instead of waiting forever (default 60)\n"
+"  --epoch N            fencing epoch the source site is active under\n"
+"                       (default 0); a DR image that is the live copy\n"
+"                       since an epoch >= N is refused, nothing written\n"
 "exit: 0 ok, 1 error, 2 usage, 3 base missing at DR, 4 verification\n"
-"      failed, 5 image or snapshot missing at the primary\n");
+"      failed, 5 image or snapshot missing at the primary, 6 fenced:\n"
+"      the DR image is the live copy\n");
 }
 
 static void
@@ -153,6 +159,7 @@ main(int argc, char **argv)
     case SYNC_ENOBASE: code = EXIT_NOBASE; break;
     case SYNC_EVERIFY: code = EXIT_VERIFY; break;
     case SYNC_ENOSRC: code = EXIT_NOSRC; break;
+    case SYNC_EFENCED: code = EXIT_FENCED; break;
     default: code = EXIT_ERROR; break;
     }
     if (code != EXIT_OK) {
