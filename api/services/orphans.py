@@ -153,6 +153,9 @@ def load_facts(session: Session, txlog: Any, txns: Iterable[str]) -> dict[str, T
     from cutpoint.api.services.replication import in_flight
 
     want = sorted(set(txns))
+    # The log first, before this session begins: on SQLite the log's own
+    # transaction would otherwise wait behind this session's write lock.
+    logged = {txn: txlog.get(txn) for txn in want}
     rows: dict[str, GroupSnapshot] = {}
     for i in range(0, len(want), 500):
         for g in session.scalars(select(GroupSnapshot)
@@ -169,7 +172,7 @@ def load_facts(session: Session, txlog: Any, txns: Iterable[str]) -> dict[str, T
                 copying[g.group_id] = sources | bases
             dr = (g.dr_verified_at is not None or g.replication_base
                   or g.id in copying[g.group_id])
-        rec = txlog.get(txn)
+        rec = logged[txn]
         out[txn] = TxnFacts(db_state=g.state.value if g is not None else None,
                             dr_reference=dr, log_state=rec.state if rec is not None else None,
                             started_at=g.requested_at if g is not None else None)

@@ -87,12 +87,16 @@ def _targets(s: Session) -> list[tuple[Host, list[str]]]:
     return out
 
 
-def _list(s: Session, settings: Settings, res: SweepResult, progress: Progress) \
-        -> list[orphans.Found]:
+def _list(sf: sessionmaker[Session], settings: Settings, res: SweepResult,
+          progress: Progress) -> list[orphans.Found]:
     from cutpoint.api.services import agents
 
     found: list[orphans.Found] = []
-    targets = _targets(s)
+    # No session stays open across the agent calls: on SQLite a session's
+    # transaction holds the database's write lock.
+    with sf() as s:
+        targets = _targets(s)
+        s.expunge_all()
     res.hosts = len(targets)
     for i, (host, keys) in enumerate(targets):
         progress(0.5 * i / max(1, len(targets)), f"listing {host.name} ({len(keys)} disks)")
@@ -122,8 +126,7 @@ def plan(sf: sessionmaker[Session], settings: Settings, *, grace_s: float | None
     grace = settings.orphan_grace_s if grace_s is None else grace_s
     res = SweepResult(dry_run=dry_run, grace_s=grace)
     say = progress or (lambda _f, _m: None)
-    with sf() as s:
-        found = _list(s, settings, res, say)
+    found = _list(sf, settings, res, say)
     with sf() as s:
         facts = orphans.load_facts(s, capture.txlog_for(settings.database_url),
                                    [f.owner for f in found if f.owner])
