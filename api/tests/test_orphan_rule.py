@@ -76,10 +76,9 @@ def test_recorded_reply_too_young() -> None:
 
 
 def _orphan_snap(**kw: Any) -> Found:
-    base = dict(host="h1", disk="vm1/disk0", name=f"cp.app.{ORPHAN}", id=12, owner=ORPHAN,
-                created=1_000_000)
-    base.update(kw)
-    return Found(**base)  # type: ignore[arg-type]
+    base: dict[str, Any] = {"host": "h1", "disk": "vm1/disk0", "name": f"cp.app.{ORPHAN}",
+                            "id": 12, "owner": ORPHAN, "created": 1_000_000}
+    return Found(**{**base, **kw})
 
 
 OLD = _at(1_000_000 + 2 * HOUR)
