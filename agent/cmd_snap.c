@@ -101,23 +101,93 @@ cleanup:
     return NULL;
 }
 
+/*
+ * Deletes snap id of an RBD disk only while it is still snapshot name and,
+ * with owner, its owner key names owner: what the sweeper of orphans saw
+ * in snapshot.list is what goes, never a snapshot made since under the
+ * same name.  1 deleted, 0 absent, -1 refused or failed (err says which).
+ */
+static int
+snap_delete_id(struct vm *v, int d, const char *name, uint64_t id,
+               const char *owner, int *refused, char *err, size_t errlen)
+{
+    struct rbdsnap_image *img = v->img[d];
+    char have[160] = "";
+    uint64_t now;
+    int rc;
+
+    *refused = 1;
+    if (!img) {
+        snprintf(err, errlen, "id: disk %s/%s is not an rbd image",
+                 v->cfg->name, v->cfg->disks[d].node);
+        return -1;
+    }
+    *refused = 0;
+    rc = rbdsnap_snap_id(img, name, &now, err, errlen);
+    if (rc == RBDSNAP_ENOENT)
+        return 0;
+    if (rc < 0)
+        return -1;
+    *refused = 1;
+    if (now != id) {
+        snprintf(err, errlen, "not deleted: snapshot %s is id %llu now, not "
+                 "%llu", name, (unsigned long long)now,
+                 (unsigned long long)id);
+        return -1;
+    }
+    if (owner) {
+        rc = rbdsnap_owner(img, id, have, sizeof(have), err, errlen);
+        if (rc == -1) {
+            *refused = 0;
+            return -1;
+        }
+        if (rc == RBDSNAP_ENOENT || strcmp(have, owner) != 0) {
+            snprintf(err, errlen, "not deleted: snapshot %s (id %llu) is not "
+                     "owned by txn %s (owner: %s)", name,
+                     (unsigned long long)id, owner,
+                     rc == RBDSNAP_ENOENT ? "none recorded" : have);
+            return -1;
+        }
+    }
+    *refused = 0;
+    rc = rbdsnap_remove_id(img, id, err, errlen);
+    if (rc == RBDSNAP_ENOENT)
+        return 0;
+    return rc < 0 ? -1 : 1;
+}
+
 json_t *
 cmd_snap_delete(struct agent *a, json_t *args, const char **code, char *msg,
                 size_t msglen, json_t **err_result)
 {
     const char *disk = json_string_value(json_object_get(args, "disk"));
     const char *name = json_string_value(json_object_get(args, "name"));
+    const char *owner = json_string_value(json_object_get(args, "owner"));
+    json_t *jid = json_object_get(args, "id");
     struct vm *v;
-    int d, rc;
+    int d, rc, refused = 0;
     char err[512];
 
     (void)err_result;
     if (agent_find_disk(a, disk, &v, &d) < 0)
         FAIL("UNKNOWN_DISK", "unknown disk %s", disk);
-    rc = cmd_snap_delete_one(a, v, d, name, err, sizeof(err));
+    if (owner && !json_is_integer(jid))
+        FAIL("BAD_REQUEST", "args.owner needs args.id");
+    if (json_is_integer(jid))
+        rc = snap_delete_id(v, d, name, (uint64_t)json_integer_value(jid),
+                            owner, &refused, err, sizeof(err));
+    else
+        rc = cmd_snap_delete_one(a, v, d, name, err, sizeof(err));
+    if (rc < 0 && refused) {
+        log_warnx("event=snapshot_delete_refused disk=%s name=%s msg=\"%s\"",
+                  disk, name, err);
+        FAIL("NOT_OWNED", "%s", err);
+    }
     if (rc < 0)
         FAIL("SNAPSHOT_FAILED", "%s", err);
-    log_info("event=snapshot_delete disk=%s name=%s deleted=%d", disk, name,
+    log_info("event=snapshot_delete disk=%s name=%s id=%lld owner=%s "
+             "deleted=%d", disk, name, json_is_integer(jid) ?
+             (long long)json_integer_value(jid) : -1LL, owner ? owner : "-",
              rc);
     return json_pack("{s:s,s:s,s:b}", "disk", disk, "name", name, "deleted",
                      rc == 1);

@@ -15,6 +15,7 @@ enum ftype {
     F_STRLIST,     /* non-empty array of distinct non-empty strings */
     F_SNAPMAP,     /* object: disk id -> snapshot name */
     F_OBJECT,
+    F_ID,          /* integer 0..2^53 (an RBD snap id; exact in JSON) */
 };
 
 struct field {
@@ -40,6 +41,7 @@ static const char *type_names[] = {
     [F_STRLIST] = "a non-empty array of distinct non-empty strings",
     [F_SNAPMAP] = "an object of disk id to snapshot name",
     [F_OBJECT] = "an object",
+    [F_ID] = "an integer 0..9007199254740992",
 };
 
 void
@@ -200,6 +202,11 @@ check_field(const struct field *f, json_t *v, struct proto_error *err)
         return 0;
     case F_OBJECT:
         if (json_is_object(v))
+            return 0;
+        break;
+    case F_ID:
+        if (json_is_integer(v) && json_integer_value(v) >= 0 &&
+            json_integer_value(v) <= 9007199254740992LL)
             return 0;
         break;
     case F_NONE:

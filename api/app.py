@@ -20,6 +20,7 @@ from cutpoint.api.routes import (
     hosts,
     inventory,
     jobs,
+    orphans,
     sites,
     snapshots,
     tokens,
@@ -53,7 +54,7 @@ def create_app(settings: Settings | None = None,
     errors.document(app)
 
     v1 = APIRouter(prefix="/v1")
-    for r in (sites, hosts, inventory, groups, snapshots, jobs, audit, tokens):
+    for r in (sites, hosts, inventory, groups, snapshots, orphans, jobs, audit, tokens):
         v1.include_router(r.router)
     from cutpoint.api.routes import drills, failover, replication  # DR
     for r in (replication, drills, failover):

@@ -52,6 +52,12 @@ class Settings(BaseSettings):
     inventory_interval_s: float = Field(default=60.0, gt=0)
     # How often in-doubt txns of every group are resolved (also at worker start).
     resolve_interval_s: float = Field(default=60.0, gt=0)
+    # The sweeper of orphan member snapshots (services/sweeper.py): how
+    # often it runs (also at worker start), and how old an orphan must be
+    # before it is deleted.  The grace keeps a pass away from snapshots
+    # whose txn has only just ended, and from clock skew between hosts.
+    orphan_sweep_interval_s: float = Field(default=900.0, gt=0)
+    orphan_grace_s: float = Field(default=3600.0, ge=0)
     # A group lock outlives a killed worker by at most this long.
     group_lock_ttl_s: float = Field(default=30.0, gt=1, le=3600)
     broker_visibility_timeout_s: int = Field(default=120, ge=10)

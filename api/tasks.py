@@ -384,6 +384,68 @@ def _resolve_at_start(**_: Any) -> None:
         queue.enqueue_sweep(get_settings(), "resolve_in_doubt", "worker-start")
     except queue.BrokerUnavailable:  # beat's periodic pass does it later
         log.exception("event=resolve_at_start_not_queued")
+    # And what an abort or a crash left behind (older than the grace period).
+    try:
+        queue.enqueue_sweep(get_settings(), "orphan_sweep_tick", "worker-start")
+    except queue.BrokerUnavailable:
+        log.exception("event=orphan_sweep_at_start_not_queued")
+
+
+@cutpoint_task("orphan_sweep_tick", job=False)
+def orphan_sweep_tick(ctx: Ctx) -> dict[str, Any] | None:
+    """The routine sweep of orphan member snapshots (services/sweeper.py),
+    sent by beat and at worker start; one at a time across workers."""
+    from cutpoint.api.services import sweeper
+
+    lock = ctx.redis.lock("cutpoint:lock:orphan-sweep", timeout=600, thread_local=False)
+    if not lock.acquire(blocking=False):
+        raise Skip("another orphan sweep is running")
+    try:
+        res = sweeper.sweep(ctx.sf, ctx.settings, actor="sweeper",
+                            request_id=f"orphan-sweep:{ctx.job_id or 'beat'}")
+    finally:
+        lock.release()
+    out = res.to_dict()
+    out.pop("verdicts")
+    return out
+
+
+@cutpoint_task("orphan_sweep")
+def orphan_sweep(ctx: Ctx) -> dict[str, Any] | None:
+    """An admin's sweep (POST /v1/orphans/sweep): the job shows progress and
+    keeps the summary; every deletion is in the audit log."""
+    from cutpoint.api.services import sweeper
+
+    def progress(frac: float, message: str) -> None:
+        with ctx.sf() as s:
+            job = s.get(Job, ctx.job_id)
+            if job is not None:
+                job.progress, job.message = min(0.99, frac), message[:255]
+                s.commit()
+
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        assert job is not None
+        actor = job.created_by or "admin"
+        grace = (job.params or {}).get("grace_s")
+    lock = ctx.redis.lock("cutpoint:lock:orphan-sweep", timeout=600, thread_local=False)
+    if not lock.acquire(blocking=True, blocking_timeout=60):
+        raise JobFailed("sweep_busy", "another orphan sweep is still running")
+    try:
+        res = sweeper.sweep(ctx.sf, ctx.settings, actor=actor, role="admin",
+                            request_id=ctx.job_id, progress=progress,
+                            grace_s=float(grace) if grace is not None else None)
+    finally:
+        lock.release()
+    out = res.to_dict()
+    out["verdicts"] = [v for v in out["verdicts"] if v["action"] == "delete"]
+    if res.failed or res.unreachable or res.list_errors:
+        failed = JobFailed("sweep_incomplete",
+                           f"{len(res.failed)} deletion(s) failed, {len(res.unreachable)} "
+                           f"host(s) unreachable, {len(res.list_errors)} disk(s) not listed")
+        failed.result = out  # type: ignore[attr-defined]  what was done stays visible
+        raise failed
+    return out
 
 
 @cutpoint_task("retention_tick", job=False)

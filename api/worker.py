@@ -22,6 +22,9 @@ QUEUES = {
     "inventory_tick": "cutpoint.default",
     # Talks to agents, like a snapshot of the groups it resolves.
     "resolve_in_doubt": "cutpoint.snapshots",
+    # The orphan sweeper talks to every agent: never on the scheduler queue.
+    "orphan_sweep": "cutpoint.default",
+    "orphan_sweep_tick": "cutpoint.default",
     # DR: long-running, they talk to agents and both Ceph sites.
     "replicate": "cutpoint.default",
     "drill": "cutpoint.default",
@@ -56,6 +59,9 @@ def make_celery(settings: Settings) -> Celery:
             "resolve-in-doubt": {"task": "cutpoint.resolve_in_doubt",
                                  "schedule": settings.resolve_interval_s,
                                  "options": {"expires": settings.resolve_interval_s}},
+            "orphan-sweep": {"task": "cutpoint.orphan_sweep_tick",
+                             "schedule": settings.orphan_sweep_interval_s,
+                             "options": {"expires": settings.orphan_sweep_interval_s}},
         },
     )
     return app

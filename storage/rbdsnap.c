@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <rados/librados.h>
 #include <rbd/librbd.h>
 
@@ -362,11 +363,28 @@ rbdsnap_list(struct rbdsnap_image *img, json_t **out, char *err,
         goto cleanup;
     }
     arr = json_array();
-    for (i = 0; i < n; i++)
-        json_array_append_new(arr, json_pack("{s:s,s:I,s:I}", "name",
-                                             snaps[i].name, "id",
-                                             (json_int_t)snaps[i].id, "size",
-                                             (json_int_t)snaps[i].size));
+    for (i = 0; i < n; i++) {
+        json_t *o = json_pack("{s:s,s:I,s:I}", "name", snaps[i].name, "id",
+                              (json_int_t)snaps[i].id, "size",
+                              (json_int_t)snaps[i].size);
+        struct timespec ts;
+        char owner[160], e[256];
+
+        /* The sweeper of orphans needs both: whose it is, and its age. */
+        if (rbd_snap_get_timestamp(img->image, snaps[i].id, &ts) == 0)
+            json_object_set_new(o, "created", json_integer(ts.tv_sec));
+        switch (rbdsnap_owner(img, snaps[i].id, owner, sizeof(owner), e,
+                              sizeof(e))) {
+        case 0:
+            json_object_set_new(o, "owner", json_string(owner));
+            break;
+        case RBDSNAP_ENOENT:
+            break;
+        default:    /* unknown owner: the sweeper must leave it alone */
+            json_object_set_new(o, "owner_error", json_string(e));
+        }
+        json_array_append_new(arr, o);
+    }
     rbd_snap_list_end(snaps);
     *out = arr;
     arr = NULL;

@@ -97,7 +97,12 @@ int rbdsnap_owner(struct rbdsnap_image *img, uint64_t id, char *txn,
 /* Removes snap id and its owner key: 0, RBDSNAP_ENOENT (absent), -1. */
 int rbdsnap_remove_id(struct rbdsnap_image *img, uint64_t id, char *err,
                       size_t errlen);
-/* *out: new JSON array of {"name", "id", "size"}. */
+/*
+ * *out: new JSON array of {"name", "id", "size", "created"?, "owner"?,
+ * "owner_error"?}: created is the snapshot's creation time (Unix seconds,
+ * librbd's snap timestamp), owner the txn of its RBDSNAP_OWNER_PREFIX key
+ * (absent: none recorded), owner_error why that key could not be read.
+ */
 int rbdsnap_list(struct rbdsnap_image *img, json_t **out,
                  char *err, size_t errlen);
 

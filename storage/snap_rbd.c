@@ -211,8 +211,14 @@ rbd_remove(const struct snap_disk *d, const char *name, int timeout_ms,
 {
     int rc;
 
+    uint64_t id;
+
     (void)timeout_ms;   /* librbd's own op timeouts bound it (rbdsnap.c) */
-    rc = rbdsnap_remove(d->img, name, err->msg, sizeof(err->msg));
+    /* By id, so that its owner key goes with it: a key left behind names a
+     * dead snap id for good. */
+    rc = rbdsnap_snap_id(d->img, name, &id, err->msg, sizeof(err->msg));
+    if (rc == 0)
+        rc = rbdsnap_remove_id(d->img, id, err->msg, sizeof(err->msg));
     if (rc == RBDSNAP_ENOENT)
         return SNAP_ENOENT;
     if (rc < 0)

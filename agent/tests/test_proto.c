@@ -164,6 +164,15 @@ test_wrong_field_types(void **state)
                  "BAD_REQUEST", 0);
     expect_error("{\"id\":1,\"cmd\":\"snapshot.delete\",\"args\":{\"disk\":\"a\","
                  "\"name\":\"x y\"}}", "BAD_REQUEST", 0);
+    /* snapshot.delete's optional id: a snap id, 0..2^53 */
+    expect_error("{\"id\":1,\"cmd\":\"snapshot.delete\",\"args\":{\"disk\":\"a\","
+                 "\"name\":\"x\",\"id\":-1}}", "BAD_REQUEST", 0);
+    expect_error("{\"id\":1,\"cmd\":\"snapshot.delete\",\"args\":{\"disk\":\"a\","
+                 "\"name\":\"x\",\"id\":\"4\"}}", "BAD_REQUEST", 0);
+    expect_error("{\"id\":1,\"cmd\":\"snapshot.delete\",\"args\":{\"disk\":\"a\","
+                 "\"name\":\"x\",\"id\":9007199254740993}}", "BAD_REQUEST", 0);
+    expect_error("{\"id\":1,\"cmd\":\"snapshot.delete\",\"args\":{\"disk\":\"a\","
+                 "\"name\":\"x\",\"id\":4,\"owner\":\"t 1\"}}", "BAD_REQUEST", 0);
     expect_error("{\"id\":1,\"cmd\":\"hello\",\"args\":{\"x\":1}}",
                  "BAD_REQUEST", 0);
     expect_error("{\"id\":1,\"cmd\":\"abort\",\"args\":{\"txn\":\"t\","
@@ -194,6 +203,11 @@ test_valid_requests(void **state)
     assert_int_equal(req.cmd, PROTO_CMD_COMMIT);
     assert_int_equal(json_integer_value(json_object_get(req.args, "budget_ms")),
                      500);
+    proto_request_clear(&req);
+    assert_int_equal(parse("{\"id\":9,\"cmd\":\"snapshot.delete\",\"args\":{"
+                           "\"disk\":\"vm1/disk0\",\"name\":\"cp.g.t-1\",\"id\":0,"
+                           "\"owner\":\"t-1\"}}", &req, &bad, &err), 0);
+    assert_int_equal(req.cmd, PROTO_CMD_SNAP_DELETE);
     proto_request_clear(&req);
     proto_request_clear(NULL);
 }

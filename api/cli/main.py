@@ -13,6 +13,7 @@ from cutpoint.api.cli import (
     group,
     inventory,
     job,
+    orphans,
     rpo,
     server,
     token,
@@ -31,6 +32,7 @@ app.add_typer(token.app, name="token")
 app.add_typer(group.app, name="group")
 app.add_typer(job.app, name="job")
 app.add_typer(rpo.app, name="rpo")
+app.add_typer(orphans.app, name="orphans")
 app.add_typer(inventory.site_app, name="site")
 app.add_typer(inventory.host_app, name="host")
 app.command("snapshot")(snapshot_cmd)

@@ -1,5 +1,6 @@
 """Calls to one agent from the control plane: inventory, retention's
-snapshot.delete, failover's fence (vm.stop) and boot (vm.start).
+snapshot.delete, the orphan sweeper's snapshot.list and snapshot.delete,
+failover's fence (vm.stop) and boot (vm.start).
 
 Every connection is mutually authenticated TLS (docs/agent-protocol.md §1)
 *and* pinned: `pinned_client` checks the host's registered certificate
@@ -110,6 +111,14 @@ async def call_async(host: Host, settings: Settings, calls: list[tuple[str, dict
     its own connect deadline."""
     return [r for r in await _calls(host, settings, calls, connect_timeout_s=connect_timeout_s)
             if isinstance(r, dict)]
+
+
+def call_each(host: Host, settings: Settings, calls: list[tuple[str, dict[str, Any]]]) \
+        -> list[dict[str, Any] | AgentCallError]:
+    """Each call's own outcome, sent at once over one pinned connection (a
+    failed call does not stop the others); AgentCallError raised only when
+    the agent cannot be reached at all."""
+    return asyncio.run(_calls(host, settings, calls, parallel=True))
 
 
 def start_vms(host: Host, settings: Settings, names: list[str], timeout_s: float) \

@@ -36,6 +36,8 @@ REQUIRED = {
     ("GET", "/v1/groups/{group}/rpo/misses"): "viewer",
     ("POST", "/v1/groups/{group}/retention"): "operator",
     ("GET", "/v1/snapshots/{snapshot_id}"): "viewer",
+    ("GET", "/v1/orphans"): "admin",
+    ("POST", "/v1/orphans/sweep"): "admin",
     # DR
     ("GET", "/v1/groups/{group}/replication"): "viewer",
     ("GET", "/v1/snapshots/{snapshot_id}/replication"): "viewer",
