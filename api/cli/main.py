@@ -16,6 +16,7 @@ from cutpoint.api.cli import (
     rpo,
     server,
     token,
+    vm,
 )
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 from cutpoint.api.version import VERSION
@@ -33,6 +34,7 @@ app.add_typer(job.app, name="job")
 app.add_typer(rpo.app, name="rpo")
 app.add_typer(inventory.site_app, name="site")
 app.add_typer(inventory.host_app, name="host")
+app.add_typer(vm.app, name="vm")
 app.command("snapshot")(snapshot_cmd)
 app.add_typer(drill.app, name="drill"); app.add_typer(drill.dr_app, name="dr")
 
