@@ -8,7 +8,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cutpoint.api.models import GroupSnapshot, Host, MemberSnapshot, Site, SnapState, Vm, utcnow
+from cutpoint.api.models import (
+    GroupSnapshot,
+    Host,
+    MemberSnapshot,
+    Site,
+    SnapState,
+    Vm,
+    utcnow,
+)
 from cutpoint.api.services import inventory as inv
 from liveapi import cli, serve  # api/tests/liveapi.py
 from sqlalchemy import select
