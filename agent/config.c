@@ -289,6 +289,14 @@ config_load(const char *path, struct agent_config *cfg, char *err,
         }
         else if (vm && strcmp(k, "domain") == 0)
             TAKE(vm->domain);
+        else if (vm && strcmp(k, "id") == 0) {
+            /* printable, no blanks: it names the VM across hosts */
+            if (!v[0] || strlen(v) >= sizeof(vm->uid) ||
+                strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                       "0123456789._:-") != strlen(v))
+                goto bad;
+            TAKE(vm->uid);
+        }
         else if (vm && strcmp(k, "xml") == 0) {
             if (v[0] != '/')
                 goto bad;

@@ -40,6 +40,10 @@ struct cfg_vm {
      * mountpoints fs-freeze freezes (blank-separated, "" all). */
     char xml[1024];
     char mountpoints[1024];
+    /* qmp driver: the VM's stable identity (`id =`), which stays the same
+     * when the VM moves to another host; "" none.  A libvirt VM's identity
+     * is its domain UUID. */
+    char uid[65];
     enum cfg_method method;
     int method_auto;        /* method = auto: config_vm_method resolves it
                                again when the driver learns the disks */

@@ -11,6 +11,7 @@
 #include "log.h"
 #include "mono.h"
 #include "par.h"
+#include "rbdsnap.h"
 #include "recover.h"
 
 /* A hung QEMU shows `unknown` rather than delaying the reply. */
@@ -226,6 +227,10 @@ disk_json(const struct vm *v, int d)
     if (dk->backend == CFG_BACKEND_RBD) {
         json_object_set_new(o, "pool", json_string(dk->pool));
         json_object_set_new(o, "image", json_string(dk->image));
+        /* known once the image is open (bringup, or when a standby runs) */
+        if (rbdsnap_size(v->img[d]))
+            json_object_set_new(o, "size", json_integer(
+                (json_int_t)rbdsnap_size(v->img[d])));
     } else {
         json_object_set_new(o, "file", json_string(dk->file));
     }
@@ -243,7 +248,7 @@ inv_one(void *arg)
 {
     struct inv_job *j = arg;
     struct vm *v = j->vm;
-    json_t *disks = json_array();
+    json_t *disks = json_array(), *uuid;
 
     for (int d = 0; d < v->cfg->ndisks; d++)
         json_array_append_new(disks, disk_json(v, d));
@@ -255,6 +260,12 @@ inv_one(void *arg)
     else
         json_object_set_new(j->o, "state", json_string(
             vm_state(v, INVENTORY_TIMEOUT_MS)));
+    /* The identity that survives a move to another host: the libvirt
+     * domain's UUID (describe set it), or the configured id. */
+    uuid = json_object_get(j->o, "uuid");
+    json_object_set_new(j->o, "uid", json_is_string(uuid) ? json_incref(uuid)
+                        : v->cfg->uid[0] ? json_string(v->cfg->uid)
+                        : json_null());
     return NULL;
 }
 

@@ -148,11 +148,12 @@ lvdef_config_check(const struct agent_config *cfg, struct cfg_vm *m,
     struct domxml *dx;
     char e[300], *xml;
 
-    if (m->start[0] || m->qga[0]) {
+    if (m->start[0] || m->qga[0] || m->uid[0]) {
         snprintf(err, errlen, "%s: [vm %s] %s = is for the qmp driver "
                  "(libvirt: vm.start defines and starts the domain; "
-                 "fs-freeze uses libvirt's guest agent channel)", path,
-                 m->name, m->start[0] ? "start" : "qga");
+                 "fs-freeze uses libvirt's guest agent channel; the "
+                 "identity is the domain's UUID)", path,
+                 m->name, m->start[0] ? "start" : m->qga[0] ? "qga" : "id");
         return -1;
     }
     if (!cfg->libvirt_uri[0]) {

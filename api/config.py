@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     scheduler_margin_s: float = Field(default=1.0, ge=0, le=3600)
     retention_interval_s: float = Field(default=30.0, gt=0)
     inventory_interval_s: float = Field(default=60.0, gt=0)
+    # How often every agent's inventory is polled for changes (cheap: a
+    # database write only when the agent's generation moved); it bounds how
+    # late `cutpoint vm list` shows a new, gone or moved VM.
+    inventory_watch_s: float = Field(default=2.0, gt=0, le=3600)
     # How often in-doubt txns of every group are resolved (also at worker start).
     resolve_interval_s: float = Field(default=60.0, gt=0)
     # The sweeper of orphan member snapshots (services/sweeper.py): how

@@ -144,6 +144,14 @@ class Host(Base):
     last_seen_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
     agent_version: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The agent inventory last applied (agent-protocol §4.2 `instance` and
+    # `generation`): the inventory watch applies a reply only when they
+    # differ, so an unchanged host costs one small call and no write.
+    inventory_instance: Mapped[str | None] = mapped_column(String(32), default=None)
+    inventory_generation: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # Some hypervisor connection of the agent is down: its VMs' state is the
+    # last one seen.
+    inventory_stale: Mapped[bool] = mapped_column(Boolean, default=False)
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     site: Mapped[Site] = relationship(lazy="joined")
@@ -155,9 +163,15 @@ class Vm(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(128))
+    # The VM's identity across hosts (inventory `uid`): a libvirt domain's
+    # UUID, or a raw-QEMU VM's configured id; None when the agent gives none
+    # (then host + name is all there is).  A VM reported under a known uid
+    # by another host is this row, moved (services/vm_identity.py).
+    uid: Mapped[str | None] = mapped_column(String(64), default=None, unique=True)
     driver: Mapped[str] = mapped_column(String(32), default="qemu")
     state: Mapped[str] = mapped_column(String(16), default="unknown")
     present: Mapped[bool] = mapped_column(Boolean, default=True)
+    stale: Mapped[bool] = mapped_column(Boolean, default=False)
     synced_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     host: Mapped[Host] = relationship(lazy="joined")
     disks: Mapped[list[Disk]] = relationship(back_populates="vm", order_by="Disk.node")
@@ -174,6 +188,8 @@ class Disk(Base):
     pool: Mapped[str | None] = mapped_column(String(128), default=None)
     image: Mapped[str | None] = mapped_column(String(255), default=None)
     file: Mapped[str | None] = mapped_column(String(1024), default=None)
+    # Bytes, as the agent saw the image when it opened it; None: not known.
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     present: Mapped[bool] = mapped_column(Boolean, default=True)
     vm: Mapped[Vm] = relationship(back_populates="disks")
     __table_args__ = (UniqueConstraint("vm_id", "node", name="uq_disks_vm_node"),)

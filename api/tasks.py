@@ -263,11 +263,13 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
     return summary
 
 
-def _pull_inventory(s: Session, host: Host, settings: Settings) -> dict[str, int]:
-    """Ask the host's agent for hello and inventory and apply them (commits).
-    An agent that cannot be reached is recorded on the host (committed) and
-    its AgentCallError raised again."""
-    from cutpoint.api.services import agents, inventory
+def _pull_inventory(s: Session, host: Host, settings: Settings,
+                    r: redis.Redis) -> dict[str, int]:
+    """Ask the host's agent for hello and inventory and apply them (commits),
+    under the inventory lock (services/inventory_watch.py).  An agent that
+    cannot be reached is recorded on the host (committed) and its
+    AgentCallError raised again."""
+    from cutpoint.api.services import agents, inventory, inventory_watch
 
     try:
         hello, inv = agents.call(host, settings, ("hello", {}), ("inventory", {}))
@@ -277,7 +279,13 @@ def _pull_inventory(s: Session, host: Host, settings: Settings) -> dict[str, int
         s.commit()
         raise
     host.agent_version = str(hello.get("version", ""))[:64] or None
-    return inventory.apply(s, host, inv)
+    with inventory_watch.inventory_lock(r, wait_s=30) as got:
+        if not got:
+            raise agents.AgentCallError(host.name, "busy", "another inventory writer "
+                                        "held the lock for 30 s")
+        counts = inventory.apply(s, host, inv)
+        inventory_watch.record(s, host, inv, counts)
+    return counts
 
 
 @cutpoint_task("inventory_sync")
@@ -291,7 +299,7 @@ def inventory_sync(ctx: Ctx) -> dict[str, Any] | None:
         if host is None:
             raise JobFailed("host_not_found", "the job's host is gone")
         try:
-            counts = _pull_inventory(s, host, ctx.settings)
+            counts = _pull_inventory(s, host, ctx.settings, ctx.redis)
         except agents.AgentCallError as exc:
             raise JobFailed(exc.code.lower(), str(exc)) from exc
         return {"host": host.name, **counts}
@@ -477,12 +485,23 @@ def inventory_tick(ctx: Ctx) -> dict[str, Any] | None:
     with ctx.sf() as s:
         for host in list(s.scalars(select(Host))):
             try:
-                _pull_inventory(s, host, ctx.settings)
+                _pull_inventory(s, host, ctx.settings, ctx.redis)
             except agents.AgentCallError:
                 bad += 1
                 continue
             ok += 1
     return {"reachable": ok, "unreachable": bad}
+
+
+@cutpoint_task("inventory_watch", job=False)
+def inventory_watch(ctx: Ctx) -> dict[str, Any] | None:
+    """Every agent's inventory, applied where it changed (services/inventory_watch.py)."""
+    from cutpoint.api.services import inventory_watch as watch
+
+    with watch.inventory_lock(ctx.redis, wait_s=None) as got:
+        if not got:
+            raise Skip("another inventory writer is running")
+        return watch.watch_round(ctx.sf, ctx.settings)
 
 
 # --- DR: replication, drills, failover --------------------------------------

@@ -20,6 +20,9 @@ QUEUES = {
     # These two talk to agents: never on the scheduler queue.
     "retention_tick": "cutpoint.default",
     "inventory_tick": "cutpoint.default",
+    # Every few seconds; its own queue, so a deployment can give it a worker
+    # that long snapshots and replications never hold up.
+    "inventory_watch": "cutpoint.inventory",
     # Talks to agents, like a snapshot of the groups it resolves.
     "resolve_in_doubt": "cutpoint.snapshots",
     # The orphan sweeper talks to every agent: never on the scheduler queue.
@@ -56,6 +59,9 @@ def make_celery(settings: Settings) -> Celery:
             "inventory-tick": {"task": "cutpoint.inventory_tick",
                                "schedule": settings.inventory_interval_s,
                                "options": {"expires": settings.inventory_interval_s}},
+            "inventory-watch": {"task": "cutpoint.inventory_watch",
+                                "schedule": settings.inventory_watch_s,
+                                "options": {"expires": settings.inventory_watch_s}},
             "resolve-in-doubt": {"task": "cutpoint.resolve_in_doubt",
                                  "schedule": settings.resolve_interval_s,
                                  "options": {"expires": settings.resolve_interval_s}},

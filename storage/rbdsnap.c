@@ -17,6 +17,7 @@ struct rbdsnap_cluster {
 struct rbdsnap_image {
     rados_ioctx_t io;
     rbd_image_t image;
+    uint64_t size;          /* at open: read without a call to Ceph */
     char spec[256];
 };
 
@@ -179,8 +180,16 @@ rbdsnap_open(struct rbdsnap_cluster *c, const char *pool, const char *image,
         free(img);
         return -1;
     }
+    if (rbd_get_size(img->image, &img->size) < 0)
+        img->size = 0;
     *out = img;
     return 0;
+}
+
+uint64_t
+rbdsnap_size(const struct rbdsnap_image *img)
+{
+    return img ? img->size : 0;
 }
 
 void

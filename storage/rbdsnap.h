@@ -68,6 +68,9 @@ int rbdsnap_open(struct rbdsnap_cluster *c, const char *pool,
                  const char *image, struct rbdsnap_image **out,
                  char *err, size_t errlen);
 void rbdsnap_image_free(struct rbdsnap_image *img);
+/* The image's size in bytes when it was opened (0: unknown, or img NULL);
+ * no call to Ceph, so an inventory never waits on the cluster. */
+uint64_t rbdsnap_size(const struct rbdsnap_image *img);
 
 /* Creates snapshot name; RBDSNAP_EEXIST when one of that name exists
  * already (not made by this call: never claimed as a member). */

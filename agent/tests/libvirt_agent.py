@@ -83,10 +83,14 @@ class LibvirtAgent:
     """One cutpointd in directory d with a [libvirt] section."""
 
     def __init__(self, d: Path, *, discover: bool = True, extra: str = "",
-                 agent_extra: str = "") -> None:
+                 agent_extra: str = "", uri: str = URI, host: str = "libvirt-test",
+                 certs: Path | None = None, cert: str = "agent") -> None:
+        """`certs`: a CA directory shared with other agents (default: its own);
+        `cert`: the name of its certificate there."""
         self.dir = d
-        self.certs = d / "certs"
-        subprocess.run([str(CA_SCRIPT), str(self.certs), "issue", "agent", "agent",
+        self.certs = certs or d / "certs"
+        self.cert = self.certs / f"{cert}.pem"
+        subprocess.run([str(CA_SCRIPT), str(self.certs), "issue", cert, "agent",
                         "127.0.0.1"], check=True, capture_output=True)
         subprocess.run([str(CA_SCRIPT), str(self.certs), "issue", "coordinator",
                         "coordinator"], check=True, capture_output=True)
@@ -94,11 +98,11 @@ class LibvirtAgent:
         self.log = d / "agent.log"
         self.cfg = d / "agent.ini"
         self.cfg.write_text(
-            f"[agent]\nhost = libvirt-test\nlisten = 127.0.0.1:{self.port}\n"
+            f"[agent]\nhost = {host}\nlisten = 127.0.0.1:{self.port}\n"
             f"journal = {d / 'journal'}\n{agent_extra}\n"
-            f"[tls]\nca = {self.certs / 'ca.pem'}\ncert = {self.certs / 'agent.pem'}\n"
-            f"key = {self.certs / 'agent.key'}\n\n"
-            f"[libvirt]\nuri = {URI}\ndiscover = {'yes' if discover else 'no'}\n\n"
+            f"[tls]\nca = {self.certs / 'ca.pem'}\ncert = {self.cert}\n"
+            f"key = {self.certs / (cert + '.key')}\n\n"
+            f"[libvirt]\nuri = {uri}\ndiscover = {'yes' if discover else 'no'}\n\n"
             + extra)
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -41,7 +41,7 @@ test_full(void **state)
                           "[ceph]\nconf = /etc/ceph.conf\n"
                           "[vm a]\nqmp = /s\ndisk.disk0 = rbd:rbd/img0\n"
                           "disk.disk1 = rbd:rbd/img1\n"
-                          "[vm b]\nqmp = /t\nqga = /t.qga\n"
+                          "[vm b]\nqmp = /t\nqga = /t.qga\nid = vm-b.1:x\n"
                           "disk.disk0 = qcow2:/x.qcow2\n",
                           err, sizeof(err)), 0);
     assert_string_equal(cfg.host, "h1");
@@ -58,6 +58,8 @@ test_full(void **state)
     assert_string_equal(cfg.vms[1].disks[0].file, "/x.qcow2");
     assert_string_equal(cfg.vms[0].qga, "");
     assert_string_equal(cfg.vms[1].qga, "/t.qga");
+    assert_string_equal(cfg.vms[0].uid, "");
+    assert_string_equal(cfg.vms[1].uid, "vm-b.1:x");
 }
 
 static void
@@ -92,6 +94,13 @@ test_errors_name_the_line(void **state)
     assert_int_equal(load(TLS "[vm a]\nqmp=/s\nqga = rel.sock\n", err,
                           sizeof(err)), -1);
     assert_non_null(strstr(err, "bad value for qga"));
+    /* an identity names the VM across hosts: no blanks, no slash */
+    assert_int_equal(load(TLS "[vm a]\nqmp=/s\nid = a b\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for id"));
+    assert_int_equal(load(TLS "[vm a]\nqmp=/s\nid = a/b\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for id"));
     assert_int_equal(config_load("/nonexistent.ini", &cfg, err, sizeof(err)),
                      -1);
 }

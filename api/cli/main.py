@@ -17,6 +17,7 @@ from cutpoint.api.cli import (
     rpo,
     server,
     token,
+    vm,
 )
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 from cutpoint.api.version import VERSION
@@ -35,6 +36,7 @@ app.add_typer(rpo.app, name="rpo")
 app.add_typer(orphans.app, name="orphans")
 app.add_typer(inventory.site_app, name="site")
 app.add_typer(inventory.host_app, name="host")
+app.add_typer(vm.app, name="vm")
 app.command("snapshot")(snapshot_cmd)
 app.add_typer(drill.app, name="drill"); app.add_typer(drill.dr_app, name="dr")
 

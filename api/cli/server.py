@@ -27,7 +27,7 @@ import typer
 
 app = typer.Typer(help="Run the control plane (API, worker, beat).",
                   invoke_without_command=True)
-ALL_QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler"
+ALL_QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler,cutpoint.inventory"
 DEFAULT_STATE = Path("/var/lib/cutpoint/embedded")
 DEFAULT_SCHEDULE = Path("/var/lib/cutpoint/beat-schedule")
 CELERY = [sys.executable, "-m", "celery", "-A", "cutpoint.api.worker:celery_app"]

@@ -106,10 +106,12 @@ def call(host: Host, settings: Settings, *calls: tuple[str, dict[str, Any]]) \
 
 
 async def call_async(host: Host, settings: Settings, calls: list[tuple[str, dict[str, Any]]],
-                     *, connect_timeout_s: float | None = None) -> list[dict[str, Any]]:
+                     *, connect_timeout_s: float | None = None,
+                     timeout_s: float | None = None) -> list[dict[str, Any]]:
     """`call` for an event loop of the caller's (several hosts at once), with
-    its own connect deadline."""
-    return [r for r in await _calls(host, settings, calls, connect_timeout_s=connect_timeout_s)
+    its own connect (and, if given, per-call) deadline."""
+    return [r for r in await _calls(host, settings, calls, connect_timeout_s=connect_timeout_s,
+                                    timeout_s=timeout_s)
             if isinstance(r, dict)]
 
 

@@ -21,7 +21,7 @@ from cutpoint.api.migrate import upgrade
 
 SECRET = "plane-test-secret-0123456789"
 CELERY = [sys.executable, "-m", "celery", "-A", "cutpoint.api.worker:celery_app"]
-QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler"
+QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler,cutpoint.inventory"
 
 
 class Plane:

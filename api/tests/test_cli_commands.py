@@ -10,7 +10,8 @@ from pathlib import Path
 import typer
 from cutpoint.api.cli.main import app
 
-OPERATOR = {"snapshot", "server", "token", "group", "job", "rpo", "orphans", "site", "host", "drill", "dr"}
+OPERATOR = {"snapshot", "server", "token", "group", "job", "rpo", "orphans", "site", "host",
+            "drill", "dr", "vm"}
 
 
 def test_cutpoint_has_operator_commands_only() -> None:

@@ -44,7 +44,7 @@ from cutpoint.api.services import groups, inventory, tokens
 from sqlalchemy import func, select
 
 SECRET = "bench-secret-0123456789abcdef"
-QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler"
+QUEUES = "cutpoint.snapshots,cutpoint.default,cutpoint.scheduler,cutpoint.inventory"
 CELERY = [sys.executable, "-m", "celery", "-A", "cutpoint.api.worker:celery_app"]
 
 
