@@ -33,6 +33,7 @@ from cutpoint.coordinator.dr.boot import (
     BootVM,
     Guest,
 )
+from cutpoint.coordinator.dr.site import CephSite
 from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path, stop_agent_pid
 from cutpoint.lab.proc import pid_alive
 
@@ -100,7 +101,8 @@ def standby_agent() -> Iterator[dict[str, Any]]:
 
 
 def _request(a: dict[str, Any], *names: str) -> BootRequest:
-    return BootRequest(FAILOVER, {}, [BootVM(n, (BootDisk("disk0", f"{n}-disk0"),))
+    site = CephSite("dr", pools={"rbd": "rbd"}, ceph_conf="/nonexistent/ceph.conf")
+    return BootRequest(FAILOVER, site, [BootVM(n, (BootDisk("disk0", f"{n}-disk0"),))
                                       for n in names], "failover-t",
                        agents={n: a["agent"] for n in names}, tls=a["tls"])
 
