@@ -220,9 +220,11 @@ def show(name: str, url: str = UrlOpt, token: str = TokenOpt,
     if not c:
         typer.echo("  Ceph access: none")
     else:
+        shown = {**c, "keyring": c["keyring"] or "(Ceph's default search)",
+                 "pools": ", ".join(k if k == v else f"{k}={v}" for k, v in c["pools"].items())}
         for k in ("ceph_conf", "mon_host", "client_id", "keyring", "pools",
                   "connect_timeout_s", "op_timeout_s", "bulk_timeout_s"):
-            v = c.get(k)
+            v = shown.get(k)
             if v is not None:
                 typer.echo(f"  {k}: {','.join(v) if isinstance(v, list) else v}")
     typer.echo(f"  last check: {_check_word(s)}")
