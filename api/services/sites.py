@@ -64,7 +64,8 @@ class SiteCheckFailed(ApiError):
     title = "Site check failed"
 
     def __init__(self, site: str, result: dict[str, Any]) -> None:
-        failed = next((s for s in result["steps"] if s["status"] == "fail"), {})
+        failed: dict[str, Any] = next(
+            (s for s in result["steps"] if s["status"] == "fail"), {})
         code = failed.get("code")
         where = f" (pool {failed['pool']})" if failed.get("pool") else ""
         super().__init__(

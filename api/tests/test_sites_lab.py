@@ -123,16 +123,25 @@ def test_a_change_to_a_client_without_caps_is_refused_and_changes_nothing(
 def test_the_site_commands_on_the_lab(lab: dict[str, Any], tmp_path: Path) -> None:
     with api_server(tmp_path) as srv:
         outs = []
-        r = srv.cli("site", "add", "dr", *cli_args(lab, "dr"))
+
+        def shown(args: list[str], r: Any) -> None:  # for docs/dr.md (-s)
+            print(f"$ cutpoint {' '.join(args)}\n{r.stdout}{r.stderr}(exit {r.returncode})")
+
+        args = ["site", "add", "dr", *cli_args(lab, "dr")]
+        r = srv.cli(*args)
+        shown(args, r)
         outs.append(r.stdout + r.stderr)
         assert r.returncode == 0, outs[-1]
         assert "client.cutpoint at" in r.stdout and "check ok" in r.stdout, r.stdout
-        r = srv.cli("site", "add", "dr-ro", *cli_args(lab, "dr", role="readonly"))
+        args = ["site", "add", "dr-ro", *cli_args(lab, "dr", role="readonly")]
+        r = srv.cli(*args)
+        shown(args, r)
         outs.append(r.stdout + r.stderr)
         assert r.returncode == 1, outs[-1]
         assert "site_check_failed" in r.stderr and "create_image" in r.stderr
         assert "ceph_permission_denied" in r.stderr
         r = srv.cli("site", "check", "dr")
+        shown(["site", "check", "dr"], r)
         outs.append(r.stdout + r.stderr)
         assert r.returncode == 0 and "check passed" in r.stdout, outs[-1]
         for step in STEPS:
@@ -141,6 +150,7 @@ def test_the_site_commands_on_the_lab(lab: dict[str, Any], tmp_path: Path) -> No
         outs.append(r.stdout + r.stderr)
         assert r.returncode == 0 and "v2" in r.stdout, outs[-1]
         r = srv.cli("site", "show", "dr")
+        shown(["site", "show", "dr"], r)
         outs.append(r.stdout + r.stderr)
         assert f"keyring: {access(lab, 'dr')['keyring']}" in r.stdout, r.stdout
         assert "op_timeout_s: 20" in r.stdout and "last check: ok" in r.stdout

@@ -38,7 +38,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
@@ -519,7 +519,7 @@ class CephConnection:
 
     # -- reading and verification ---------------------------------------------------
     def iter_read(self, pool: str, image: str, snap: str | None = None, *,
-                  chunk: int = 4 * MiB) -> Iterator[bytes]:
+                  chunk: int = 4 * MiB) -> Generator[bytes, None, None]:
         """The whole image (at `snap`) front to back, `chunk` bytes at a time,
         holes as zeroes: the bytes of `rbd export pool/image@snap -`.  The image
         stays open while the caller iterates; each read is one bounded call."""
