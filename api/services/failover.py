@@ -313,14 +313,19 @@ def _take_epoch(sf: Any, settings: Any, g_id: int, plan: Any, job_id: str,
                 steps: Steps) -> int:
     """Record the fencing epoch (or adopt a failed failover's) and mark every
     member image at DR with it."""
-    from cutpoint.api.services import dr_ceph, fencing
+    from cutpoint.api.services import fencing, replication
     from cutpoint.coordinator.dr.site import CephConnection
 
     with sf() as s:
+        try:  # before the epoch: a site gone since the checks takes none
+            site = replication.site_of(s, plan.target,
+                                       timeout_s=int(settings.failover_check_timeout_s))
+        except replication.ReplicationFailed as exc:
+            raise FailoverFailed(exc.code, f"the DR site {plan.target!r}: {exc}",
+                                 stage=FENCED) from exc
         st = fencing.state(s, g_id)
         n = st.epoch if st.active_site == plan.target else st.epoch + 1
         rec = fencing.take(s, g_id, n, plan.target, plan.source, job_id)
-    site = dr_ceph.ceph_site(plan.target, timeout_s=int(settings.failover_check_timeout_s))
     with CephConnection(site) as ceph:
         marked = fencing.mark_images(ceph, plan.images, n)
     steps.mark("epoch", {**rec, "dr_images_marked": marked})
@@ -474,7 +479,11 @@ class _Run:
             snap = s.get(GroupSnapshot, self.snap_id)
             assert snap is not None
             txn, rp = snap.txn, snap.members[0].name
-            site = replication.ceph_sites().get(plan.target, {})
+            try:
+                site = replication.site_of(s, plan.target)
+            except replication.ReplicationFailed as exc:
+                raise FailoverFailed(exc.code, f"the DR site {plan.target!r}: {exc}",
+                                     stage=FENCED) from exc
             boot = failover_checks.boot_request(s, self.settings, plan,
                                                 f"failover-{self.job_id[:8]}",
                                                 self.workload, site)

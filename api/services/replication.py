@@ -57,13 +57,14 @@ class ReplicationFailed(Exception):
         super().__init__(message)
 
 
-def site_of(s: Session, name: str) -> Any:
-    """The CephSite of site `name`; ReplicationFailed with the API's code when it has none."""
+def site_of(s: Session, name: str, *, timeout_s: int | None = None) -> Any:
+    """The CephSite of site `name` (timeouts capped at `timeout_s`, see
+    sites.ceph_site); ReplicationFailed with the API's code when it has none."""
     from cutpoint.api.errors import ApiError
     from cutpoint.api.services.sites import ceph_site
 
     try:
-        return ceph_site(s, name)
+        return ceph_site(s, name, timeout_s=timeout_s)
     except ApiError as exc:
         raise ReplicationFailed(exc.code, exc.detail) from exc
 

@@ -23,6 +23,7 @@ changed meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -109,8 +110,13 @@ def to_ceph_site(name: str, access: dict[str, Any]) -> CephSite:
                     bulk_timeout_s=int(access.get("bulk_timeout_s") or 900))
 
 
-def ceph_site(session: Session, name: str) -> CephSite:
+def ceph_site(session: Session, name: str, *, timeout_s: int | None = None) -> CephSite:
     """The Ceph access of site `name`, for the control plane's Ceph calls.
+
+    `timeout_s` caps the site's connect and per-request timeouts, for a
+    caller that must answer within it whatever the site's own are (a
+    failover's preconditions: site.py's deadlines then end a call to a site
+    that does not answer within it).
 
     404 `site_not_found`; 409 `site_has_no_ceph` when none is set."""
     site = by_name(session, name)
@@ -120,9 +126,14 @@ def ceph_site(session: Session, name: str) -> CephSite:
                        f"{site.id} (or `cutpoint site update {name} --ceph-conf ... "
                        "--pool ...`)", code="site_has_no_ceph", extra={"site": name})
     try:
-        return to_ceph_site(name, access)
+        ceph = to_ceph_site(name, access)
     except SiteConfigError as exc:  # stored before a rule was added: say what to fix
         raise Conflict(str(exc), code="bad_site_ceph", extra={"site": name}) from exc
+    if timeout_s is not None:
+        ceph = dataclasses.replace(ceph,
+                                   connect_timeout_s=min(ceph.connect_timeout_s, timeout_s),
+                                   op_timeout_s=min(ceph.op_timeout_s, timeout_s))
+    return ceph
 
 
 def public(site: Site) -> SitePublic:

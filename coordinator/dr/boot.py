@@ -99,7 +99,7 @@ class AgentRef:
 @dataclass
 class BootRequest:
     purpose: str  # FAILOVER or DRILL
-    site: CephSite  # the Ceph site of the images
+    site: CephSite | None  # the Ceph site of the images; None: a preflight's, which reads none
     vms: list[BootVM]
     tag: str  # names what this boot starts: "drill-<id>", "failover-<job>"
     workload: str = "none"  # what the guests run after boot, where a booter can say

@@ -108,6 +108,8 @@ def failover(booter: Booter, req: BootRequest, recovery_point: str,
         if on_event is not None:
             on_event(step, e)
 
+    if req.site is None:
+        raise FailoverError("the boot request names no Ceph site for the DR images")
     fenced = fence()
     ev("fence", fenced)
     disks = [d for v in req.vms for d in v.disks]

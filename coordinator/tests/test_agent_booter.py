@@ -176,7 +176,7 @@ def test_preflight_asks_without_starting(standby_agent: dict[str, Any]) -> None:
     assert time.monotonic() - t0 < 12
     assert (check.code, check.unavailable) == ("dr_agent_unreachable", True), check
     # No agent named for the VM, or no certificate: nobody to ask.
-    nobody = BootRequest(FAILOVER, {}, [BootVM("sb1", ())], "failover-t", tls=a["tls"])
+    nobody = BootRequest(FAILOVER, None, [BootVM("sb1", ())], "failover-t", tls=a["tls"])
     assert [u.why for u in booter.preflight(nobody)] == ["no_agent"]
     # Asking started nothing: sb1 is still shut off, no QEMU pid file.
     assert booter.states(_request(a, "sb1"), ["sb1"]) == {"sb1": "shutoff"}

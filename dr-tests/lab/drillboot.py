@@ -191,6 +191,8 @@ class LabBooter:
     def _start_clones(self, req: BootRequest, on_event: EventHook | None) -> list[Guest]:
         from cutpoint.lab.vms import qemu_argv
 
+        if req.site is None:
+            raise BootError("a drill's boot request names the Ceph site of its clones")
         status = self.status()
         ns = _dr_netns(status)
         bridge = bridge_of(req.tag)
