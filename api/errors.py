@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from cutpoint.coordinator.dr.ceph_errors import CephError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -77,6 +78,19 @@ _HTTP_CODES = {
     412: "precondition_failed", 413: "too_large", 415: "unsupported_media_type",
     422: "validation_error", 429: "too_many_requests",
 }
+
+
+# A Ceph failure that reaches a route (docs/api.md, "Ceph errors").  The
+# Ceph object is never the resource the URL names, so a missing one is a
+# conflict with what the request needs, not 404; the rest are the site's
+# cluster failing the control plane: a bad gateway, unavailable, or a
+# gateway timeout.
+CEPH_STATUS = {"ceph_not_found": 409, "ceph_exists": 409, "ceph_permission_denied": 502,
+               "ceph_unreachable": 503, "ceph_timeout": 504, "ceph_error": 502}
+
+
+def ceph_problem_extra(exc: CephError) -> dict[str, Any]:
+    return {"site": exc.site, "op": exc.op, "object": exc.obj, "errno": exc.errno}
 
 
 def problem(status: int, code: str, title: str, detail: str, instance: str,
@@ -158,6 +172,11 @@ def install(app: FastAPI) -> None:
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return problem(exc.status, exc.code, exc.title, exc.detail, request.url.path,
                        exc.extra, exc.headers)
+
+    @app.exception_handler(CephError)
+    async def _ceph(request: Request, exc: CephError) -> JSONResponse:
+        return problem(CEPH_STATUS.get(exc.code, 502), exc.code, "Ceph call failed", str(exc),
+                       request.url.path, ceph_problem_extra(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -129,6 +129,20 @@ class Site(Base):
     description: Mapped[str] = mapped_column(String(255), default="")
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # Ceph access (cutpoint.coordinator.dr.site.CephSite); no pool map: the
+    # site has no Ceph cluster cutpoint reaches.  The key stays in the
+    # keyring file: only its path is stored.
+    ceph_conf: Mapped[str | None] = mapped_column(String(1024), default=None)
+    ceph_mon_host: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    ceph_client_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    ceph_keyring: Mapped[str | None] = mapped_column(String(1024), default=None)
+    ceph_pools: Mapped[dict[str, str] | None] = mapped_column(JSON, default=None)
+    ceph_connect_timeout_s: Mapped[int | None] = mapped_column(Integer, default=None)
+    ceph_op_timeout_s: Mapped[int | None] = mapped_column(Integer, default=None)
+    ceph_bulk_timeout_s: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The newest site check of the current access (site_check.SiteCheck.as_dict).
+    ceph_check: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    ceph_checked_at: Mapped[dt.datetime | None] = mapped_column(default=None)
 
 
 class Host(Base):

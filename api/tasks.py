@@ -37,6 +37,7 @@ from cutpoint.api.models import (
     utcnow,
 )
 from cutpoint.api.worker import _lazy
+from cutpoint.coordinator.dr.ceph_errors import CephError
 from prometheus_client import Counter, Histogram
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -156,6 +157,9 @@ def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) ->
         result = fn(ctx)
     except JobFailed as exc:
         _finish(ctx, JobState.failed, getattr(exc, "result", None), exc.code, str(exc))
+        return
+    except CephError as exc:  # a site's cluster failed the job: its typed code, not "internal"
+        _finish(ctx, JobState.failed, None, exc.code, str(exc))
         return
     except (Skip, Retry):
         raise

@@ -39,54 +39,16 @@ diff_fields: {description: Fields that differed., type: list, returned: always}
 """
 
 import hashlib
-import json
 import ssl
-import urllib.error
-import urllib.parse
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-
-
-class ApiError(Exception):
-    def __init__(self, method, path, sent, status, received):
-        self.method, self.path, self.sent = method, path, sent
-        self.status, self.received = status, received
-        super().__init__(f"{method} {path} sent {sent!r} -> HTTP {status}: {received}")
-
-
-# TLS context of HTTPS API URLs (set from ca_file in main).
-_SSL = None
-
-
-def _call(base, token, method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(base.rstrip("/") + path, data=data, method=method)
-    req.add_header("Authorization", f"Bearer {token}")
-    req.add_header("Accept", "application/json")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=30, context=_SSL) as resp:
-            raw = resp.read()
-            return json.loads(raw) if raw else None
-    except urllib.error.HTTPError as exc:
-        raise ApiError(method, path, body, exc.code, exc.read().decode(errors="replace")) from exc
-    except urllib.error.URLError as exc:
-        raise ApiError(method, path, body, None, str(exc.reason)) from exc
-
-
-def _list(base, token, path):
-    items, cursor = [], None
-    while True:
-        q = {"limit": 500}
-        if cursor:
-            q["cursor"] = cursor
-        page = _call(base, token, "GET", f"{path}?{urllib.parse.urlencode(q)}")
-        items.extend(page["items"])
-        cursor = page.get("next_cursor")
-        if not cursor:
-            return items
+from ansible.module_utils.cutpoint_api import (
+    ApiError,
+    call,
+    configure_tls,
+    list_all,
+    read_token,
+)
 
 
 def fingerprint(cert_pem):
@@ -112,18 +74,8 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    global _SSL
-    if p["ca_file"]:
-        _SSL = ssl.create_default_context(cafile=p["ca_file"])
-    token = p["token"]
-    if not token:
-        if not p["token_file"]:
-            module.fail_json(msg="either token or token_file is required")
-        try:
-            with open(p["token_file"], encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as exc:
-            module.fail_json(msg=f"cannot read token_file {p['token_file']}: {exc}")
+    configure_tls(module)
+    token = read_token(module)
     fp = None
     if p["cert_pem"]:
         try:
@@ -138,24 +90,24 @@ def main():
 
     base = p["api_url"]
     try:
-        hosts = {h["name"]: h for h in _list(base, token, "/v1/hosts")}
+        hosts = {h["name"]: h for h in list_all(base, token, "/v1/hosts")}
         current = hosts.get(p["name"])
         if p["state"] == "absent":
             if current is None:
                 module.exit_json(changed=False, host={}, diff_fields=[])
             if not module.check_mode:
-                _call(base, token, "DELETE", f"/v1/hosts/{current['id']}")
+                call(base, token, "DELETE", f"/v1/hosts/{current['id']}")
             module.exit_json(changed=True, host={}, diff_fields=["state"],
                              diff={"before": current, "after": {}})
         want = {"site": p["site"], "address": p["address"], "port": p["port"],
                 "cert_fingerprint": fp}
         if current is None:
-            sites = {s["name"] for s in _list(base, token, "/v1/sites")}
+            sites = {s["name"] for s in list_all(base, token, "/v1/sites")}
             host = dict(want, name=p["name"])
             if not module.check_mode:
                 if p["site"] not in sites:
-                    _call(base, token, "POST", "/v1/sites", {"name": p["site"]})
-                host = _call(base, token, "POST", "/v1/hosts", host)
+                    call(base, token, "POST", "/v1/sites", {"name": p["site"]})
+                host = call(base, token, "POST", "/v1/hosts", host)
             module.exit_json(changed=True, host=host, diff_fields=sorted(want),
                              diff={"before": {}, "after": host})
         if current["site"] != p["site"]:
@@ -167,7 +119,7 @@ def main():
             module.exit_json(changed=False, host=current, diff_fields=[])
         after = dict(current, **patch)
         if not module.check_mode:
-            after = _call(base, token, "PATCH", f"/v1/hosts/{current['id']}", patch)
+            after = call(base, token, "PATCH", f"/v1/hosts/{current['id']}", patch)
         module.exit_json(changed=True, host=after, diff_fields=sorted(patch),
                          diff={"before": {k: current.get(k) for k in patch}, "after": patch})
     except ApiError as exc:

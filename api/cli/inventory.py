@@ -1,4 +1,4 @@
-"""`cutpoint site …` and `cutpoint host …` over the API."""
+"""`cutpoint host …` over the API (sites: site.py)."""
 
 from __future__ import annotations
 
@@ -14,30 +14,7 @@ from cutpoint.api.cli.revoke import DEFAULT_CA_DIR, RevokeError, revoke
 from rich.console import Console
 from rich.table import Table
 
-site_app = typer.Typer(help="Sites (failure domains).", no_args_is_help=True)
 host_app = typer.Typer(help="Hypervisor hosts and their agents.", no_args_is_help=True)
-
-
-@site_app.command("create")
-def site_create(name: str, description: str = "", url: str = UrlOpt, token: str = TokenOpt,
-                json_out: bool = JsonOpt) -> None:
-    """Create a site."""
-    s = run(lambda: Api(url, token).post("/v1/sites", json={"name": name,
-                                                             "description": description}))
-    print_json(s) if json_out else typer.echo(f"site {s['name']} id={s['id']}")
-
-
-@site_app.command("list")
-def site_list(url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
-    """List sites."""
-    items = run(lambda: Api(url, token).all("/v1/sites"))
-    if json_out:
-        print_json(items)
-        return
-    t = Table("id", "name", "description")
-    for s in items:
-        t.add_row(str(s["id"]), s["name"], s["description"])
-    Console().print(t)
 
 
 def _fingerprint_of(pem: Path) -> str:

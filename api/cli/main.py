@@ -16,6 +16,7 @@ from cutpoint.api.cli import (
     orphans,
     rpo,
     server,
+    site,
     token,
     vm,
 )
@@ -34,7 +35,7 @@ app.add_typer(group.app, name="group")
 app.add_typer(job.app, name="job")
 app.add_typer(rpo.app, name="rpo")
 app.add_typer(orphans.app, name="orphans")
-app.add_typer(inventory.site_app, name="site")
+app.add_typer(site.app, name="site")
 app.add_typer(inventory.host_app, name="host")
 app.add_typer(vm.app, name="vm")
 app.command("snapshot")(snapshot_cmd)

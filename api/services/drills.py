@@ -3,7 +3,8 @@
 The job's params name the recovery point (a group snapshot id or txn, or
 "latest": the newest DR recovery point) and the checks.  `run_job` builds a
 `cutpoint.coordinator.dr.drill.DrillSpec` from the database (member disks
-of the recovery point -> DR images, the DR site's Ceph access), runs it
+of the recovery point -> DR images, the DR site's Ceph access as set
+through the API), runs it
 with the configured booter (setting `booter`), mirrors each timeline event
 into the job's progress/message (what `cutpoint drill run` follows), and
 stores the report in the job result.  A drill whose check fails is a failed
@@ -88,7 +89,7 @@ def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
 
 def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str) -> Any:
     """The DrillSpec of a recovery point: its member VMs and their images at DR."""
-    from cutpoint.api.services.replication import ReplicationFailed, ceph_sites
+    from cutpoint.api.services.replication import ReplicationFailed, site_of
     from cutpoint.coordinator.dr.boot import BootDisk, BootVM
     from cutpoint.coordinator.dr.drill import DrillSpec
 
@@ -98,20 +99,17 @@ def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str
     if target is None:
         raise DrillFailed("no_target", f"group {g.name} has no replication target")
     try:
-        sites = ceph_sites()
+        site = site_of(s, target.name)
     except ReplicationFailed as exc:
         raise DrillFailed(exc.code, str(exc)) from exc
-    if target.name not in sites:
-        raise DrillFailed("unknown_site", f"no Ceph configuration for site {target.name!r} "
-                          f"(have {sorted(sites)})")
     by_vm: dict[str, list[BootDisk]] = {}
     for m in snap.members:
         disk = s.get(Disk, m.disk_id) if m.disk_id else None
         if disk is None or not disk.image:
             raise DrillFailed("not_replicable", f"member {m.disk} has no RBD image")
-        by_vm.setdefault(m.vm, []).append(BootDisk(disk.node, disk.image))
+        by_vm.setdefault(m.vm, []).append(BootDisk(disk.node, disk.image, disk.pool or "rbd"))
     vms = [BootVM(vm, tuple(sorted(d, key=lambda x: x.node))) for vm, d in sorted(by_vm.items())]
-    return DrillSpec(site=sites[target.name], recovery_point=snap.members[0].name, vms=vms,
+    return DrillSpec(site=site, recovery_point=snap.members[0].name, vms=vms,
                      checks=checks,
                      report_dir=os.environ.get("CP_DRILL_DIR", "/var/lib/cutpoint/drills"),
                      drill_id=drill_id)

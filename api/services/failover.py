@@ -18,8 +18,8 @@ stages (failover_recovery.py), each step a job event (failover_timeline.py):
               at once, each host bounded by a short connect deadline (an
               unreachable host is recorded, not waited for); the group's
               schedule is disabled.  Planned mode then snapshots the stopped
-              disks (`rbd snap create` once no client holds an image's
-              exclusive lock: a consistent cut, nothing runs), replicates it
+              disks (once no client holds an image's exclusive lock: a
+              consistent cut, nothing runs), replicates it
               and checks it at DR: it is the recovery point, so nothing
               written before the stop is lost.  If a host could not be
               stopped, the online final snapshot is the recovery point and
@@ -180,35 +180,21 @@ def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
     return int(snap_id)
 
 
-def _wait_closed(site: dict[str, Any], specs: list[str], timeout_s: float = 60) -> None:
+def _wait_closed(ceph: Any, refs: list[tuple[str, str]], timeout_s: float = 60) -> None:
     """Until no client holds the exclusive lock of any image: every QEMU has closed its disks.
 
     `vm.stop` returns when QEMU acknowledged `quit`, which may be before the
     process has flushed and closed its RBD images; a snapshot taken then
     could miss the last writes.  The writer holds the image's exclusive
-    lock (`rbd lock ls` lists it as an `auto` locker) until it closes the
-    image.  Watchers are no sign: the agent keeps every disk open."""
-    import json
-
-    from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
-
+    lock (listed as an `auto` locker) until it closes the image.  Watchers
+    are no sign: the agent keeps every disk open.  `refs`: (pool, image)."""
     deadline = time.monotonic() + timeout_s
-    pending = list(specs)
+    pending = list(refs)
     while pending:
-        still = []
-        for spec in pending:
-            try:
-                out = rbd(site, "lock", "ls", "--format", "json", spec, timeout=60)
-            except RbdError as exc:
-                raise FailoverFailed("rbd_lock_ls_failed", f"rbd lock ls {spec}: "
-                                     f"rc={exc.returncode} {exc.stderr.strip()[-300:]}") \
-                    from exc
-            if json.loads(out or "[]"):
-                still.append(spec)
-        pending = still
+        pending = [r for r in pending if ceph.lockers(*r)]
         if pending and time.monotonic() > deadline:
             raise FailoverFailed("primary_still_open", f"after {timeout_s:.0f}s the fenced "
-                                 f"VMs still hold {pending} locked")
+                                 f"VMs still hold {[f'{p}/{i}' for p, i in pending]} locked")
         if pending:
             time.sleep(0.2)
 
@@ -220,43 +206,42 @@ def _stopped_snapshot(sf: Any, settings: Any, g_id: int, online_id: int, job_id:
     The online final snapshot was replicated while the guests still ran;
     what they wrote between its cut and the fence is on the primary disks
     only.  With every member VM stopped (and its images closed) a plain
-    `rbd snap create` of each disk is a consistent group cut, and its
-    increment from the online snapshot is small.  It becomes the recovery
-    point, so nothing written before the fence is lost."""
+    snapshot of each disk is a consistent group cut, and its increment
+    from the online snapshot is small.  It becomes the recovery point, so
+    nothing written before the fence is lost."""
     from cutpoint.api.services import replication, snapshots
-    from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
+    from cutpoint.coordinator.dr.ceph_errors import CephError
+    from cutpoint.coordinator.dr.site import CephConnection
 
     with sf() as s:
         online = s.get(GroupSnapshot, online_id)
         g = s.get(Group, g_id)
         assert online is not None and g is not None
-        members, specs, site_name = [], [], None
+        members, refs, site_name = [], [], None
         for m in online.members:
             disk = s.get(Disk, m.disk_id) if m.disk_id else None
             if disk is None or not disk.image:
                 raise FailoverFailed("not_replicable", f"member {m.disk} has no RBD image")
             site_name = disk.vm.host.site.name
-            specs.append(f"{disk.pool or 'rbd'}/{disk.image}")
+            refs.append((disk.pool or "rbd", disk.image))
             members.append((m.disk_id, m.host, m.vm, m.disk))
         quiesce, gname = online.quiesce, g.name
-    try:
-        sites = replication.ceph_sites()
-    except replication.ReplicationFailed as exc:
-        raise FailoverFailed(exc.code, str(exc)) from exc
-    if site_name not in sites:
-        raise FailoverFailed("unknown_site", f"no Ceph configuration for {site_name!r}")
-    site = sites[site_name]
-    _wait_closed(site, specs)
+        try:
+            site = replication.site_of(s, str(site_name))
+        except replication.ReplicationFailed as exc:
+            raise FailoverFailed(exc.code, str(exc)) from exc
     txn = snapshots.new_txn()
     name = f"cp.{gname}.{txn}"
-    started = utcnow()
-    t0 = time.monotonic()
-    for spec in specs:
-        try:
-            rbd(site, "snap", "create", "--no-progress", f"{spec}@{name}", timeout=120)
-        except RbdError as exc:
-            raise FailoverFailed("stopped_snapshot_failed", f"rbd snap create {spec}@{name}: "
-                                 f"rc={exc.returncode} {exc.stderr.strip()[-300:]}") from exc
+    try:
+        with CephConnection(site) as ceph:
+            _wait_closed(ceph, refs)
+            started = utcnow()
+            t0 = time.monotonic()
+            for pool, image in refs:
+                ceph.create_snapshot(pool, image, name)
+    except CephError as exc:
+        raise FailoverFailed("stopped_snapshot_failed", f"the stopped-disk snapshot {name}: "
+                             f"{exc} ({exc.code})") from exc
     ms = (time.monotonic() - t0) * 1000
     with sf() as s:
         snap = GroupSnapshot(group_id=g_id, txn=txn, state=SnapState.committed,
@@ -328,14 +313,19 @@ def _take_epoch(sf: Any, settings: Any, g_id: int, plan: Any, job_id: str,
                 steps: Steps) -> int:
     """Record the fencing epoch (or adopt a failed failover's) and mark every
     member image at DR with it."""
-    from cutpoint.api.services import dr_ceph, fencing
+    from cutpoint.api.services import fencing, replication
     from cutpoint.coordinator.dr.site import CephConnection
 
     with sf() as s:
+        try:  # before the epoch: a site gone since the checks takes none
+            site = replication.site_of(s, plan.target,
+                                       timeout_s=int(settings.failover_check_timeout_s))
+        except replication.ReplicationFailed as exc:
+            raise FailoverFailed(exc.code, f"the DR site {plan.target!r}: {exc}",
+                                 stage=FENCED) from exc
         st = fencing.state(s, g_id)
         n = st.epoch if st.active_site == plan.target else st.epoch + 1
         rec = fencing.take(s, g_id, n, plan.target, plan.source, job_id)
-    site = dr_ceph.ceph_site(plan.target, timeout_s=int(settings.failover_check_timeout_s))
     with CephConnection(site) as ceph:
         marked = fencing.mark_images(ceph, plan.images, n)
     steps.mark("epoch", {**rec, "dr_images_marked": marked})
@@ -489,7 +479,11 @@ class _Run:
             snap = s.get(GroupSnapshot, self.snap_id)
             assert snap is not None
             txn, rp = snap.txn, snap.members[0].name
-            site = replication.ceph_sites().get(plan.target, {})
+            try:
+                site = replication.site_of(s, plan.target)
+            except replication.ReplicationFailed as exc:
+                raise FailoverFailed(exc.code, f"the DR site {plan.target!r}: {exc}",
+                                     stage=FENCED) from exc
             boot = failover_checks.boot_request(s, self.settings, plan,
                                                 f"failover-{self.job_id[:8]}",
                                                 self.workload, site)

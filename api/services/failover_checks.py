@@ -90,9 +90,10 @@ def members(s: Session, g: Group, snap: GroupSnapshot | None) -> Plan:
 
 
 def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str = "none",
-                 site: dict[str, Any] | None = None) -> Any:
+                 site: Any = None) -> Any:
     """The BootRequest of the plan's VMs at the target, with the DR agent that
-    starts them (the target's registered host whose inventory lists them)."""
+    starts them (the target's registered host whose inventory lists them).
+    `site`: the target's CephSite; None for a preflight, which reads no image."""
     from cutpoint.api.services.failover import dr_agent_for
     from cutpoint.coordinator.dr.boot import (
         FAILOVER,
@@ -102,13 +103,13 @@ def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str 
         BootVM,
     )
 
-    vms = [BootVM(vm, tuple(BootDisk(node, image) for node, _, image in disks))
+    vms = [BootVM(vm, tuple(BootDisk(node, image, pool) for node, pool, image in disks))
            for vm, disks in plan.vms.items()]
     found = dr_agent_for(s, settings, plan.target, list(plan.vms))
     agents = {v.name: AgentRef(*found["agent"]) for v in vms} if found else {}
     tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key)) \
         if settings.agent_ca and settings.agent_cert and settings.agent_key else None
-    return BootRequest(FAILOVER, site or {}, vms, tag, workload=workload, agents=agents,
+    return BootRequest(FAILOVER, site, vms, tag, workload=workload, agents=agents,
                        tls=tls, check_timeout_s=float(settings.failover_check_timeout_s))
 
 
@@ -140,13 +141,14 @@ class Inputs:
 
 def gather(s: Session, settings: Any, g: Group, plan: Plan,
            snap: GroupSnapshot | None) -> Inputs:
-    from cutpoint.api.services import dr_ceph
+    from cutpoint.api.services import sites
 
     try:
-        site = dr_ceph.ceph_site(plan.target, timeout_s=int(settings.failover_check_timeout_s))
+        site = sites.ceph_site(s, plan.target,
+                               timeout_s=int(settings.failover_check_timeout_s))
         why = ""
-    except dr_ceph.NoCephSite as exc:
-        site, why = None, str(exc)
+    except ApiError as exc:  # not registered, no Ceph access, or one that cannot work
+        site, why = None, f"{exc.detail} ({exc.code})"
     return Inputs(plan, RecoveryPoint.of(g, snap) if snap is not None else None, site, why,
                   boot_request(s, settings, plan, "preflight"))
 

@@ -10,8 +10,8 @@ snapshot is now a DR recovery point, invariant 5) and moves the
 new one is verified, so the base an increment is running from is never
 deletable (invariant 6).
 
-Where the Ceph clusters are: `CP_CEPH_SITES_FILE` (JSON `{site name:
-{ceph_conf, keyring, client_id, pool}}`).
+Where the Ceph clusters are: each site's Ceph access, set through the API
+(`services.sites.ceph_site`); a member's pool is mapped by each site.
 
 DR retention (`dr_plan` / `dr_apply`) is a separate policy (`dr_policies`)
 applied to the DR copies: it keeps the `keep_last` newest DR recovery
@@ -34,7 +34,6 @@ refuses a DR image that is live since that epoch or a newer one.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from typing import Any
 
@@ -58,22 +57,16 @@ class ReplicationFailed(Exception):
         super().__init__(message)
 
 
-def ceph_sites() -> dict[str, dict[str, Any]]:
-    """{site name: its Ceph access}, from the JSON file `CP_CEPH_SITES_FILE`."""
-    path = os.environ.get("CP_CEPH_SITES_FILE")
-    if not path:
-        raise ReplicationFailed("no_ceph_sites", "no Ceph site configuration: set "
-                                "CP_CEPH_SITES_FILE to a JSON file of {site: {ceph_conf, "
-                                "keyring, client_id, pool}}")
+def site_of(s: Session, name: str, *, timeout_s: int | None = None) -> Any:
+    """The CephSite of site `name` (timeouts capped at `timeout_s`, see
+    sites.ceph_site); ReplicationFailed with the API's code when it has none."""
+    from cutpoint.api.errors import ApiError
+    from cutpoint.api.services.sites import ceph_site
+
     try:
-        with open(path) as f:
-            sites = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ReplicationFailed("bad_sites_file", f"CP_CEPH_SITES_FILE={path}: "
-                                f"{type(exc).__name__}: {exc}") from exc
-    if not isinstance(sites, dict):
-        raise ReplicationFailed("bad_sites_file", f"{path}: want an object of sites")
-    return sites
+        return ceph_site(s, name, timeout_s=timeout_s)
+    except ApiError as exc:
+        raise ReplicationFailed(exc.code, exc.detail) from exc
 
 
 def default_rate_mbps() -> float | None:
@@ -214,14 +207,7 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
             return summary(s, snap)
         base = base_for(s, snap)
         base_names = {m.disk: m.name for m in base.members} if base else {}
-        sites = ceph_sites()
-        if target.name not in sites:
-            raise ReplicationFailed("unknown_site", f"no Ceph configuration for site "
-                                    f"{target.name!r} (have {sorted(sites)})")
         copies, src_name = [], None
-        attempt = (s.scalar(select(func.max(MemberReplication.attempt)).where(
-            MemberReplication.group_snapshot_id == snap.id)) or 0) + 1
-        rows = []
         for m in snap.members:
             disk = s.get(Disk, m.disk_id) if m.disk_id else None
             if disk is None or disk.backend != "rbd" or not disk.image:
@@ -230,17 +216,28 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
             if src_name not in (None, site):
                 raise ReplicationFailed("mixed_sites", f"members at {src_name} and {site}")
             src_name = site
-            copies.append(MemberCopy(disk.image, m.name, base_names.get(m.disk), m.disk))
-            row = MemberReplication(group_snapshot_id=snap.id, attempt=attempt, disk=m.disk,
-                                    pool=disk.pool or "rbd", image=disk.image, snap=m.name,
-                                    base=base_names.get(m.disk), target_site=target.name,
-                                    state="copying", started_at=utcnow())
+            copies.append(MemberCopy(disk.image, m.name, base_names.get(m.disk), m.disk,
+                                     pool=disk.pool or "rbd"))
+        assert src_name is not None
+        src, dst = site_of(s, src_name), site_of(s, target.name)
+        for c in copies:
+            for site_ in (src, dst):
+                if c.pool not in site_.pools:
+                    raise ReplicationFailed("pool_not_mapped", f"site {site_.name} maps no "
+                                            f"pool {c.pool!r} (member {c.disk}); its pools: "
+                                            f"{sorted(site_.pools)}")
+        attempt = (s.scalar(select(func.max(MemberReplication.attempt)).where(
+            MemberReplication.group_snapshot_id == snap.id)) or 0) + 1
+        rows = []
+        for c in copies:
+            row = MemberReplication(group_snapshot_id=snap.id, attempt=attempt, disk=c.disk,
+                                    pool=c.pool, image=c.image, snap=c.snap, base=c.base,
+                                    target_site=target.name, state="copying",
+                                    started_at=utcnow())
             s.add(row)
             rows.append(row)
         s.commit()
-        if src_name not in sites:
-            raise ReplicationFailed("unknown_site", f"no Ceph configuration for site {src_name!r}")
-        rep = replicate_group(sites[src_name], sites[target.name], copies, jobs=jobs,
+        rep = replicate_group(src, dst, copies, jobs=jobs,
                               verify_full=verify_full, rate_mbps=rate_mbps,
                               state_dir=state_dir or "/var/lib/cutpoint/sync", epoch=epoch)
         now = utcnow()
@@ -355,9 +352,42 @@ def dr_plan(s: Session, g: Group, now: dt.datetime) -> list[GroupSnapshot]:
     return doomed
 
 
+class _Sessions:
+    """One Ceph session per target site for a run of deletes; a site that
+    cannot be reached fails each of its deletes with the same error."""
+
+    def __init__(self, s: Session) -> None:
+        self.s = s
+        self.open: dict[str, Any] = {}
+        self.refused: dict[str, ReplicationFailed] = {}
+
+    def get(self, name: str) -> Any:
+        from cutpoint.coordinator.dr.ceph_errors import CephError
+        from cutpoint.coordinator.dr.site import CephConnection
+
+        if name in self.refused:
+            raise self.refused[name]
+        if name not in self.open:
+            try:
+                conn = CephConnection(site_of(self.s, name))
+                conn.connect()
+            except CephError as exc:
+                self.refused[name] = ReplicationFailed(exc.code, str(exc))
+                raise self.refused[name] from exc
+            except ReplicationFailed as exc:
+                self.refused[name] = exc
+                raise
+            self.open[name] = conn
+        return self.open[name]
+
+    def close(self) -> None:
+        for conn in self.open.values():
+            conn.close()
+
+
 def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
-    """Delete the DR copies `dr_plan` selects (rbd snap rm at the target site)."""
-    from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
+    """Delete the DR copies `dr_plan` selects (their snapshots at the target site)."""
+    from cutpoint.coordinator.dr.ceph_errors import CephError, CephNotFound
 
     deleted, failed = [], []
     with sf() as s:
@@ -367,26 +397,30 @@ def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
         doomed = dr_plan(s, g, utcnow())
         if not doomed:
             return {"deleted": []}
-        sites = ceph_sites()
-        for snap in doomed:
-            rows = list(s.scalars(select(MemberReplication).where(
-                MemberReplication.group_snapshot_id == snap.id,
-                MemberReplication.state == "verified")))
-            ok = True
-            for r in rows:
-                site = sites.get(r.target_site)
-                try:
-                    if site is None:
-                        raise RbdError(f"no Ceph configuration for {r.target_site}")
-                    rbd(site, "snap", "rm", "--no-progress", f"{r.pool}/{r.image}@{r.snap}")
-                except RbdError as exc:
-                    if not exc.not_found:
+        ceph = _Sessions(s)
+        try:
+            for snap in doomed:
+                rows = list(s.scalars(select(MemberReplication).where(
+                    MemberReplication.group_snapshot_id == snap.id,
+                    MemberReplication.state == "verified")))
+                ok = True
+                for r in rows:
+                    try:
+                        ceph.get(r.target_site).remove_snapshot(r.pool, r.image, r.snap)
+                    except CephNotFound as exc:
+                        if exc.op == "open pool":  # no pool is no proof the copy is gone
+                            ok = False
+                            failed.append(f"{snap.txn} {r.disk}: {exc}")
+                            continue
+                    except (ReplicationFailed, CephError) as exc:
                         ok = False
                         failed.append(f"{snap.txn} {r.disk}: {exc}")
                         continue
-                r.state = "dr_deleted"
-            if ok:
-                snap.dr_verified_at = None
-                deleted.append(snap.txn)
-            s.commit()
+                    r.state = "dr_deleted"
+                if ok:
+                    snap.dr_verified_at = None
+                    deleted.append(snap.txn)
+                s.commit()
+        finally:
+            ceph.close()
     return {"deleted": deleted, **({"failed": failed} if failed else {})}

@@ -1,8 +1,9 @@
 """A group through the control plane on the lab, for the failover and fencing
 lab tests: register sites, hosts and the group, take and replicate group
-snapshots, follow jobs, ask the agents what runs.  The plane's Ceph sites
-file is also the test process's (the in-process API reads it at a failover
-request, for the preconditions)."""
+snapshots, follow jobs, ask the agents what runs.  The sites are registered
+through the API with their Ceph access (`register_lab_site`, as the control
+plane's client.cutpoint), so the worker and the in-process API (a failover
+request's preconditions) read the same sites from the plane's database."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cutpoint.api import services_local
 from fastapi.testclient import TestClient
 from plane import (  # api/tests/plane.py
@@ -19,19 +19,18 @@ from plane import (  # api/tests/plane.py
     agent_vm_states,
     lab_pin,
     lab_plane,
+    register_lab_site,
     wait_for,
 )
 
 
 @contextlib.contextmanager
 def failover_plane(lab: dict[str, Any], tmp_path: Path,
-                   local_services: services_local.Endpoints,
-                   monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
+                   local_services: services_local.Endpoints) -> Iterator[Plane]:
     """The plane of a test module's `plane` fixture."""
     with lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
                    CUTPOINT_AGENT_TIMEOUT_S="15",  # vm.stop waits for QEMU to exit
                    CUTPOINT_RETENTION_INTERVAL_S="3600", CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
-        monkeypatch.setenv("CP_CEPH_SITES_FILE", p.env["CP_CEPH_SITES_FILE"])
         yield p
 
 
@@ -57,7 +56,7 @@ def finish(c: TestClient, job_id: str, what: str, plane: Plane, timeout: float =
 
 def register(c: TestClient, lab: dict[str, Any], plane: Plane) -> None:
     for site in ("primary", "dr"):
-        assert c.post("/v1/sites", json={"name": site}).status_code == 201
+        register_lab_site(c, lab, site)
     for h in lab["hosts"]:
         r = c.post("/v1/hosts", json={"name": h["name"], "site": h["site"],
                                       "address": h["address"], "port": 7443,
@@ -100,8 +99,17 @@ def inventory_states(lab: dict[str, Any], plane: Plane, site: str = "primary") \
             if v["site"] == "primary"}
 
 
-def writer_verdict(site: dict[str, Any], images: list[str], snap: str | None) -> Any:
+def lab_site(lab: dict[str, Any], name: str) -> Any:
+    """Lab site `name` as a CephSite reached with the lab's own (admin)
+    client: what the tests read to judge, not what the product used."""
+    from cutpoint.lab.sites import ceph_site
+
+    return ceph_site(lab, name, role="admin")
+
+
+def writer_verdict(site: Any, images: list[str], snap: str | None) -> Any:
+    """The writer checker's verdict on the images (in the site's pool `rbd`)."""
     from cutpoint.checkers.writer import RbdSpec, scan_specs
 
-    return scan_specs([RbdSpec(site["pool"], i, snap, site["ceph_conf"], site["client_id"],
-                               site["keyring"]) for i in images])
+    return scan_specs([RbdSpec(site.pool("rbd"), i, snap, site.ceph_conf, site.client_id,
+                               site.keyring) for i in images])

@@ -101,16 +101,25 @@ def wait_for(cond: Any, timeout: float, what: str, plane: Plane | None = None,
 
 def lab_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> Plane:
     """A Plane on the lab: its agents reached with the lab's coordinator
-    certificate (`cutpoint.lab.agents` issues it under the lab's state dir),
-    its two Ceph sites (CP_CEPH_SITES_FILE), and the lab's booter."""
-    from cutpoint.lab.status import write_sites_file
-
+    certificate (`cutpoint.lab.agents` issues it under the lab's state dir)
+    and the lab's booter.  Its sites are registered through the API, with
+    their Ceph access (`register_lab_site`)."""
     certs = Path(lab["state_dir"]) / "certs"
     return Plane(tmp, redis_port, {"CUTPOINT_AGENT_CA": str(certs / "ca.pem"),
                                    "CUTPOINT_AGENT_CERT": str(certs / "coordinator.pem"),
                                    "CUTPOINT_AGENT_KEY": str(certs / "coordinator.key")},
-                 **{"CP_CEPH_SITES_FILE": str(write_sites_file(lab, tmp / "ceph-sites.json")),
-                    "CUTPOINT_BOOTER": "lab", **env})
+                 **{"CUTPOINT_BOOTER": "lab", **env})
+
+
+def register_lab_site(c: Any, lab: dict[str, Any], name: str) -> dict[str, Any]:
+    """`POST /v1/sites` of lab site `name` with its Ceph access as the control
+    plane's client (client.cutpoint); the API checks it before it stores it."""
+    from cutpoint.lab.sites import registration
+
+    r = c.post("/v1/sites", json=registration(lab, name))
+    assert r.status_code == 201, r.text
+    assert r.json()["last_check"]["ok"], r.json()
+    return dict(r.json())
 
 
 def lab_pin(lab: dict[str, Any], host: str) -> str:

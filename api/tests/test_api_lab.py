@@ -27,6 +27,7 @@ from plane import (  # api/tests/plane.py
     agent_vm_states,
     lab_pin,
     lab_plane,
+    register_lab_site,
     wait_for,
 )
 from sqlalchemy import func, select, text
@@ -45,7 +46,7 @@ def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
 
 
 def register(c: TestClient, lab: dict[str, Any], plane: Plane, rpo: int | None) -> str:
-    assert c.post("/v1/sites", json={"name": "primary"}).status_code == 201
+    register_lab_site(c, lab, "primary")
     for h in lab["hosts"]:
         if h["site"] != "primary":
             continue

@@ -11,6 +11,7 @@ REQUIRED = {
     ("GET", "/v1/sites/{site_id}"): "viewer",
     ("PATCH", "/v1/sites/{site_id}"): "admin",
     ("DELETE", "/v1/sites/{site_id}"): "admin",
+    ("POST", "/v1/sites/{site_id}/check"): "operator",
     ("GET", "/v1/hosts"): "viewer",
     ("POST", "/v1/hosts"): "admin",
     ("GET", "/v1/hosts/{host_id}"): "viewer",

@@ -30,7 +30,7 @@ from cutpoint.api import services_local
 from cutpoint.api.models import Job
 from cutpoint.bench.replication import MiB, pattern, snap_sha256, snaps, write_extents
 from fastapi.testclient import TestClient
-from plane import Plane, lab_plane, wait_for  # api/tests/plane.py
+from plane import Plane, lab_plane, register_lab_site, wait_for  # api/tests/plane.py
 from sqlalchemy import select
 from test_api_lab import register
 
@@ -111,7 +111,7 @@ def test_retention_never_deletes_a_replication_base_on_ceph(
     c = client
     plane.start("worker")
     register(c, lab, plane, rpo=None)
-    assert c.post("/v1/sites", json={"name": "dr"}).status_code == 201
+    register_lab_site(c, lab, "dr")
     etag = c.get("/v1/groups/app/policy").headers["ETag"]
     r = c.patch("/v1/groups/app/policy", json={"replication_target": "dr"},
                 headers={"If-Match": etag})

@@ -6,10 +6,8 @@ through and one refused with real agents and QEMU, are test_failover_lab.py."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from cutpoint.api.models import Job
@@ -17,10 +15,12 @@ from cutpoint.api.services.failover_timeline import breakdown
 from sqlalchemy import select
 
 
-def _sites_file(tmp_path: Path, monkeypatch: Any, sites: dict[str, Any]) -> None:
-    path = tmp_path / "ceph-sites.json"
-    path.write_text(json.dumps(sites))
-    monkeypatch.setenv("CP_CEPH_SITES_FILE", str(path))
+def _set_ceph(api: Any, site: str, access: dict[str, Any]) -> None:
+    """Give `site` this Ceph access through the API, unchecked (its cluster
+    need not answer: that is what the tests below are about)."""
+    sid = next(s["id"] for s in api.get("/v1/sites").json()["items"] if s["name"] == site)
+    r = api.patch(f"/v1/sites/{sid}", json={"check": False, "ceph": access})
+    assert r.status_code == 200, r.text
 
 
 def _failover_jobs(session_factory: Any) -> list[Job]:
@@ -29,17 +29,18 @@ def _failover_jobs(session_factory: Any) -> list[Job]:
 
 
 def test_a_failover_without_a_dr_site_is_refused_at_the_request(
-        api: Any, settings: Any, session_factory: Any, dr_snapshot: Callable[..., int],
-        monkeypatch: Any) -> None:
+        api: Any, settings: Any, session_factory: Any,
+        dr_snapshot: Callable[..., int]) -> None:
     """No Ceph access configured for the DR site: 409 naming the precondition,
     every check reported, and no job (so nothing at the primary is touched)."""
-    dr_snapshot(disks=(0,), dr_verified_after_s=5)
-    monkeypatch.delenv("CP_CEPH_SITES_FILE", raising=False)
+    dr_snapshot(disks=(0,), dr_verified_after_s=5)  # site "dr" has no Ceph access
     r = api.post("/v1/groups/app/failover", json={"mode": "unplanned", "recovery_point": "t1"})
     assert r.status_code == 409, r.text
     p = r.json()
     assert r.headers["content-type"].startswith("application/problem+json")
     assert (p["code"], p["precondition"]) == ("no_ceph_site", "dr_site_reachable"), p
+    assert "site 'dr' has no Ceph access: set it with PATCH /v1/sites/" in p["detail"], p
+    assert "(site_has_no_ceph)" in p["detail"], p
     assert "every primary VM still runs" in p["detail"]
     assert [(c["name"], c["status"]) for c in p["checks"]] == [
         ("dr_site_reachable", "fail"), ("recovery_point_at_dr", "skip"),
@@ -56,14 +57,12 @@ def test_a_failover_without_a_dr_site_is_refused_at_the_request(
 
 
 def test_an_unreachable_dr_site_is_a_503_within_the_deadline(
-        api: Any, session_factory: Any, dr_snapshot: Callable[..., int], tmp_path: Path,
-        monkeypatch: Any) -> None:
+        api: Any, session_factory: Any, dr_snapshot: Callable[..., int]) -> None:
     """The DR mon address answers nothing: librados gives up after the site's
     connect timeout (2 s here), the request says 503 ceph_unreachable."""
     dr_snapshot(disks=(0, 1), dr_verified_after_s=5)
-    _sites_file(tmp_path, monkeypatch, {"dr": {"mon_host": ["v2:127.0.0.1:9"],
-                                               "client_id": "cutpoint", "pool": "rbd",
-                                               "connect_timeout_s": 2}})
+    _set_ceph(api, "dr", {"mon_host": ["v2:127.0.0.1:9"], "client_id": "cutpoint",
+                          "pools": {"rbd": "rbd"}, "connect_timeout_s": 2})
     t0 = time.monotonic()
     r = api.post("/v1/groups/app/failover", json={"mode": "unplanned", "recovery_point": "t1"})
     took = time.monotonic() - t0

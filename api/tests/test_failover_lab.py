@@ -45,6 +45,7 @@ from labflow import (  # api/tests/labflow.py
     failover_plane,
     finish,
     inventory_states,
+    lab_site,
     register,
     snapshot_and_replicate,
     writer_verdict,
@@ -60,9 +61,8 @@ pytestmark = [pytest.mark.lab,
 
 @pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
-          local_services: services_local.Endpoints,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
-    with failover_plane(lab, tmp_path, local_services, monkeypatch) as p:
+          local_services: services_local.Endpoints) -> Iterator[Plane]:
+    with failover_plane(lab, tmp_path, local_services) as p:
         yield p
 
 
@@ -91,47 +91,56 @@ def _production_runs(c: TestClient, lab: dict[str, Any], plane: Plane) -> None:
     assert c.get("/v1/groups/app").json()["enabled"] is True
 
 
+def _patch_dr(c: TestClient, ceph: dict[str, Any] | None, check: bool = True) -> Any:
+    """`PATCH /v1/sites/{dr}`: the DR site's Ceph access as the operator sets it."""
+    sid = next(s["id"] for s in c.get("/v1/sites").json()["items"] if s["name"] == "dr")
+    return c.patch(f"/v1/sites/{sid}", json={"ceph": ceph, "check": check})
+
+
 def test_a_failover_that_cannot_succeed_leaves_production_running(
         lab: dict[str, Any], agents: list[dict[str, Any]], plane: Plane,
-        client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        client: TestClient) -> None:
     """Real agents, real QEMU, the control plane with no usable DR site:
     each planned failover is refused at the request with a problem naming
     the failed precondition, and the primary agents still report every VM
-    running.  In turn: no Ceph access registered for DR; a DR site whose mon
-    does not answer; the DR agent does not know the VMs (restarted without
-    its standbys); the DR agent down."""
-    import json
-
+    running.  In turn, each set through the sites API: no Ceph access for
+    DR; a DR site whose mon does not answer; then, the DR site's access
+    restored, the DR agent does not know the VMs (restarted without its
+    standbys); the DR agent down."""
     from cutpoint.lab.agents import start_agent, stop_agent_pid
+    from cutpoint.lab.sites import access
 
     c = client
     plane.start("worker")
     register(c, lab, plane)
     _production_runs(c, lab, plane)
-    real = plane.env["CP_CEPH_SITES_FILE"]
-    sites = json.loads(Path(real).read_text())
     print()
 
-    no_dr = tmp_path / "sites-no-dr.json"
-    no_dr.write_text(json.dumps({"primary": sites["primary"]}))
-    monkeypatch.setenv("CP_CEPH_SITES_FILE", str(no_dr))
+    r = _patch_dr(c, None)
+    assert r.status_code == 200 and r.json()["ceph"] is None, r.text
     p = _refused(c, 409, "no_ceph_site", "dr_site_reachable")
-    assert "no Ceph configuration for site 'dr'" in p["detail"]
+    assert "site 'dr' has no Ceph access: set it with PATCH /v1/sites/" in p["detail"], p
     _production_runs(c, lab, plane)
 
-    dead = tmp_path / "sites-dead-dr.json"
-    dead.write_text(json.dumps({**sites, "dr": {**sites["dr"], "mon_host": ["v2:127.0.0.1:9"],
-                                                "connect_timeout_s": 3}}))
-    monkeypatch.setenv("CP_CEPH_SITES_FILE", str(dead))
+    # Mon addresses where nothing answers.  The site check refuses to store
+    # them; an operator can still store them unchecked (`check: false`).
+    dead = {**access(lab, "dr"), "ceph_conf": None, "mon_host": ["v2:127.0.0.1:9"],
+            "connect_timeout_s": 3}
+    r = _patch_dr(c, dead)
+    assert r.status_code == 503 and r.json()["code"] == "site_check_failed", r.text
+    r = _patch_dr(c, dead, check=False)
+    assert r.status_code == 200 and r.json()["ceph"]["mon_host"] == dead["mon_host"], r.text
     t0 = time.monotonic()
     p = _refused(c, 503, "ceph_unreachable", "dr_site_reachable")
     assert time.monotonic() - t0 < 15
     assert {ch["name"]: ch["status"] for ch in p["checks"]}["dr_agents_ready"] == "pass"
     _production_runs(c, lab, plane)
 
+    # The lab's access again, checked.
+    r = _patch_dr(c, {**access(lab, "dr"), "mon_host": None, "connect_timeout_s": 10})
+    assert r.status_code == 200 and r.json()["last_check"]["ok"], r.text
     # The DR site answers, but its agent no longer defines the standbys (the
     # control plane's inventory, synced before, still says it does).
-    monkeypatch.setenv("CP_CEPH_SITES_FILE", real)
     dr = next(h for h in lab["hosts"] if h["site"] == "dr")
     certs = Path(lab["state_dir"]) / "certs"
     stop_agent_pid(next(a["pid"] for a in agents if a["host"] == dr["name"]))
@@ -280,12 +289,12 @@ def test_planned_failover_through_the_api(lab: dict[str, Any], plane: Plane,
         # primary's disks as the fence left them (its stopped snapshot), more
         # than the online final snapshot had.
         images = [d["image"] for v in primaries for d in v["disks"]]
-        at_dr = writer_verdict(lab["sites"]["dr"], images, None)
+        at_dr = writer_verdict(lab_site(lab, "dr"), images, None)
         assert at_dr.ok and at_dr.p > 0, at_dr.summary()
-        stopped = writer_verdict(lab["sites"]["primary"], images,
+        stopped = writer_verdict(lab_site(lab, "primary"), images,
                                  f"cp.app.{res['recovery_point']}")
         assert stopped.ok and stopped.p == at_dr.p, (stopped.summary(), at_dr.summary())
-        at_online = writer_verdict(lab["sites"]["primary"], images, f"cp.app.{online['txn']}")
+        at_online = writer_verdict(lab_site(lab, "primary"), images, f"cp.app.{online['txn']}")
         assert at_online.ok and at_online.p <= at_dr.p, at_online.summary()
         print(f"writer at DR: {at_dr.summary()}; the online final snapshot had "
               f"p={at_online.p}: {at_dr.p - at_online.p} records written between its cut "
@@ -341,8 +350,8 @@ def test_unplanned_failover_records_an_unreachable_primary(
         assert (rep["fencing_epoch"], rep["active_site"]) == (1, "dr"), rep
         assert sorted(g["vm"] for g in guests) == [up["name"], down["name"]]
         images = [d["image"] for v in primaries for d in v["disks"]]
-        at_dr = writer_verdict(lab["sites"]["dr"], images, None)
-        at_point = writer_verdict(lab["sites"]["primary"], images, f"cp.app.{point['txn']}")
+        at_dr = writer_verdict(lab_site(lab, "dr"), images, None)
+        at_point = writer_verdict(lab_site(lab, "primary"), images, f"cp.app.{point['txn']}")
         assert at_dr.ok and at_dr.p == at_point.p > 0, (at_dr.summary(), at_point.summary())
     finally:
         stop_guests(guests)

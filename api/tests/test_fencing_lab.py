@@ -39,6 +39,7 @@ from labflow import (  # api/tests/labflow.py
     failover_plane,
     finish,
     inventory_states,
+    lab_site,
     register,
     snapshot_and_replicate,
 )
@@ -51,20 +52,18 @@ pytestmark = [pytest.mark.lab,
 
 @pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
-          local_services: services_local.Endpoints,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
-    with failover_plane(lab, tmp_path, local_services, monkeypatch) as p:
+          local_services: services_local.Endpoints) -> Iterator[Plane]:
+    with failover_plane(lab, tmp_path, local_services) as p:
         yield p
 
 
 def dr_state(lab: dict[str, Any], images: list[str]) -> dict[str, Any]:
     """Per DR image: its fencing epoch, its snapshots, and the SHA-256 of its
     head and of each snapshot (site.py, librbd)."""
-    from cutpoint.coordinator.dr.site import CephConnection, CephSite
+    from cutpoint.coordinator.dr.site import CephConnection
 
-    site = CephSite.from_mapping("dr", lab["sites"]["dr"])
     out: dict[str, Any] = {}
-    with CephConnection(site) as ceph:
+    with CephConnection(lab_site(lab, "dr")) as ceph:
         for image in images:
             snaps = [s.name for s in ceph.snapshots("rbd", image)]
             out[image] = {"epoch": ceph.metadata_get("rbd", image, "cutpoint.fencing_epoch"),
@@ -86,6 +85,7 @@ def restart_primary(lab: dict[str, Any], vm: dict[str, Any]) -> int:
 
 def test_the_old_primary_cannot_overwrite_the_live_dr_copy(
         lab: dict[str, Any], plane: Plane, client: TestClient, tmp_path: Path) -> None:
+    from cutpoint.api.services.sites import ceph_site
     from cutpoint.coordinator.dr.replicate import MemberCopy, sync_argv
     from cutpoint.lab.drillboot import stop_guests, stop_standbys
     from cutpoint.lab.proc import kill_pids, pid_alive
@@ -150,10 +150,12 @@ def test_the_old_primary_cannot_overwrite_the_live_dr_copy(
         r = c.post(f"/v1/snapshots/{done['snapshot_id']}/replicate")
         assert r.status_code == 409 and r.json()["code"] == "fenced", r.text
 
-        # 3. cutpoint-sync run as the old primary's copy (its epoch, 0).
-        sites = json.loads(Path(plane.env["CP_CEPH_SITES_FILE"]).read_text())
+        # 3. cutpoint-sync run as the old primary's copy (its epoch, 0), with
+        # the sites' Ceph access as the control plane has it registered.
+        with plane.sf() as s:
+            src, dst = ceph_site(s, "primary"), ceph_site(s, "dr")
         for image in images:
-            argv = sync_argv(sites["primary"], sites["dr"],
+            argv = sync_argv(src, dst,
                              MemberCopy(image, f"cp.app.{old['txn']}", f"cp.app.{base['txn']}"),
                              state_dir=str(tmp_path / "sync"), epoch=0)
             (tmp_path / "sync").mkdir(exist_ok=True)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cutpoint.coordinator.dr import plugins
+from cutpoint.coordinator.dr.site import CephSite
 
 EventHook = Callable[[str, dict[str, Any]], None]
 
@@ -77,6 +78,7 @@ DRILL_REFUSAL = (
 class BootDisk:
     node: str  # the VM's disk node (disk0, ...)
     image: str  # the RBD image at the request's site
+    pool: str = "rbd"  # its logical pool (the site maps it: CephSite.pools)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class AgentRef:
 @dataclass
 class BootRequest:
     purpose: str  # FAILOVER or DRILL
-    site: dict[str, Any]  # Ceph site of the images (rbdcli)
+    site: CephSite | None  # the Ceph site of the images; None: a preflight's, which reads none
     vms: list[BootVM]
     tag: str  # names what this boot starts: "drill-<id>", "failover-<job>"
     workload: str = "none"  # what the guests run after boot, where a booter can say

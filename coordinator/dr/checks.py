@@ -4,8 +4,9 @@ A check is a function
 
     check(site, images) -> {"ok": bool, "summary": str, ...}
 
-over the drill's clones (`images`, RBD at the DR `site`, in VM then disk
-order), run after the guests booted.  Whatever else it returns goes into
+over the drill's clones (`images`: `ImageRef`s at the DR `site`, a
+`CephSite`, in VM then disk order), run after the guests booted; it reads
+them through site.py.  Whatever else it returns goes into
 the drill report.  A check that raises is a failed check.
 
     get(name)   the check called `name`, or UnknownCheck
@@ -23,21 +24,20 @@ from collections.abc import Callable
 from typing import Any
 
 from cutpoint.coordinator.dr import plugins
+from cutpoint.coordinator.dr.site import CephSite, ImageRef
 
-Check = Callable[[dict[str, Any], list[str]], dict[str, Any]]
+Check = Callable[[CephSite, list[ImageRef]], dict[str, Any]]
 
 
 class UnknownCheck(LookupError):
     """No check of that name (the message lists the known ones), or it cannot be loaded."""
 
 
-def writer(site: dict[str, Any], images: list[str]) -> dict[str, Any]:
+def writer(site: CephSite, images: list[ImageRef]) -> dict[str, Any]:
     """The writer's records on every image are exactly 1..p, each once."""
-    from cutpoint.coordinator.dr.writer_records import RbdSpec, scan_specs
+    from cutpoint.coordinator.dr.writer_records import CephImageSpec, scan_specs
 
-    v = scan_specs([RbdSpec(site.get("pool", "rbd"), i, None, site["ceph_conf"],
-                            site.get("client_id", "admin"), site.get("keyring"))
-                    for i in images])
+    v = scan_specs([CephImageSpec(site, i) for i in images])
     return {"ok": v.ok, "summary": v.summary(), "verdict": v.as_dict()}
 
 

@@ -4,7 +4,8 @@
 
 Steps, each a timeline event in the report:
 
-    clone      rbd clone <image>@<recovery point> -> drill-<id>-<image> (DR)
+    clone      protect <image>@<recovery point> (unless it is already) and clone
+               it -> drill-<id>-<image>, in the same pool at DR (site.py)
     boot       the booter starts one VM per member VM from the clones, on a
                network with no route to production (the booter's own
                events, e.g. `isolate`, go into the timeline too), then waits
@@ -24,6 +25,7 @@ holds, not what a restarted workload wrote since.
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 import uuid
@@ -41,8 +43,9 @@ from cutpoint.coordinator.dr.boot import (
     BootVM,
     Guest,
 )
+from cutpoint.coordinator.dr.ceph_errors import CephError, CephNotFound
 from cutpoint.coordinator.dr.drill_report import render_html
-from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
+from cutpoint.coordinator.dr.site import CephConnection, CephSite, ImageRef
 
 EventHook = Callable[[dict[str, Any]], None]
 
@@ -53,7 +56,7 @@ class DrillError(RuntimeError):
 
 @dataclass
 class DrillSpec:
-    site: dict[str, Any]  # DR site (rbdcli: ceph_conf, keyring, client_id, pool)
+    site: CephSite  # the DR site
     recovery_point: str  # snapshot name at DR, cp.<group>.<txn>
     vms: list[BootVM]  # the member VMs, with their replicated images at DR
     checks: list[str] = field(default_factory=lambda: ["writer"])
@@ -79,9 +82,9 @@ class Drill:
         self.on_event = on_event
         self.t0 = time.monotonic()
         self.timeline: list[dict[str, Any]] = []
-        self.clones: list[str] = []
+        self.clones: list[ImageRef] = []
         self.clone_vms: list[BootVM] = []
-        self.protected: list[str] = []
+        self.protected: list[ImageRef] = []
         self.guests: list[Guest] = []
         self.request = BootRequest(DRILL, spec.site, [], self.tag, evidence_dir=str(self.dir))
 
@@ -98,23 +101,21 @@ class Drill:
 
     # -- steps --
     def clone(self) -> None:
-        s, rp = self.spec.site, self.spec.recovery_point
-        pool = s.get("pool", "rbd")
-        for vm in self.spec.vms:
-            disks = []
-            for d in vm.disks:
-                src = f"{pool}/{d.image}@{rp}"
-                info = json.loads(rbd(s, "info", "--format", "json", src))
-                if info.get("protected") not in (True, "true"):
-                    rbd(s, "snap", "protect", src)
-                    self.protected.append(src)
-                name = f"{self.tag}-{d.image}"
-                rbd(s, "clone", src, f"{pool}/{name}")
-                self.clones.append(name)
-                disks.append(BootDisk(d.node, name))
-            self.clone_vms.append(BootVM(vm.name, tuple(disks)))
+        rp = self.spec.recovery_point
+        with CephConnection(self.spec.site) as ceph:
+            for vm in self.spec.vms:
+                disks = []
+                for d in vm.disks:
+                    if not ceph.is_protected(d.pool, d.image, rp):
+                        ceph.protect(d.pool, d.image, rp)
+                        self.protected.append(ImageRef(d.pool, d.image, rp))
+                    name = f"{self.tag}-{d.image}"
+                    ceph.clone(d.pool, d.image, rp, name)
+                    self.clones.append(ImageRef(d.pool, name))
+                    disks.append(BootDisk(d.node, name, d.pool))
+                self.clone_vms.append(BootVM(vm.name, tuple(disks)))
         self.request.vms = self.clone_vms
-        self.event("clone", "ok", clones=list(self.clones))
+        self.event("clone", "ok", clones=[c.image for c in self.clones])
 
     def boot(self) -> None:
         try:
@@ -154,26 +155,15 @@ class Drill:
             errors += self.booter.stop(self.request, self.guests)
         except Exception as exc:  # noqa: BLE001  recorded; the clones still go
             errors.append(f"booter stop: {type(exc).__name__}: {exc}")
-        pool = s.site.get("pool", "rbd")
-        for c in self.clones:
-            last = ""
-            for _ in range(40):  # a killed VM's watch on the clone lingers until it times out
-                try:
-                    rbd(s.site, "rm", "--no-progress", f"{pool}/{c}")
-                    break
-                except RbdError as exc:
-                    if exc.not_found:
-                        break
-                    last = str(exc)
-                    time.sleep(1.5)
-            else:
-                errors.append(last)
-        for src in self.protected:
-            try:
-                rbd(s.site, "snap", "unprotect", src)
-            except RbdError as exc:
-                errors.append(str(exc))
-        left = leftovers(s.site, self.tag)
+        try:
+            errors += self._remove_clones()
+        except CephError as exc:  # no session to the site at all: recorded
+            errors.append(str(exc))
+        try:
+            left = leftovers(s.site, self.tag, sorted({d.pool for v in s.vms for d in v.disks}))
+        except CephError as exc:  # cannot tell: reported, not hidden
+            errors.append(f"leftovers: {exc}")
+            left = {"images": [f"unknown: {exc.code}"]}
         try:
             left.update(self.booter.leftovers(self.request))
         except Exception as exc:  # noqa: BLE001  cannot tell: reported, not hidden
@@ -181,6 +171,31 @@ class Drill:
         ok = not errors and not any(left.values())
         self.event("cleanup", "ok" if ok else "failed", errors=errors, leftovers=left)
         return {"ok": ok, "errors": errors, "leftovers": left}
+
+    def _remove_clones(self) -> list[str]:
+        """Remove the clones, then unprotect what the drill protected; the errors."""
+        errors: list[str] = []
+        with CephConnection(self.spec.site) as ceph:
+            for c in self.clones:
+                for attempt in range(40):
+                    try:
+                        ceph.remove_image(c.pool, c.image)
+                        break
+                    except CephNotFound:
+                        break
+                    except CephError as exc:
+                        # A killed VM's watch on the clone lingers until it
+                        # times out: EBUSY passes with time, nothing else does.
+                        if exc.errno != errno.EBUSY or attempt == 39:
+                            errors.append(str(exc))
+                            break
+                        time.sleep(1.5)
+            for p in self.protected:
+                try:
+                    ceph.unprotect(p.pool, p.image, str(p.snap))
+                except CephError as exc:
+                    errors.append(str(exc))
+        return errors
 
     def run(self) -> dict[str, Any]:
         verdict, error, checks = "failed", None, []
@@ -224,9 +239,10 @@ def run_drill(spec: DrillSpec, booter: Booter,
     return Drill(spec, booter, on_event).run()
 
 
-def leftovers(site: dict[str, Any], tag: str) -> dict[str, list[str]]:
+def leftovers(site: CephSite, tag: str, pools: list[str] | None = None) -> dict[str, list[str]]:
     """The drill's clones (`<tag>-*` images at the DR site) that still exist."""
-    pool = site.get("pool", "rbd")
-    images = [i for i in json.loads(rbd(site, "ls", "--format", "json", pool))
-              if i.startswith(f"{tag}-")]
+    images: list[str] = []
+    with CephConnection(site) as ceph:
+        for pool in pools or ["rbd"]:
+            images += [i for i in ceph.list_images(pool) if i.startswith(f"{tag}-")]
     return {"images": images}

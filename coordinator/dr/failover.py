@@ -11,7 +11,7 @@ final group snapshot:
               an unreachable primary is recorded, not waited for
               (unplanned mode)
     rollback  every DR image whose head differs from the recovery point
-              back to it (`rbd snap rollback`); an unchanged image is left
+              back to it (librbd through site.py); an unchanged image is left
               alone, because a rollback rewrites every object and would make
               failback ship the whole disk
     boot      the booter (boot.py) starts every VM of the request at DR,
@@ -36,48 +36,45 @@ objects").
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from cutpoint.coordinator.dr.boot import Booter, BootError, BootRequest, Guest
-from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
+from cutpoint.coordinator.dr.boot import BootDisk, Booter, BootError, BootRequest, Guest
+from cutpoint.coordinator.dr.ceph_errors import CephError
 from cutpoint.coordinator.dr.replicate import (
     GroupReplication,
     MemberCopy,
     newest_common_snapshot,
     replicate_group,
 )
+from cutpoint.coordinator.dr.site import CephConnection, CephSite
 
 
 class FailoverError(RuntimeError):
     pass
 
 
-def rollback(site: dict[str, Any], images: list[str], snap: str) -> list[str]:
+def rollback(site: CephSite, disks: list[BootDisk], snap: str) -> list[str]:
     """Roll every image back to `snap`; returns the images actually rolled back.
 
     An image whose head has not changed since `snap` (the usual case: the
     replication engine writes the head, then creates the snapshot) is left
-    alone.  `rbd snap rollback` rewrites every object, so a needless rollback
-    would make the next diff from `snap` (failback's base) cover the whole
-    disk instead of what the DR guests wrote.
+    alone.  A rollback rewrites every object, so a needless one would make
+    the next diff from `snap` (failback's base) cover the whole disk instead
+    of what the DR guests wrote.  Ceph failures raise `CephError`.
     """
-    pool = site.get("pool", "rbd")
+    with CephConnection(site) as ceph:
+        def one(d: BootDisk) -> str | None:
+            if not ceph.changed_since(d.pool, d.image, snap):
+                return None
+            ceph.rollback(d.pool, d.image, snap)
+            return d.image
 
-    def one(image: str) -> str | None:
-        changed = json.loads(rbd(site, "diff", "--from-snap", snap, "--format", "json",
-                                 f"{pool}/{image}", timeout=600) or "[]")
-        if not changed:
-            return None
-        rbd(site, "snap", "rollback", "--no-progress", f"{pool}/{image}@{snap}", timeout=600)
-        return image
-
-    with ThreadPoolExecutor(max_workers=4) as ex:
-        return [i for i in ex.map(one, images) if i is not None]
+        with ThreadPoolExecutor(max_workers=4) as ex:
+            return [i for i in ex.map(one, disks) if i is not None]
 
 
 @dataclass
@@ -111,12 +108,15 @@ def failover(booter: Booter, req: BootRequest, recovery_point: str,
         if on_event is not None:
             on_event(step, e)
 
+    if req.site is None:
+        raise FailoverError("the boot request names no Ceph site for the DR images")
     fenced = fence()
     ev("fence", fenced)
-    images = [d.image for v in req.vms for d in v.disks]
+    disks = [d for v in req.vms for d in v.disks]
+    images = [d.image for d in disks]
     try:
-        rolled = rollback(req.site, images, recovery_point)
-    except RbdError as exc:
+        rolled = rollback(req.site, disks, recovery_point)
+    except CephError as exc:
         raise FailoverError(f"rollback to {recovery_point} at DR failed: {exc}") from exc
     ev("rollback", {"images": images, "to": recovery_point, "rolled_back": rolled})
     guests: list[Guest] = []
@@ -135,9 +135,9 @@ def failover(booter: Booter, req: BootRequest, recovery_point: str,
     return FailoverResult(recovery_point, rto, timeline, guests, fenced)
 
 
-def failback_replicate(dr_site: dict[str, Any], primary_site: dict[str, Any],
+def failback_replicate(dr_site: CephSite, primary_site: CephSite,
                        images: list[str], snap: str, *, state_dir: str,
-                       prefix: str = "cp.") -> GroupReplication:
+                       prefix: str = "cp.", pool: str = "rbd") -> GroupReplication:
     """Ship DR -> primary the deltas since the newest common snapshot of each image.
 
     `snap` must exist at DR (taken after the DR VMs stopped).  Refuses when
@@ -145,11 +145,14 @@ def failback_replicate(dr_site: dict[str, Any], primary_site: dict[str, Any],
     asks for it explicitly with a full resync, not here)."""
     members = []
     for image in images:
-        base = newest_common_snapshot(dr_site, primary_site, image, prefix)
+        try:
+            base = newest_common_snapshot(dr_site, primary_site, image, prefix, pool)
+        except CephError as exc:
+            raise FailoverError(f"{image}: listing its snapshots: {exc}") from exc
         if base is None:
             raise FailoverError(f"{image}: no snapshot common to DR and primary; failback "
                                 "would be a full copy")
-        members.append(MemberCopy(image, snap, base))
+        members.append(MemberCopy(image, snap, base, pool=pool))
     return replicate_group(dr_site, primary_site, members, jobs=2, state_dir=state_dir,
                            verify_full=True)
 

@@ -107,11 +107,11 @@ def dr_site_reachable(ceph: CephConnection | None, site: str, pools: Sequence[st
                       why_none: str = "") -> Check:
     """Connect to the DR cluster (bounded by the site's connect timeout) and
     open each logical pool.  `ceph` None: the site has no Ceph access
-    configured (`why_none` says why)."""
+    configured (`why_none` says why, naming the site)."""
     def run() -> Check:
         if ceph is None:
-            return Check("", FAIL, "no_ceph_site", f"site {site!r} has no Ceph access "
-                         f"configured{': ' + why_none if why_none else ''}")
+            return Check("", FAIL, "no_ceph_site",
+                         why_none or f"site {site!r} has no Ceph access configured")
         try:
             ceph.connect()
             counts = {p: len(ceph.list_images(p)) for p in sorted(set(pools))}

@@ -5,8 +5,10 @@
 Each member is one `cutpoint-sync` run (docs/replication.md) copying
 `pool/image@snap` from `src_site` to the same-named image and snapshot at
 `dst_site`, incrementally from `base` when the member has one.  Runs go in
-parallel, at most `jobs` at a time.  A site is a dict of its Ceph access
-(`ceph_conf`, `keyring`, `client_id`, `pool`; see rbdcli.py).
+parallel, at most `jobs` at a time.  A site is a `CephSite` (site.py): the
+engine gets its ceph.conf, cephx id, keyring path and the member's pool as
+mapped at that site.  The engine reads a ceph.conf file, so a site given by
+mon addresses gets a generated one (`mon_host` only) in the state directory.
 
 Invariant 5: the group snapshot is a DR recovery point only when *every*
 member's run ended with a `done` event (its extents checksummed and
@@ -25,6 +27,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutpoint.coordinator.dr.rbdcli import RbdError, rbd
+from cutpoint.coordinator.dr.ceph_errors import CephNotFound
+from cutpoint.coordinator.dr.site import CephConnection, CephSite, SiteConfigError
 
 REPO = Path(__file__).resolve().parents[2]  # the source tree, for its build/
 DEFAULT_STATE_DIR = "/var/lib/cutpoint/sync"
@@ -75,6 +79,7 @@ class MemberCopy:
     snap: str
     base: str | None = None
     disk: str = ""  # "<vm>/<node>", for reports
+    pool: str = "rbd"  # logical pool: each site maps it to its own (CephSite.pools)
 
 
 @dataclass
@@ -130,21 +135,45 @@ class GroupReplication:
                 "members": [m.as_dict() for m in self.members]}
 
 
-def site_args(prefix: str, site: dict[str, Any]) -> list[str]:
-    argv = [f"--{prefix}-conf", site["ceph_conf"], f"--{prefix}-id",
-            site.get("client_id", "admin"), f"--{prefix}-pool", site.get("pool", "rbd")]
-    if site.get("keyring"):
-        argv += [f"--{prefix}-keyring", site["keyring"]]
+def engine_conf(site: CephSite, state_dir: str) -> str:
+    """The ceph.conf path cutpoint-sync reads for `site`.
+
+    The engine reads a file; a site given by mon addresses gets one with
+    just `mon_host`, written to `state_dir`.  A site with both a file and
+    addresses cannot be handed over as one file without rewriting the
+    operator's: refused."""
+    if site.ceph_conf and site.mon_host:
+        raise ReplicationError(f"site {site.name}: cutpoint-sync takes a ceph.conf or mon "
+                               "addresses, not both")
+    if site.ceph_conf:
+        return site.ceph_conf
+    path = Path(state_dir) / f"ceph-{site.name}.conf"
+    text = ("# written by cutpoint for cutpoint-sync: the site's mon addresses\n"
+            f"[global]\nmon_host = {','.join(site.mon_host)}\n")
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def site_args(prefix: str, site: CephSite, pool: str, state_dir: str) -> list[str]:
+    """cutpoint-sync's options for one side: conf, cephx id, keyring path, pool here."""
+    argv = [f"--{prefix}-conf", engine_conf(site, state_dir), f"--{prefix}-id",
+            site.client_id, f"--{prefix}-pool", site.pool(pool)]
+    if site.keyring:
+        argv += [f"--{prefix}-keyring", site.keyring]
     return argv
 
 
-def sync_argv(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, *,
+def sync_argv(src: CephSite, dst: CephSite, m: MemberCopy, *,
               verify_full: bool = False, rate_mbps: float | None = None,
               state_dir: str = DEFAULT_STATE_DIR, full_resync: bool = False,
               epoch: int = 0) -> list[str]:
     """`epoch`: the fencing epoch the source site is active under; the engine
     refuses a target image that is the live copy since it or a newer one."""
-    argv = [sync_binary(), *site_args("src", src), *site_args("dst", dst),
+    argv = [sync_binary(), *site_args("src", src, m.pool, state_dir),
+            *site_args("dst", dst, m.pool, state_dir),
             "--image", m.image, "--snap", m.snap, "--state-dir", state_dir,
             "--progress-ms", "500", "--epoch", str(epoch)]
     if m.base:
@@ -158,7 +187,7 @@ def sync_argv(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, *,
     return argv
 
 
-def _copy_one(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, res: MemberResult,
+def _copy_one(src: CephSite, dst: CephSite, m: MemberCopy, res: MemberResult,
               on_event: EventHook | None, timeout: float, **kw: Any) -> None:
     argv = sync_argv(src, dst, m, **kw)
     res.state = "copying"
@@ -217,7 +246,7 @@ def _copy_one(src: dict[str, Any], dst: dict[str, Any], m: MemberCopy, res: Memb
         on_event(f"member.{res.state}", res.as_dict())
 
 
-def replicate_group(src: dict[str, Any], dst: dict[str, Any], members: Sequence[MemberCopy],
+def replicate_group(src: CephSite, dst: CephSite, members: Sequence[MemberCopy],
                     *, jobs: int = 2, verify_full: bool = False,
                     rate_mbps: float | None = None, state_dir: str = DEFAULT_STATE_DIR,
                     on_event: EventHook | None = None,
@@ -229,6 +258,13 @@ def replicate_group(src: dict[str, Any], dst: dict[str, Any], members: Sequence[
     if jobs < 1:
         raise ReplicationError(f"jobs must be >= 1, got {jobs}")
     Path(state_dir).mkdir(parents=True, exist_ok=True)
+    for site in (src, dst):  # a site that cannot work fails here, before any copy starts
+        engine_conf(site, state_dir)
+        for m in members:
+            try:
+                site.pool(m.pool)
+            except SiteConfigError as exc:
+                raise ReplicationError(str(exc)) from None
     results = [MemberResult(m.image, m.snap, m.base, m.disk) for m in members]
     t0, w0 = time.monotonic(), time.time()
     with ThreadPoolExecutor(max_workers=min(jobs, len(members))) as ex:
@@ -250,21 +286,20 @@ def replicate_group(src: dict[str, Any], dst: dict[str, Any], members: Sequence[
     return out
 
 
-def list_snaps(site: dict[str, Any], image: str) -> list[str]:
-    """Snapshot names of pool/image in creation order ([] if the image is absent)."""
-    pool = site.get("pool", "rbd")
-    try:
-        out = rbd(site, "snap", "ls", "--format", "json", f"{pool}/{image}")
-    except RbdError as exc:
-        if exc.not_found:
+def list_snaps(site: CephSite, image: str, pool: str = "rbd") -> list[str]:
+    """Snapshot names of the image in creation order ([] if the image is absent)."""
+    with CephConnection(site) as ceph:
+        try:
+            return [s.name for s in ceph.snapshots(pool, image)]
+        except CephNotFound as exc:
+            if exc.op == "open pool":  # a missing pool is the site's fault, not "no image"
+                raise
             return []
-        raise
-    return [s["name"] for s in sorted(json.loads(out), key=lambda s: s["id"])]
 
 
-def newest_common_snapshot(a: dict[str, Any], b: dict[str, Any], image: str,
-                           prefix: str = "cp.") -> str | None:
+def newest_common_snapshot(a: CephSite, b: CephSite, image: str,
+                           prefix: str = "cp.", pool: str = "rbd") -> str | None:
     """The newest snapshot (in `a`'s order) present under the same name at both sites."""
-    at_b = set(list_snaps(b, image))
-    common = [s for s in list_snaps(a, image) if s in at_b and s.startswith(prefix)]
+    at_b = set(list_snaps(b, image, pool))
+    common = [s for s in list_snaps(a, image, pool) if s in at_b and s.startswith(prefix)]
     return common[-1] if common else None

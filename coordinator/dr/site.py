@@ -38,7 +38,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
@@ -171,6 +171,18 @@ class Locker:
     cookie: str  # "auto <id>": the exclusive lock of an open image
     address: str
     exclusive: bool
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image (or its snapshot) at a site, its pool by logical name."""
+
+    pool: str
+    image: str
+    snap: str | None = None
+
+    def __str__(self) -> str:
+        return _spec(self.pool, self.image, self.snap)
 
 
 class _StopDiff(Exception):
@@ -505,18 +517,17 @@ class CephConnection:
         self._image("set metadata", pool, image, lambda img: img.metadata_set(key, value),
                     obj=f"{_spec(pool, image)} key {key}")
 
-    # -- verification ---------------------------------------------------------------
-    def sha256(self, pool: str, image: str, snap: str | None = None, *,
-               chunk: int = 4 * MiB) -> str:
-        """SHA-256 of the whole image (at `snap`), holes read as zeroes: the same
-        digest as `rbd export pool/image@snap - | sha256sum`.  The image stays
-        open across the reads; each read is one bounded call."""
+    # -- reading and verification ---------------------------------------------------
+    def iter_read(self, pool: str, image: str, snap: str | None = None, *,
+                  chunk: int = 4 * MiB) -> Generator[bytes, None, None]:
+        """The whole image (at `snap`) front to back, `chunk` bytes at a time,
+        holes as zeroes: the bytes of `rbd export pool/image@snap -`.  The image
+        stays open while the caller iterates; each read is one bounded call."""
         _, rbd = _bindings()
         io = self._io(pool)
         obj = _spec(pool, image, snap)
         img = self._call("open image", obj,
                          lambda: rbd.Image(io, image, snapshot=snap, read_only=True))
-        h = hashlib.sha256()
         try:
             size = int(self._call("image size", obj, img.size))
             for off in range(0, size, chunk):
@@ -525,8 +536,16 @@ class CephConnection:
                 def rd(o: int = off, k: int = n) -> bytes:
                     return bytes(img.read(o, k))
 
-                h.update(self._call("read", f"{obj} at {off}", rd))
+                yield self._call("read", f"{obj} at {off}", rd)
         finally:
             if not self._abandoned:
                 self._call("close image", obj, img.close)
+
+    def sha256(self, pool: str, image: str, snap: str | None = None, *,
+               chunk: int = 4 * MiB) -> str:
+        """SHA-256 of the whole image (at `snap`), holes read as zeroes: the same
+        digest as `rbd export pool/image@snap - | sha256sum`."""
+        h = hashlib.sha256()
+        for data in self.iter_read(pool, image, snap, chunk=chunk):
+            h.update(data)
         return h.hexdigest()

@@ -7,9 +7,6 @@ collects every record, and proves that the valid records are exactly the
 sequence numbers 1..p, each once, all of one run.  It is the built-in
 drill check `writer` (checks.py) and the core of the command-line checker.
 
-It reads every disk of a set (raw files, RBD snapshots, qcow2 internal
-snapshots), collects every 512-byte record, and proves that the valid
-records are exactly the sequence numbers 1..p, each once, all of one run.
 It needs no knowledge of where the writer put a record: "read every disk"
 is enough, because every record carries its own sequence number and
 checksum.
@@ -37,9 +34,9 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from cutpoint.coordinator.dr.rbdcli import rbd_argv
+from cutpoint.coordinator.dr.site import CephConnection, CephSite, ImageRef
 
 RECORD_SIZE = 512
 MAGIC = b"CPWR"
@@ -327,24 +324,50 @@ def _gaps(sorted_seqs: list[int], p: int) -> list[tuple[int, int]]:
 
 # ---- sources ---------------------------------------------------------------
 
-@dataclass(frozen=True)
-class RbdSpec:
-    """An RBD image or snapshot, and how to reach its cluster."""
+class Spec(Protocol):
+    """A disk to read: its name in reports, and how to scan it."""
 
-    pool: str
-    image: str
-    snap: str | None
-    conf: str
-    client_id: str = "admin"
-    keyring: str | None = None
+    @property
+    def name(self) -> str: ...
+
+    def scan_into(self, scan: Scan) -> None: ...
+
+
+class _Chunks:
+    """A read-only stream over an iterator of byte chunks (for Scan.add_stream)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buf = b""
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                break
+            self._buf += nxt
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
+@dataclass(frozen=True)
+class CephImageSpec:
+    """An RBD image or snapshot at a Ceph site, read through site.py."""
+
+    site: CephSite
+    ref: ImageRef
 
     @property
     def name(self) -> str:
-        return f"{self.pool}/{self.image}" + (f"@{self.snap}" if self.snap else "")
+        return f"{self.site.name}:{self.ref}"
 
-    def export_argv(self) -> list[str]:
-        site = {"ceph_conf": self.conf, "client_id": self.client_id, "keyring": self.keyring}
-        return rbd_argv(site, "export", "--no-progress", self.name, "-")
+    def scan_into(self, scan: Scan) -> None:
+        with CephConnection(self.site) as ceph:
+            chunks = ceph.iter_read(self.ref.pool, self.ref.image, self.ref.snap)
+            try:
+                scan.add_stream(self.name, _Chunks(chunks))  # type: ignore[arg-type]
+            finally:
+                chunks.close()
 
 
 @dataclass(frozen=True)
@@ -356,6 +379,9 @@ class Qcow2Spec:
     def name(self) -> str:
         return self.path + (f"@{self.snap}" if self.snap else "")
 
+    def scan_into(self, scan: Scan) -> None:
+        _scan_qcow2(scan, self)
+
 
 @dataclass(frozen=True)
 class FileSpec:
@@ -365,11 +391,16 @@ class FileSpec:
     def name(self) -> str:
         return self.path
 
+    def scan_into(self, scan: Scan) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                scan.add_stream(self.name, f)
+        except OSError as e:
+            raise CheckerError(f"{self.path}: {e.strerror}") from e
 
-Spec = RbdSpec | Qcow2Spec | FileSpec
 
-
-def _scan_process(scan: Scan, name: str, argv: list[str]) -> None:
+def scan_process(scan: Scan, name: str, argv: list[str]) -> None:
+    """Scan what a command writes to its stdout (a disk exported by a tool)."""
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
@@ -414,16 +445,7 @@ def _scan_qcow2(scan: Scan, spec: Qcow2Spec) -> None:
 
 def _scan_one(spec: Spec) -> Scan:
     scan = Scan()
-    if isinstance(spec, FileSpec):
-        try:
-            with open(spec.path, "rb") as f:
-                scan.add_stream(spec.name, f)
-        except OSError as e:
-            raise CheckerError(f"{spec.path}: {e.strerror}") from e
-    elif isinstance(spec, RbdSpec):
-        _scan_process(scan, spec.name, spec.export_argv())
-    else:
-        _scan_qcow2(scan, spec)
+    spec.scan_into(scan)
     return scan
 
 

@@ -33,6 +33,7 @@ from cutpoint.coordinator.dr.boot import (
     BootVM,
     Guest,
 )
+from cutpoint.coordinator.dr.site import CephSite
 from cutpoint.lab.agents import CA_SCRIPT, cutpointd_path, stop_agent_pid
 from cutpoint.lab.proc import pid_alive
 
@@ -100,7 +101,8 @@ def standby_agent() -> Iterator[dict[str, Any]]:
 
 
 def _request(a: dict[str, Any], *names: str) -> BootRequest:
-    return BootRequest(FAILOVER, {}, [BootVM(n, (BootDisk("disk0", f"{n}-disk0"),))
+    site = CephSite("dr", pools={"rbd": "rbd"}, ceph_conf="/nonexistent/ceph.conf")
+    return BootRequest(FAILOVER, site, [BootVM(n, (BootDisk("disk0", f"{n}-disk0"),))
                                       for n in names], "failover-t",
                        agents={n: a["agent"] for n in names}, tls=a["tls"])
 
@@ -174,7 +176,7 @@ def test_preflight_asks_without_starting(standby_agent: dict[str, Any]) -> None:
     assert time.monotonic() - t0 < 12
     assert (check.code, check.unavailable) == ("dr_agent_unreachable", True), check
     # No agent named for the VM, or no certificate: nobody to ask.
-    nobody = BootRequest(FAILOVER, {}, [BootVM("sb1", ())], "failover-t", tls=a["tls"])
+    nobody = BootRequest(FAILOVER, None, [BootVM("sb1", ())], "failover-t", tls=a["tls"])
     assert [u.why for u in booter.preflight(nobody)] == ["no_agent"]
     # Asking started nothing: sb1 is still shut off, no QEMU pid file.
     assert booter.states(_request(a, "sb1"), ["sb1"]) == {"sb1": "shutoff"}

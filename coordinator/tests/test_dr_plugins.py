@@ -29,7 +29,10 @@ from cutpoint.coordinator.dr.boot import (
     known_booters,
     load_booter,
 )
+from cutpoint.coordinator.dr.site import CephSite, ImageRef
 from pydantic import ValidationError
+
+SITE = CephSite("dr", pools={"rbd": "rbd"}, ceph_conf="/nonexistent/ceph.conf")
 
 PROBE = '''
 class ProbeBooter:
@@ -112,7 +115,8 @@ def test_a_booter_that_cannot_be_loaded_says_so(probe_dist: Path) -> None:
 
 def test_checks_by_name(probe_dist: Path) -> None:
     assert checks.get("writer") is checks.writer
-    assert checks.get("probe")({}, ["a", "b"]) == {"ok": True, "summary": "probed 2 image(s)"}
+    images = [ImageRef("rbd", "a"), ImageRef("rbd", "b")]
+    assert checks.get("probe")(SITE, images) == {"ok": True, "summary": "probed 2 image(s)"}
     assert "probe" in checks.known()
     with pytest.raises(checks.UnknownCheck) as ei:
         checks.get("nosuch")
@@ -120,8 +124,8 @@ def test_checks_by_name(probe_dist: Path) -> None:
 
 
 def _request(purpose: str, **kw: object) -> BootRequest:
-    return BootRequest(purpose, {"ceph_conf": "/nonexistent/ceph.conf", "pool": "rbd"},
-                       [BootVM("vm1", (BootDisk("disk0", "vm1-disk0"),))], "t", **kw)  # type: ignore[arg-type]
+    return BootRequest(purpose, SITE, [BootVM("vm1", (BootDisk("disk0", "vm1-disk0"),))],
+                       "t", **kw)  # type: ignore[arg-type]
 
 
 def test_the_agent_booter_refuses_a_drill() -> None:

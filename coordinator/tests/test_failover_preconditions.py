@@ -15,10 +15,14 @@ from cutpoint.coordinator.dr.site import CephConnection, CephSite
 
 
 def test_no_ceph_access_configured() -> None:
-    c = pre.dr_site_reachable(None, "dr", ["rbd"], "no Ceph configuration for site 'dr'")
+    c = pre.dr_site_reachable(None, "dr", ["rbd"], "site 'dr' has no Ceph access: set it "
+                              "with PATCH /v1/sites/2 (site_has_no_ceph)")
     assert (c.name, c.status, c.code, c.unavailable) == ("dr_site_reachable", "fail",
                                                          "no_ceph_site", False)
-    assert "no Ceph configuration" in c.message
+    assert c.message == "site 'dr' has no Ceph access: set it with PATCH /v1/sites/2 " \
+        "(site_has_no_ceph)"
+    c = pre.dr_site_reachable(None, "dr", ["rbd"])
+    assert c.message == "site 'dr' has no Ceph access configured"
 
 
 def test_a_dr_site_that_answers_nothing_fails_within_its_connect_timeout() -> None:

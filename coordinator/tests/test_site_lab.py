@@ -277,8 +277,42 @@ def test_no_key_in_errors_or_check_results(lab: dict[str, Any]) -> None:
 
 
 # -- deadlines ---------------------------------------------------------------------------
+SERVE_AGAIN_S = 180  # after SIGCONT, the most a busy machine may take to serve again
+
+
+def wait_serving(lab: dict[str, Any], timeout_s: float = SERVE_AGAIN_S) -> float:
+    """Until the DR cluster serves again: a fresh session (mon) creates a probe
+    image, writes it and reads it back (OSD), and removes it.  A daemon
+    resumed from SIGSTOP first works off what queued up meanwhile (timed-out
+    requests, heartbeats, a mon session to renew); on a loaded machine that
+    can take longer than a fault test's short timeout, and the next test
+    must not start before.  Returns the seconds it took."""
+    t0 = time.monotonic()
+    probe = f"site-probe-{uuid.uuid4().hex[:8]}"
+    data = b"\x5a" * 4096
+    last: Exception | None = None
+    while True:
+        try:
+            with CephConnection(ceph_site(lab, connect_timeout_s=10, op_timeout_s=10)) as c:
+                if c.image_exists("rbd", probe):  # an earlier attempt got that far
+                    c.remove_image("rbd", probe)
+                c.create_image("rbd", probe, MiB)
+                c.write("rbd", probe, 0, data)
+                got = c.read("rbd", probe, 0, len(data))
+                c.remove_image("rbd", probe)
+            assert got == data, "the probe read back other data"
+            return time.monotonic() - t0
+        except CE.CephError as exc:
+            last = exc
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"the DR cluster does not serve {timeout_s:.0f} s after "
+                                 f"SIGCONT: {last}")
+        time.sleep(1)
+
+
 def stopped(lab: dict[str, Any], daemon: str) -> Any:
-    """Context: the DR daemon under SIGSTOP, SIGCONT on the way out whatever happens."""
+    """Context: the DR daemon under SIGSTOP; on the way out, whatever happens,
+    SIGCONT and then wait until the cluster serves again (wait_serving)."""
     import contextlib
 
     pid = lab["sites"]["dr"]["pids"][daemon]
@@ -290,6 +324,8 @@ def stopped(lab: dict[str, Any], daemon: str) -> Any:
             yield
         finally:
             os.kill(pid, signal.SIGCONT)
+            took = wait_serving(lab)
+            print(f"{daemon} resumed: the DR cluster serves again after {took:.1f} s")
 
     return cm()
 

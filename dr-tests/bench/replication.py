@@ -47,11 +47,16 @@ class ReplicationError(Exception):
 def sync_argv(status: dict[str, Any], image: str, snap: str, base: str | None = None,
               extra: Sequence[str] = (), state_dir: str = SYNC_STATE_DIR,
               reverse: bool = False) -> list[str]:
-    """argv of one cutpoint-sync run primary -> DR (DR -> primary if reverse)."""
-    src, dst = status["sites"]["primary"], status["sites"]["dr"]
+    """argv of one cutpoint-sync run primary -> DR (DR -> primary if reverse), as
+    the lab's admin client (the engine measured alone, as before sites were
+    the control plane's)."""
+    from cutpoint.lab.sites import ceph_site
+
+    src, dst = ceph_site(status, "primary", "admin"), ceph_site(status, "dr", "admin")
     if reverse:
         src, dst = dst, src
-    argv = [sync_binary(), *site_args("src", src), *site_args("dst", dst),
+    argv = [sync_binary(), *site_args("src", src, "rbd", state_dir),
+            *site_args("dst", dst, "rbd", state_dir),
             "--image", image, "--snap", snap, "--state-dir", state_dir]
     if base:
         argv += ["--base", base]

@@ -51,6 +51,7 @@ class DrillImages:
     def __init__(self, status: dict[str, Any], prefix: str,
                  disks: dict[str, int], vm: str, nodes: dict[str, str],
                  sync_dir: Path) -> None:
+        self.status = status
         self.sites = {"primary": status["sites"]["primary"],
                       "dr": status["sites"]["dr"]}
         self.prefix = prefix
@@ -113,17 +114,22 @@ class DrillImages:
             list_snaps,
             replicate_group,
         )
+        from cutpoint.lab.sites import ceph_site
+
+        # The product's replication reaches both clusters as the control
+        # plane does (client.cutpoint); the lab's rbd CLI calls stay admin.
+        primary, dr = ceph_site(self.status, "primary"), ceph_site(self.status, "dr")
         base = self.replicated[-1] if self.replicated else None
         members = [MemberCopy(self.image(s), snap, base, disk=self.disk_id(s))
                    for s in self.disks]
-        rep = replicate_group(self.sites["primary"], self.sites["dr"], members,
+        rep = replicate_group(primary, dr, members,
                               jobs=2, verify_full=verify_full,
                               state_dir=str(self.sync_dir))
         doc = rep.as_dict()
         bad = [m.as_dict() for m in rep.members
                if m.state != "verified" or m.error is not None
                or (verify_full and not m.verified_full)
-               or snap not in list_snaps(self.sites["dr"], m.image)]
+               or snap not in list_snaps(dr, m.image)]
         if bad or len(rep.members) != len(self.disks) or not rep.recovery_point:
             raise RbdDrillError(f"{snap}: not a DR recovery point "
                                 f"(invariant 5): {bad or doc}", detail=doc)

@@ -3,22 +3,25 @@
 The record format and the proof over a set of disks are the product's
 (cutpoint.coordinator.dr.writer_records, also the built-in drill check
 `writer`); they are re-exported here.  This module adds what needs the lab:
-naming images by lab site (`primary:rbd/img@snap`) and mapping a group
-snapshot's member disks to the lab's images (`cutpoint-lab check writer`).
+naming images by lab site (`primary:rbd/img@snap`), reading them with the
+`rbd` CLI as the lab's own tools do (`RbdSpec`: an independent reader, not
+the product's librbd path), and mapping a group snapshot's member disks to
+the lab's images (`cutpoint-lab check writer`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from cutpoint.coordinator.dr.writer_records import (
     MAGIC,
     RECORD_SIZE,
     Anomaly,
+    CephImageSpec,
     CheckerError,
     FileSpec,
     Qcow2Spec,
-    RbdSpec,
     Record,
     Scan,
     Spec,
@@ -28,13 +31,39 @@ from cutpoint.coordinator.dr.writer_records import (
     classify,
     encode_record,
     iter_records,
+    scan_process,
     scan_specs,
 )
 
-__all__ = ["MAGIC", "RECORD_SIZE", "Anomaly", "CheckerError", "FileSpec", "Qcow2Spec",
-           "RbdSpec", "Record", "Scan", "Spec", "Verdict", "check_files", "check_streams",
-           "classify", "encode_record", "iter_records", "parse_image", "scan_specs",
-           "specs_for_group_snapshot"]
+__all__ = ["MAGIC", "RECORD_SIZE", "Anomaly", "CephImageSpec", "CheckerError", "FileSpec",
+           "Qcow2Spec", "RbdSpec", "Record", "Scan", "Spec", "Verdict", "check_files",
+           "check_streams", "classify", "encode_record", "iter_records", "parse_image",
+           "scan_specs", "specs_for_group_snapshot"]
+
+
+@dataclass(frozen=True)
+class RbdSpec:
+    """An RBD image or snapshot read with `rbd export`, and how to reach its cluster."""
+
+    pool: str
+    image: str
+    snap: str | None
+    conf: str
+    client_id: str = "admin"
+    keyring: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.pool}/{self.image}" + (f"@{self.snap}" if self.snap else "")
+
+    def export_argv(self) -> list[str]:
+        argv = ["rbd", "-c", self.conf, "--id", self.client_id]
+        if self.keyring:
+            argv += ["--keyring", self.keyring]
+        return [*argv, "export", "--no-progress", self.name, "-"]
+
+    def scan_into(self, scan: Scan) -> None:
+        scan_process(scan, self.name, self.export_argv())
 
 
 def parse_image(text: str, *, conf: str | None = None, client_id: str = "admin",

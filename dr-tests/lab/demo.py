@@ -4,9 +4,10 @@
 
 Holds the lab lock for the whole run, then: lab up (2 primary hosts x 1
 guest x 2 RBD disks, workload `writer`), one agent per host, `cutpoint
-server --embedded` on the lab's two Ceph sites (CP_CEPH_SITES_FILE) with the
-lab's booter (CUTPOINT_BOOTER=lab), register the hosts over the API
-(inventory sync), create a group of the 2 VMs on 2 hosts with a 10 s RPO
+server --embedded` with the lab's booter (CUTPOINT_BOOTER=lab), register
+the lab's two sites with their Ceph access as the control plane's cephx
+client `client.cutpoint` (`cutpoint site add`, checked by the API) and the
+hosts (inventory sync), create a group of the 2 VMs on 2 hosts with a 10 s RPO
 replicated to site `dr`, let the scheduler take snapshots for about a
 minute, show the snapshots and the RPO status, check the newest snapshot
 with the writer checker, run a drill at DR, and tear everything down.
@@ -97,7 +98,8 @@ def run(seconds: int, rpo: int) -> int:
         signal.signal(sig, _interrupted)
     from cutpoint.lab import lock
     from cutpoint.lab.agents import start_agents, stop_agents
-    from cutpoint.lab.status import load_status, write_sites_file
+    from cutpoint.lab.sites import cli_args
+    from cutpoint.lab.status import load_status
 
     server: subprocess.Popen[bytes] | None = None
     status = None
@@ -108,24 +110,21 @@ def run(seconds: int, rpo: int) -> int:
             cp("up", "--hosts", "2", "--vms-per-host", "1", "--disks", "2",
                "--workload", "writer", exe=LAB_EXE)
             status = load_status()
-            sites = write_sites_file(status, state / "ceph-sites.json")
             certs = Path(status["state_dir"]) / "certs"
             say("one agent (cutpointd) per lab host")
             for rec in start_agents(status, certs):
                 print(f"agent {rec['host']} at {rec['address']}:{rec['port']} pid {rec['pid']}")
             say("cutpoint server --embedded (API + worker + beat, SQLite, its own Redis), "
-                "on the lab's Ceph sites, with the lab's booter")
+                "with the lab's booter")
             port = 18470
             token_file = state / "admin.token"
-            print(f"$ CP_CEPH_SITES_FILE={sites} CUTPOINT_BOOTER=lab "
-                  f"cutpoint server --embedded --state-dir {state / 'server'} --port {port} "
+            print(f"$ CUTPOINT_BOOTER=lab cutpoint server --embedded --state-dir {state / 'server'} --port {port} "
                   f"--agent-certs {certs} --admin-token-file {token_file}")
             server = subprocess.Popen(
                 [EXE, "server", "--embedded", "--state-dir", str(state / "server"),
                  "--port", str(port), "--agent-certs", str(certs),
                  "--admin-token-file", str(token_file)], start_new_session=True,
-                env={**os.environ, "CP_CEPH_SITES_FILE": str(sites),
-                     "CUTPOINT_BOOTER": "lab"})
+                env={**os.environ, "CUTPOINT_BOOTER": "lab"})
             env = {**os.environ, "CUTPOINT_URL": f"http://127.0.0.1:{port}"}
             for _ in range(120):
                 if token_file.exists():
@@ -138,9 +137,12 @@ def run(seconds: int, rpo: int) -> int:
                         pass
                 time.sleep(0.5)
             env["CUTPOINT_TOKEN"] = token_file.read_text().strip()
-            say("register the site and the hosts (each pulls its agent's inventory)")
-            cp("site", "create", "primary", env=env)
-            cp("site", "create", "dr", env=env)  # the replication target
+            say("register the sites with their Ceph access (client.cutpoint, not admin; "
+                "the API runs the site check first) and the hosts (each pulls its "
+                "agent's inventory)")
+            cp("site", "add", "primary", *cli_args(status, "primary"), env=env)
+            cp("site", "add", "dr", *cli_args(status, "dr"), env=env)  # the replication target
+            cp("site", "list", env=env)
             for h in status["hosts"]:
                 if h["site"] == "primary":
                     cp("host", "add", h["name"], "--site", "primary", "--address",

@@ -191,6 +191,8 @@ class LabBooter:
     def _start_clones(self, req: BootRequest, on_event: EventHook | None) -> list[Guest]:
         from cutpoint.lab.vms import qemu_argv
 
+        if req.site is None:
+            raise BootError("a drill's boot request names the Ceph site of its clones")
         status = self.status()
         ns = _dr_netns(status)
         bridge = bridge_of(req.tag)
@@ -210,10 +212,12 @@ class LabBooter:
                      "qmp": str(gdir / "qmp.sock"), "console": str(gdir / "console.log"),
                      "pidfile": str(gdir / "qemu.pid"), "workload": "none",
                      "disks": [{"node": d.node, "backend": "rbd",
-                                "pool": req.site.get("pool", "rbd"), "image": d.image,
+                                "pool": req.site.pool(d.pool), "image": d.image,
                                 "site": "dr"} for d in vm.disks]}
+                # QEMU reaches Ceph as the DR hypervisor does (the lab's own
+                # access to the DR cluster), not with the control plane's client.
                 argv = qemu_argv(g, status["image"], status.get("accel", "tcg"),
-                                 [g["address"]], {"dr": req.site}, memory, "")
+                                 [g["address"]], {"dr": status["sites"]["dr"]}, memory, "")
                 _sh(["ip", "netns", "exec", ns, *argv], timeout=60)
                 guests.append(Guest(vm.name, detail={
                     "pid": read_pidfile(Path(g["pidfile"])), "console": g["console"],
@@ -282,10 +286,14 @@ def agent_ref(status: dict[str, Any]) -> AgentRef:
 
 def drill_spec(status: dict[str, Any], recovery_point: str, vms: list[str] | None = None,
                **kw: Any) -> DrillSpec:
-    """A DrillSpec for (some of) the lab's primary VMs, replicated to the lab's DR site."""
+    """A DrillSpec for (some of) the lab's primary VMs, replicated to the lab's DR site
+    (reached as the control plane's client, `client.cutpoint`)."""
+    from cutpoint.lab.sites import ceph_site
+
     chosen = [v for v in status["vms"] if v.get("site") == "primary"
               and (vms is None or v["name"] in vms)]
     return DrillSpec(
-        site=status["sites"]["dr"], recovery_point=recovery_point,
-        vms=[BootVM(v["name"], tuple(BootDisk(d["node"], d["image"]) for d in v["disks"]))
+        site=ceph_site(status, "dr"), recovery_point=recovery_point,
+        vms=[BootVM(v["name"], tuple(BootDisk(d["node"], d["image"], d["pool"])
+                                     for d in v["disks"]))
              for v in chosen], **kw)

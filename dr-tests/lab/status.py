@@ -41,18 +41,6 @@ def write_status(status: dict[str, Any]) -> None:
     os.replace(tmp, d / FILE)
 
 
-def write_sites_file(status: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """The lab's Ceph sites as the control plane reads them (CP_CEPH_SITES_FILE):
-    {site: {ceph_conf, keyring, client_id, pool}}."""
-    keys = ("ceph_conf", "keyring", "client_id", "pool")
-    sites = {name: {k: s[k] for k in keys if k in s}
-             for name, s in status.get("sites", {}).items()}
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(sites, indent=2) + "\n")
-    return p
-
-
 def health(status: dict[str, Any]) -> dict[str, Any]:
     """Which recorded processes are alive now."""
     out: dict[str, Any] = {"vms": {}, "ceph": {}}

@@ -144,6 +144,65 @@ def test_registration_module_reads_compares_and_writes_only_on_difference(
     assert changed and _hosts(api)[0]["cert_fingerprint"] == _fp(pem2)
 
 
+def _site(api: dict, *, check_mode: bool = False, **kw: object) -> tuple[str, dict]:
+    args = {"api_url": api["url"], "token_file": api["token_file"], "name": "dr", **kw}
+    cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "cutpoint_site",
+           "-a", json.dumps(args)]
+    if check_mode:
+        cmd.append("--check")
+    r = subprocess.run(cmd, cwd=ANSIBLE, env=_env(), capture_output=True, text=True, timeout=180,
+                       check=False)
+    m = re.search(r"localhost \| (CHANGED|SUCCESS|FAILED!) => (\{.*\})", r.stdout, re.DOTALL)
+    assert m, r.stdout + r.stderr
+    return m.group(1), json.loads(m.group(2))
+
+
+def _sites(api: dict) -> list[dict]:
+    import urllib.request
+    req = urllib.request.Request(api["url"] + "/v1/sites",
+                                 headers={"Authorization": f"Bearer {api['token']}"})
+    with urllib.request.urlopen(req) as resp:
+        return list(json.load(resp)["items"])
+
+
+def test_site_module_reads_compares_and_writes_only_on_difference(
+        api: dict, tmp_path: Path) -> None:
+    """No Ceph cluster here: the API's check of a missing ceph.conf fails the
+    task naming the check; `check: false` registers the site (a cluster not
+    up yet); then only differences are written, honestly in check mode."""
+    key = "AQBmDUlnAAAAABAAp9n3yQ4bC4YVb9QkzQ3xYw=="
+    kr = tmp_path / "dr.client.cutpoint.keyring"
+    kr.write_text(f"[client.cutpoint]\n\tkey = {key}\n")
+    ceph = {"ceph_conf": "/nonexistent/dr.conf", "keyring": str(kr), "pools": {"rbd": "rbd"}}
+    # The check runs by default and refuses: nothing stored.
+    state, res = _site(api, ceph=ceph)
+    assert state == "FAILED!" and res["failed_check"] == "connect", res
+    assert res["ceph_code"] == "ceph_not_found" and _sites(api) == []
+    # Check mode on an empty API: would change, writes nothing.
+    state, _ = _site(api, ceph=ceph, check_mode=True)
+    assert state == "CHANGED" and _sites(api) == []
+    state, res = _site(api, ceph=ceph, description="DR", check=False)
+    assert state == "CHANGED", res
+    [site] = _sites(api)
+    assert site["ceph"]["keyring"] == str(kr) and site["ceph"]["client_id"] == "cutpoint"
+    # Second run: the API's defaults compare equal, no write.
+    state, res = _site(api, ceph=ceph, description="DR", check=False)
+    assert state == "SUCCESS" and res["diff_fields"] == [], res
+    assert _sites(api)[0]["version"] == site["version"]
+    # A changed timeout: reported in check mode, written by the real run.
+    more = dict(ceph, op_timeout_s=20)
+    state, res = _site(api, ceph=more, description="DR", check=False, check_mode=True)
+    assert state == "CHANGED" and res["diff_fields"] == ["ceph.op_timeout_s"], res
+    assert _sites(api)[0]["ceph"]["op_timeout_s"] == 30
+    state, res = _site(api, ceph=more, description="DR", check=False)
+    assert state == "CHANGED" and _sites(api)[0]["ceph"]["op_timeout_s"] == 20, res
+    # A checked change fails the task, naming the check; the site is unchanged.
+    state, res = _site(api, ceph=dict(more, op_timeout_s=25), description="DR")
+    assert state == "FAILED!" and res["failed_check"] == "connect", res
+    assert _sites(api)[0]["ceph"]["op_timeout_s"] == 20
+    assert key not in json.dumps(res)
+
+
 def _hello(args: dict) -> tuple[bool, dict]:
     r = subprocess.run([str(BIN / "ansible"), "localhost", "-c", "local", "-m",
                         "cutpoint_agent_hello", "-a", json.dumps(args)], cwd=ANSIBLE, env=_env(),

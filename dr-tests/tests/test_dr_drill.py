@@ -44,6 +44,7 @@ from cutpoint.coordinator.dr.replicate import (
 from cutpoint.lab.ceph import rbd_cmd
 from cutpoint.lab.drillboot import LabBooter, drill_spec
 from cutpoint.lab.proc import pid_alive
+from cutpoint.lab.sites import ceph_site
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=1, workload="writer")]
@@ -94,6 +95,9 @@ class Env:
         self.vms = sorted(status["vms"], key=lambda v: v["index"])
         self.images = [d["image"] for v in self.vms for d in v["disks"]]
         self.last: str | None = None  # newest replicated group snapshot name
+        # The product's Ceph access, as the control plane's client (the
+        # lab's rbd CLI checks below stay the independent, admin reader).
+        self.primary, self.dr = ceph_site(status, "primary"), ceph_site(status, "dr")
 
     def snapshot(self) -> str:
         res = cutpoint("snapshot", "--group-file", str(self.file), "--db", self.db, "--json")
@@ -104,8 +108,8 @@ class Env:
 
     def replicate(self, snap: str, base: str | None) -> GroupReplication:
         members = [MemberCopy(i, snap, base) for i in self.images]
-        return replicate_group(self.status["sites"]["primary"], self.status["sites"]["dr"],
-                               members, jobs=2, state_dir=self.state_dir)
+        return replicate_group(self.primary, self.dr, members, jobs=2,
+                               state_dir=self.state_dir)
 
 
 _ENV: dict[str, Env] = {}
@@ -136,7 +140,7 @@ def test_three_group_rounds_under_writer_load_identical(env: Env) -> None:
         for image in env.images:
             want, got = sha256_of(p, image, snap), sha256_of(d, image, snap)
             assert want == got, f"round {rnd} {image}@{snap}: primary {want} != dr {got}"
-            assert snap in list_snaps(d, image)
+            assert snap in list_snaps(env.dr, image)
         base = snap
     env.last = base
 
@@ -179,7 +183,7 @@ def test_drill_passes_cleans_up_while_replication_continues(env: Env, tmp_path: 
     assert report["checks"][0]["verdict"]["p"] > 0
     assert report["cleanup"]["ok"] and not any(report["cleanup"]["leftovers"].values())
     tag = f"drill-{report['drill_id']}"
-    assert not any(leftovers(env.status["sites"]["dr"], tag).values())
+    assert not any(leftovers(env.dr, tag).values())
     assert not any(booter.leftovers(BootRequest(DRILL, spec.site, spec.vms, tag)).values())
     isolate = next(e for e in report["timeline"] if e["step"] == "isolate")
     assert isolate["status"] == "ok" and isolate["uplink"] is None, isolate
@@ -203,7 +207,8 @@ def test_drill_with_failing_check_reports_evidence(env: Env, tmp_path: Path) -> 
     subprocess.run(rbd_cmd(p, "create", "--size", "16M", f"{p['pool']}/{image}"), check=True)
     try:
         subprocess.run(rbd_cmd(p, "snap", "create", f"{p['pool']}/{image}@{snap}"), check=True)
-        rep = replicate_group(p, d, [MemberCopy(image, snap)], state_dir=env.state_dir)
+        rep = replicate_group(env.primary, env.dr, [MemberCopy(image, snap)],
+                              state_dir=env.state_dir)
         assert rep.recovery_point
         spec = drill_spec(env.status, snap, report_dir=str(tmp_path))
         spec.vms = [BootVM("blank", (BootDisk("disk0", image),))]
@@ -241,7 +246,7 @@ def test_agent_booter_drill_is_refused_and_leaves_nothing(env: Env, tmp_path: Pa
     assert report["error"].startswith("DrillBootUnsupported: "), report["error"]
     assert "captured definition" in report["error"]
     assert report["cleanup"]["ok"], report["cleanup"]
-    assert not any(leftovers(env.status["sites"]["dr"], f"drill-{report['drill_id']}").values())
+    assert not any(leftovers(env.dr, f"drill-{report['drill_id']}").values())
 
 
 def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
@@ -271,7 +276,7 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
            str(env.certs / "coordinator.key"))
     vms = drill_spec(env.status, final).vms
     dr = agent_ref(env.status)
-    boot = BootRequest(FAILOVER, d, vms, "failover-test", workload="none",
+    boot = BootRequest(FAILOVER, env.dr, vms, "failover-test", workload="none",
                        agents={v.name: dr for v in vms}, tls=tls)
     booter = LabBooter(env.status["state_dir"])
     dr_agent = next(a for a in env.agents
@@ -332,7 +337,7 @@ def test_planned_failover_boots_at_dr_then_failback_ships_only_deltas(env: Env,
         rbd_diff = {i: (diff_sum(d, i, final, fb), diff_sum(p, i, final, None))
                     for i in env.images}
         assert not any(e["step"] == "rollback" and e["rolled_back"] for e in res.timeline)
-        back = failback_replicate(d, p, env.images, fb, state_dir=env.state_dir,
+        back = failback_replicate(env.dr, env.primary, env.images, fb, state_dir=env.state_dir,
                                   prefix=f"cp.{GROUP}.")
         assert back.recovery_point, back.as_dict()
         for m in back.members:

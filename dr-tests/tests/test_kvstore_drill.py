@@ -163,7 +163,10 @@ class Drill:
         members = [MemberCopy(vm["disks"][0]["image"], snap, base,
                               disk=f"{vm['name']}/{vm['disks'][0]['node']}")
                    for vm in self.vms]
-        rep = replicate_group(self.site, self.dr, members, jobs=2,
+        from cutpoint.lab.sites import ceph_site
+
+        rep = replicate_group(ceph_site(self.status, "primary"), ceph_site(self.status, "dr"),
+                              members, jobs=2,
                               verify_full=verify_full, state_dir=str(self.sync_dir))
         print(f"replicated {snap} (base {base}): {rep.state}, "
               f"{rep.bytes_shipped} B shipped in {rep.seconds:.1f} s, "
@@ -173,7 +176,7 @@ class Drill:
         for m in rep.members:
             assert m.state == "verified" and m.error is None, m.as_dict()
             assert m.verified_full or not verify_full, m.as_dict()
-            assert snap in list_snaps(self.dr, m.image), (m.image, snap)
+            assert snap in list_snaps(ceph_site(self.status, "dr"), m.image), (m.image, snap)
         assert rep.state == "verified" and rep.recovery_point, rep.as_dict()
         self.replicated.append(snap)
         return rep
