@@ -43,9 +43,8 @@ pytestmark = [pytest.mark.lab,
 
 @pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
-          local_services: services_local.Endpoints,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
-    with failover_plane(lab, tmp_path, local_services, monkeypatch) as p:
+          local_services: services_local.Endpoints) -> Iterator[Plane]:
+    with failover_plane(lab, tmp_path, local_services) as p:
         yield p
 
 
