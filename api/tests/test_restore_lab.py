@@ -86,7 +86,7 @@ def restore(c: TestClient, plane: Plane, how: str, body: dict[str, Any]) -> dict
     assert r.status_code == 202, r.text
     job = finish(c, r.json()["id"], f"restore {how}", plane, 300, follow=True)
     assert job["state"] == "succeeded", (job["error_code"], job["error"], plane.tail())
-    events = c.get(f"/v1/jobs/{job['id']}/events").json()["items"]
+    events = c.get(f"/v1/jobs/{job['id']}/events").json()
     assert [e["step"] for e in events].count("clone" if how == "clone" else "rollback") == \
         len(job["result"]["disks"]), events
     return dict(job["result"])
