@@ -112,7 +112,7 @@ def test_restore_as_clones_and_in_place(lab: dict[str, Any], plane: Plane,
               for d in res["disks"]}
     got = sums(primary, sorted(clones.values()), None)
     assert {src_of[k]: v for k, v in got.items()} == at_snap
-    v = writer_verdict(lab["sites"]["primary"], sorted(clones.values()), None)
+    v = writer_verdict(primary, sorted(clones.values()), None)
     assert v.ok and v.p > 0, v.summary()
     print(f"\nclones at the primary: {sorted(clones.values())}; writer {v.summary()}")
     assert set(inventory_states(lab, plane).values()) == {"running"}
@@ -127,7 +127,7 @@ def test_restore_as_clones_and_in_place(lab: dict[str, Any], plane: Plane,
     assert dr_clones == sorted(f"{i}-drclone" for i in images)
     got = sums(dr, dr_clones, None)
     assert {k.removesuffix("-drclone"): v for k, v in got.items()} == at_snap
-    v = writer_verdict(lab["sites"]["dr"], dr_clones, None)
+    v = writer_verdict(dr, dr_clones, None)
     assert v.ok and v.p > 0, v.summary()
 
     # In place while the guests run: refused, naming both, nothing touched.
@@ -147,6 +147,6 @@ def test_restore_as_clones_and_in_place(lab: dict[str, Any], plane: Plane,
     res = restore(c, plane, "in-place", {"snapshot": point["txn"]})
     assert all(d["rolled_back"] for d in res["disks"]), res
     assert sums(primary, images, None) == at_snap
-    v = writer_verdict(lab["sites"]["primary"], images, None)
+    v = writer_verdict(primary, images, None)
     assert v.ok and v.p > 0, v.summary()
     print(f"in place after stop: {res['seconds']} s, writer {v.summary()}")
