@@ -56,8 +56,8 @@ def create_app(settings: Settings | None = None,
     v1 = APIRouter(prefix="/v1")
     for r in (sites, hosts, inventory, groups, snapshots, orphans, jobs, audit, tokens):
         v1.include_router(r.router)
-    from cutpoint.api.routes import drills, failover, replication  # DR
-    for r in (replication, drills, failover):
+    from cutpoint.api.routes import drills, failover, replication, restore  # DR
+    for r in (replication, drills, failover, restore):
         v1.include_router(r.router)
     app.include_router(v1)
 

@@ -642,6 +642,40 @@ def failover(ctx: Ctx) -> dict[str, Any] | None:
         lock.release()
 
 
+@cutpoint_task("restore", max_retries=None)
+def restore(ctx: Ctx) -> dict[str, Any] | None:
+    """Under the group lock (retention must not delete the snapshot being
+    restored, and no snapshot of the group is taken meanwhile) and its
+    replicate lock (an in-place restore at DR rewrites the images that
+    replication writes).  Waiting for them is a retry without limit."""
+    from cutpoint.api.services import restore as rs
+
+    with ctx.sf() as s:
+        job = s.get(Job, ctx.job_id)
+        assert job is not None
+        if job.group_id is None:
+            raise JobFailed("bad_job", f"job {ctx.job_id} names no group")
+        group_id = job.group_id
+    ttl = ctx.settings.group_lock_ttl_s
+    lock = GroupLock(ctx.redis, group_id, ttl)
+    if not lock.acquire():
+        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
+    rlock = GroupLock(ctx.redis, group_id, ttl, kind="replicate")
+    if not rlock.acquire():
+        lock.release()
+        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
+    try:
+        ctx.hold(lock)
+        return rs.run_job(ctx.hold(rlock), ctx.settings, ctx.job_id or "")
+    except rs.RestoreFailed as exc:
+        failed = JobFailed(exc.code, str(exc))
+        failed.result = exc.result  # type: ignore[attr-defined]  what was done, undone
+        raise failed from exc
+    finally:
+        rlock.release()
+        lock.release()
+
+
 def _queue_replication(ctx: Ctx, snap_id: int) -> None:
     """After a commit: replicate the snapshot if its group has a replication target.
 

@@ -32,6 +32,7 @@ QUEUES = {
     "replicate": "cutpoint.default",
     "drill": "cutpoint.default",
     "failover": "cutpoint.default",
+    "restore": "cutpoint.default",
 }
 
 

@@ -96,8 +96,16 @@ def dr_replicate(snapshot_id: int, verify_full: bool = typer.Option(False),
 def dr_failover(group: str, mode: str = typer.Option(..., help="planned or unplanned"),
                 recovery_point: str = typer.Option("latest"),
                 workload: str = typer.Option("none", help="what the DR guests run"),
+                yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation"),
                 url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
-    """Fail the group over to DR and follow the job (result: RTO, fencing epoch)."""
+    """Fail the group over to DR and follow the job (result: RTO, fencing epoch).
+
+    It stops the group's VMs at the primary and makes DR the only writer;
+    asks first unless --yes."""
+    if not yes and not typer.confirm(
+            f"Fail group {group} over to its DR site ({mode})? Its primary VMs are stopped "
+            "and DR becomes the only writer."):
+        raise typer.Exit(1)
     api = Api(url, token)
     job = run(lambda: api.post(f"/v1/groups/{group}/failover",
                                json={"recovery_point": recovery_point, "mode": mode,

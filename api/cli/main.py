@@ -14,6 +14,7 @@ from cutpoint.api.cli import (
     inventory,
     job,
     orphans,
+    restore,
     rpo,
     server,
     site,
@@ -36,6 +37,7 @@ app.add_typer(job.app, name="job")
 app.add_typer(rpo.app, name="rpo")
 app.add_typer(orphans.app, name="orphans")
 app.add_typer(site.app, name="site")
+app.add_typer(restore.app, name="restore")
 app.add_typer(inventory.host_app, name="host")
 app.add_typer(vm.app, name="vm")
 app.command("snapshot")(snapshot_cmd)

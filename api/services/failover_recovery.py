@@ -28,8 +28,8 @@ def next_step(stage: str, group: str, *, retry_txn: str | None = None,
               vms: Sequence[str] = (), epoch: int | None = None,
               unreplicated_id: int | None = None) -> str:
     """One sentence an operator can act on, with the commands to run."""
-    retry = (f"`cutpoint dr failover {group} --mode unplanned --recovery-point {retry_txn}`"
-             if retry_txn else f"`cutpoint dr failover {group} --mode unplanned`")
+    retry = (f"`cutpoint dr failover {group} --mode unplanned --recovery-point {retry_txn} --yes`"
+             if retry_txn else f"`cutpoint dr failover {group} --mode unplanned --yes`")
     if stage == CHECKING:
         return ("Nothing was stopped or fenced: every primary VM still runs and the group "
                 "is unchanged. Fix what failed and ask for the failover again.")
