@@ -12,11 +12,12 @@ from pathlib import Path
 from cutpoint.api.cli.server import ALL_QUEUES
 from cutpoint.api.worker import QUEUES
 
-TASKS = Path(__file__).resolve().parents[1] / "tasks.py"
+TASKS = sorted((Path(__file__).resolve().parents[1]).glob("tasks*.py"))
 
 
 def test_every_task_has_a_queue_that_the_embedded_worker_consumes() -> None:
-    names = re.findall(r'^@cutpoint_task\("([a-z_]+)"', TASKS.read_text(), re.MULTILINE)
+    names = [n for f in TASKS
+             for n in re.findall(r'^@cutpoint_task\("([a-z_]+)"', f.read_text(), re.MULTILINE)]
     assert len(names) >= 9, names
     missing = [n for n in names if n not in QUEUES]
     assert not missing, f"tasks without a queue: {missing}"
