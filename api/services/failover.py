@@ -524,7 +524,8 @@ def dr_agent_for(s: Session, settings: Any, site: str, vms: list[str]) -> dict[s
 
     The registered host of `site` whose inventory lists every one of `vms`
     (the standby copies its agent starts with `vm.start`), reached with the
-    control plane's agent certificate.  No such host, or no agent
+    control plane's agent certificate and pinned to the host's registered
+    certificate, as every call to an agent is.  No such host, or no agent
     certificate: {} (the boot then fails, naming the VMs no agent starts)."""
     from cutpoint.api.models import Site, Vm
 
@@ -534,8 +535,8 @@ def dr_agent_for(s: Session, settings: Any, site: str, vms: list[str]) -> dict[s
                           .where(Site.name == site).order_by(Host.name)):
         names = set(s.scalars(select(Vm.name).where(Vm.host_id == host.id,
                                                     Vm.present.is_(True))))
-        if set(vms) <= names:
-            return {"agent": (host.address, host.port),
+        if set(vms) <= names and host.cert_fingerprint:
+            return {"agent": (host.address, host.port, host.cert_fingerprint),
                     "tls": (settings.agent_ca, settings.agent_cert, settings.agent_key)}
     return {}
 

@@ -152,7 +152,8 @@ def test_dr_agent_from_the_registered_dr_host(session_factory: Any, settings: An
         dr = Site(name="dr")
         s.add(dr)
         s.flush()
-        host = Host(name="dr-h1", site_id=dr.id, address="10.77.2.1", port=7443)
+        host = Host(name="dr-h1", site_id=dr.id, address="10.77.2.1", port=7443,
+                    cert_fingerprint="ab" * 32)
         s.add(host)
         s.flush()
         # The DR agent lists the standby copies (shutoff) under the VMs' names.
@@ -162,8 +163,13 @@ def test_dr_agent_from_the_registered_dr_host(session_factory: Any, settings: An
                         "pool": "rbd", "image": f"{n}-disk0"}]} for n in ("a", "b")]})
         s.commit()
         assert dr_agent_for(s, st, "dr", ["a", "b"]) == {
-            "agent": ("10.77.2.1", 7443), "tls": ("/c/ca.pem", "/c/co.pem", "/c/co.key")}
+            "agent": ("10.77.2.1", 7443, "ab" * 32),
+            "tls": ("/c/ca.pem", "/c/co.pem", "/c/co.key")}
         assert dr_agent_for(s, st, "dr", ["a", "c"]) == {}  # no host has every VM
         assert dr_agent_for(s, st, "primary", ["a"]) == {}
+        host.cert_fingerprint = None  # an agent with no pin is never called
+        s.flush()
+        assert dr_agent_for(s, st, "dr", ["a", "b"]) == {}
+        host.cert_fingerprint = "ab" * 32
         no_tls = settings.model_copy(update=dict.fromkeys(tls))
         assert dr_agent_for(s, no_tls, "dr", ["a"]) == {}

@@ -91,6 +91,9 @@ class BootVM:
 class AgentRef:
     address: str
     port: int
+    # SHA-256 of the agent's certificate: the client refuses any other, even
+    # one the CA signed (the product's booter always has it; None: CA only).
+    cert_sha256: str | None = None
 
     def __str__(self) -> str:
         return f"{self.address}:{self.port}"
@@ -355,6 +358,7 @@ class AgentBooter:
                 -> dict[str, dict[str, Any] | BaseException]:
             try:
                 async with AgentClient(agent.address, agent.port, ssl_context=ctx,
+                                       cert_sha256=agent.cert_sha256,
                                        connect_timeout=10, call_timeout=timeout_s) as c:
                     res = await asyncio.gather(*(c.call(method, params(vm)) for vm in vms),
                                                return_exceptions=True)
@@ -378,6 +382,7 @@ class AgentBooter:
         async def one(agent: AgentRef) -> tuple[dict[str, Any], dict[str, Any]] | BaseException:
             try:
                 async with AgentClient(agent.address, agent.port, ssl_context=ctx,
+                                       cert_sha256=agent.cert_sha256,
                                        connect_timeout=timeout_s,
                                        call_timeout=timeout_s) as c:
                     hello: dict[str, Any] = await c.call("hello", {})
@@ -401,6 +406,7 @@ class AgentBooter:
         async def one(agent: AgentRef) -> dict[str, Any] | BaseException:
             try:
                 async with AgentClient(agent.address, agent.port, ssl_context=ctx,
+                                       cert_sha256=agent.cert_sha256,
                                        connect_timeout=10, call_timeout=30) as c:
                     inv: dict[str, Any] = await c.call("inventory", {})
                     return inv

@@ -175,6 +175,13 @@ def test_preflight_asks_without_starting(standby_agent: dict[str, Any]) -> None:
     check = dr_agents_ready(booter, _request(gone, "sb1"))
     assert time.monotonic() - t0 < 12
     assert (check.code, check.unavailable) == ("dr_agent_unreachable", True), check
+    # An agent whose certificate is not the pinned one (the CA signed both):
+    # refused before any request is sent, like an agent that does not answer.
+    impostor = dict(a, agent=AgentRef("127.0.0.1", a["agent"].port, "00" * 32))
+    check = dr_agents_ready(booter, _request(impostor, "sb1"))
+    assert (check.code, check.unavailable) == ("dr_agent_unreachable", True), check
+    assert "fingerprint" in check.message.lower() or "pin" in check.message.lower() \
+        or "CERT_MISMATCH" in check.message, check.message
     # No agent named for the VM, or no certificate: nobody to ask.
     nobody = BootRequest(FAILOVER, None, [BootVM("sb1", ())], "failover-t", tls=a["tls"])
     assert [u.why for u in booter.preflight(nobody)] == ["no_agent"]
