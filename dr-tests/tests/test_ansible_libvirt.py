@@ -38,7 +38,7 @@ BIN = Path(sys.executable).parent
 AGENT = ROOT / "build" / "agent" / "cutpointd"
 CA_SCRIPT = ROOT / "scripts" / "make-lab-ca.sh"
 sys.path.insert(0, str(ROOT / "agent" / "tests"))
-from libvirt_hosts import LibvirtHost  # noqa: E402
+from libvirt_hosts import LibvirtHost
 
 pytestmark = pytest.mark.lab
 
@@ -169,7 +169,7 @@ def test_host_role_libvirt_secret_and_discovery_config(tmp_path: Path,
     assert "discover = yes\nmanage = cp-ans-*\nmanage_metadata = yes\n" in libvirt, ini
     listing = libvirtd.virsh("secret-list") or ""
     print(listing)
-    assert re.search(rf"^\s*{SECRET_UUID}\s+ceph client\.cptest secret\s*$", listing, re.M), listing
+    assert re.search(rf"^\s*{SECRET_UUID}\s+ceph client\.cptest secret\s*$", listing, re.MULTILINE), listing
     assert (libvirtd.virsh("secret-get-value", SECRET_UUID) or "").strip() == key
 
     # a new key: check mode reports the change and makes none; then it is set
