@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,43 @@ parse_paths(const char *v)
         p += n;
     }
     return 0;
+}
+
+/* A name pattern of fnmatch(3) that means what it says: not empty, no
+ * trailing backslash, every [ closed (fnmatch would take an unclosed [ as
+ * a literal, so "web[12" would quietly match nothing). */
+static int
+check_pattern(const char *v)
+{
+    if (!*v)
+        return -1;
+    for (const char *p = v; *p; p++) {
+        if (*p == '\\') {
+            if (!*++p)
+                return -1;
+        } else if (*p == '[') {
+            const char *q = p + 1;
+            if (*q == '!' || *q == '^')
+                q++;
+            if (*q == ']')
+                q++;            /* a leading ] is a member */
+            while (*q && *q != ']')
+                q++;
+            if (!*q)
+                return -1;
+            p = q;
+        }
+    }
+    return 0;
+}
+
+int
+config_libvirt_manages(const struct agent_config *cfg, const char *name,
+                       int tagged)
+{
+    if (cfg->libvirt_manage[0] && fnmatch(cfg->libvirt_manage, name, 0) != 0)
+        return 0;
+    return !cfg->libvirt_manage_metadata || tagged;
 }
 
 static int
@@ -267,6 +305,17 @@ config_load(const char *path, struct agent_config *cfg, char *err,
                 cfg->libvirt_qmp_passthrough = 0;
             else
                 goto bad;
+        } else if (KEY("libvirt", "manage")) {
+            if (check_pattern(v) < 0)
+                goto bad;
+            TAKE(cfg->libvirt_manage);
+        } else if (KEY("libvirt", "manage_metadata")) {
+            if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
+                cfg->libvirt_manage_metadata = 1;
+            else if (strcmp(v, "no") == 0 || strcmp(v, "false") == 0)
+                cfg->libvirt_manage_metadata = 0;
+            else
+                goto bad;
         } else if (KEY("libvirt", "discover")) {
             if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
                 cfg->libvirt_discover = 1;
@@ -351,6 +400,14 @@ toolong:
     /* cross-checks */
     if (!cfg->ca[0] || !cfg->cert[0] || !cfg->key[0]) {
         snprintf(err, errlen, "%s: [tls] ca, cert and key are required", path);
+        goto cleanup;
+    }
+    if ((cfg->libvirt_manage[0] || cfg->libvirt_manage_metadata) &&
+        !cfg->libvirt_discover) {
+        /* a selection nothing uses is a mistake the operator should see */
+        snprintf(err, errlen, "%s: [libvirt] manage%s selects the domains "
+                 "discovery takes, but discover is not yes", path,
+                 cfg->libvirt_manage[0] ? "" : "_metadata");
         goto cleanup;
     }
     for (int i = 0; i < cfg->nvms; i++) {

@@ -69,7 +69,10 @@ struct agent_config {
     int queue;                  /* requests waiting for one; beyond: BUSY */
     char ceph_conf[1024], ceph_id[128], ceph_keyring[1024];
     char libvirt_uri[512];
-    int libvirt_discover;       /* add every domain of the URI */
+    int libvirt_discover;       /* add the domains of the URI it manages */
+    char libvirt_manage[256];   /* fnmatch pattern of their names, "" any */
+    int libvirt_manage_metadata;    /* only domains whose XML carries
+                                       <cutpoint:managed/> (domxml.h) */
     int libvirt_qmp_passthrough;    /* raw QMP (virDomainQemuMonitorCommand,
                                        taints the domain): off by default */
     struct cfg_vm vms[CFG_MAX_VMS];
@@ -82,5 +85,11 @@ const char *config_method_name(enum cfg_method m);
 /* Resolves method = auto of m from its disks: rbd when every disk is rbd
  * and [ceph] is set, else qmp-transaction.  Other methods stay. */
 void config_vm_method(const struct agent_config *cfg, struct cfg_vm *m);
+/* Whether discovery takes the domain called name, whose XML does (tagged
+ * 1) or does not carry the cutpoint metadata element: it matches [libvirt]
+ * manage when set, and is tagged when manage_metadata = yes.  Both set:
+ * both must hold. */
+int config_libvirt_manages(const struct agent_config *cfg, const char *name,
+                           int tagged);
 
 #endif

@@ -198,6 +198,18 @@ is_guest_agent(const xmlNode *channel)
            strcmp(name, GUEST_AGENT_CHANNEL) == 0;
 }
 
+/* <metadata> holds an element `managed` of cutpoint's namespace: matched
+ * by the namespace's URI, as libvirt does, not by the prefix. */
+static int
+is_managed(const xmlNode *metadata)
+{
+    for (const xmlNode *c = metadata->children; c; c = c->next)
+        if (is(c, "managed") && c->ns && c->ns->href &&
+            strcmp((const char *)c->ns->href, DOMXML_CUTPOINT_NS) == 0)
+            return 1;
+    return 0;
+}
+
 int
 domxml_parse(const char *xml, size_t len, struct domxml *out, char *err,
              size_t errlen)
@@ -228,6 +240,8 @@ domxml_parse(const char *xml, size_t len, struct domxml *out, char *err,
     }
     if ((n = child(root, "uuid")) && text(n, out->uuid, sizeof(out->uuid)) < 0)
         out->uuid[0] = '\0';
+    if ((n = child(root, "metadata")))
+        out->managed = is_managed(n);
     if ((devs = child(root, "devices")))
         for (n = devs->children; n; n = n->next) {
             if (is(n, "disk") && parse_disk(n, out, err, errlen) < 0)

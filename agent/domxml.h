@@ -18,6 +18,15 @@
  * by cutpoint; they are listed in `unsupported` with the reason, so that
  * nobody mistakes a partly covered VM for a covered one.  CD-ROMs, floppies
  * and LUNs are not disks of the VM's data and are ignored.
+ *
+ * A domain the operator hands to cutpoint carries, in its <metadata>, an
+ * element `managed` of the namespace DOMXML_CUTPOINT_NS, whatever its
+ * prefix ([libvirt] manage_metadata = yes discovers only those):
+ *   <metadata>
+ *     <cutpoint:managed xmlns:cutpoint="https://cutpoint.dev/xmlns/agent/1"/>
+ *   </metadata>
+ * (`virsh metadata DOMAIN https://cutpoint.dev/xmlns/agent/1 --key cutpoint
+ *  --set '<managed/>'` adds it to a defined domain.)
  */
 #ifndef CP_DOMXML_H
 #define CP_DOMXML_H
@@ -27,6 +36,7 @@
 #include "config.h"
 
 #define DOMXML_MAX_UNSUPPORTED 8
+#define DOMXML_CUTPOINT_NS "https://cutpoint.dev/xmlns/agent/1"
 
 struct domxml_unsupported {
     char target[64];
@@ -44,6 +54,8 @@ struct domxml {
     struct domxml_unsupported unsupported[DOMXML_MAX_UNSUPPORTED];
     int nunsupported;
     int guest_agent;                    /* has org.qemu.guest_agent.0 */
+    int managed;                        /* <metadata> has cutpoint's
+                                           <managed/> */
 };
 
 /*

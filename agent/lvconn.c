@@ -8,6 +8,7 @@
 #include <time.h>
 #include <libvirt/virterror.h>
 
+#include "domxml.h"
 #include "log.h"
 #include "lvcall.h"
 #include "mono.h"
@@ -29,6 +30,7 @@ struct lvconn {
     virConnectPtr conn;             /* NULL while down */
     int lost;                       /* closed under us: go down */
     int cb_lifecycle;               /* event callback id, -1 none */
+    int cb_metadata;                /* metadata-change callback id, -1 none */
     int was_connected;              /* for since */
     long epoch, transitions;
     double since;
@@ -93,6 +95,24 @@ on_lifecycle(virConnectPtr conn, virDomainPtr dom, int event, int detail,
     return 0;
 }
 
+/* `virsh metadata ... --set/--remove` changes no lifecycle state, yet
+ * whether discovery takes the domain may depend on it ([libvirt]
+ * manage_metadata): its XML is read again. */
+static void
+on_metadata(virConnectPtr conn, virDomainPtr dom, int type, const char *nsuri,
+            void *opaque)
+{
+    struct lvconn *c = opaque;
+    const char *name = virDomainGetName(dom);   /* local: no RPC */
+
+    (void)conn;
+    if (type == VIR_DOMAIN_METADATA_ELEMENT && nsuri && name &&
+        strcmp(nsuri, DOMXML_CUTPOINT_NS) == 0) {
+        log_info("event=libvirt_event domain=%s what=metadata", name);
+        lvcache_refresh(c->cache, name);
+    }
+}
+
 static void
 on_close(virConnectPtr conn, int reason, void *opaque)
 {
@@ -143,7 +163,7 @@ do_connect(struct lvconn *c)
     struct open_arg oa = {.uri = c->uri};
     struct lvcall_err e;
     virConnectPtr conn;
-    int id;
+    int id, mid;
 
     if (lvcall_run(&c->slot, "virConnectOpen", NULL, call_open, &oa,
                    sizeof(oa), drop_open, c->call_timeout_ms, &e) < 0)
@@ -167,10 +187,16 @@ do_connect(struct lvconn *c)
         virConnectClose(conn);
         goto failed;
     }
+    /* older libvirt has no metadata event: then a changed element counts
+     * from the domain's next lifecycle event */
+    mid = virConnectDomainEventRegisterAny(
+        conn, NULL, VIR_DOMAIN_EVENT_ID_METADATA_CHANGE,
+        VIR_DOMAIN_EVENT_CALLBACK(on_metadata), c, NULL);
     lvcache_resync(c->cache);
     pthread_mutex_lock(&c->mu);
     c->conn = conn;
     c->cb_lifecycle = id;
+    c->cb_metadata = mid;
     c->lost = 0;
     c->epoch++;
     c->transitions++;
@@ -190,10 +216,10 @@ static void
 do_disconnect(struct lvconn *c, const char *why)
 {
     virConnectPtr conn = c->conn;
-    int id = c->cb_lifecycle;
+    int id = c->cb_lifecycle, mid = c->cb_metadata;
 
     c->conn = NULL;
-    c->cb_lifecycle = -1;
+    c->cb_lifecycle = c->cb_metadata = -1;
     c->lost = 0;
     c->transitions++;
     snprintf(c->error, sizeof(c->error), "%s", why);
@@ -201,6 +227,8 @@ do_disconnect(struct lvconn *c, const char *why)
     lvcache_resync(c->cache);       /* unsynced: the inventory is stale */
     if (id >= 0)
         virConnectDomainEventDeregisterAny(conn, id);
+    if (mid >= 0)
+        virConnectDomainEventDeregisterAny(conn, mid);
     virConnectUnregisterCloseCallback(conn, on_close);
     virConnectClose(conn);
     log_warnx("event=libvirt_down uri=%s inventory=stale msg=\"%s\"", c->uri,
@@ -331,7 +359,7 @@ lvconn_new(const char *uri, int call_timeout_ms)
     }
     snprintf(c->uri, sizeof(c->uri), "%s", uri);
     c->call_timeout_ms = call_timeout_ms;
-    c->cb_lifecycle = -1;
+    c->cb_lifecycle = c->cb_metadata = -1;
     c->since = mono_ms();
     snprintf(c->error, sizeof(c->error), "not connected yet");
     lvcall_slot_init(&c->slot);

@@ -32,7 +32,8 @@ vm_from_dom(const struct agent_config *cfg, const struct lvdom *d,
 }
 
 /* [libvirt] discover = yes: every domain (running or defined) that no
- * [vm] section names, once its XML is known. */
+ * [vm] section names and that the agent manages (manage, manage_metadata),
+ * once its XML is known. */
 int
 lvdef_discover(void *conn, const struct agent_config *cfg,
                struct cfg_vm *out, int max)
@@ -57,6 +58,8 @@ lvdef_discover(void *conn, const struct agent_config *cfg,
                           doms[i].name, doms[i].xml_error);
             continue;
         }
+        if (!config_libvirt_manages(cfg, doms[i].name, doms[i].xml.managed))
+            continue;
         vm_from_dom(cfg, &doms[i], &out[k++]);
     }
     free(doms);

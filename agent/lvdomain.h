@@ -28,6 +28,7 @@
 struct lv_host {
     struct lvconn *c;
     int passthrough;                /* [libvirt] qmp_passthrough */
+    const struct agent_config *cfg; /* the agent's, for manage */
 };
 
 /* The driver's per-VM state (v->priv). */

@@ -82,6 +82,7 @@ lv_conn_open(const struct agent_config *cfg, void **conn, char *err,
         return -1;
     }
     h->passthrough = cfg->libvirt_qmp_passthrough;
+    h->cfg = cfg;
     *conn = h;
     return 0;
 }
@@ -183,14 +184,18 @@ static int
 lv_describe(struct vm *v, json_t *o)
 {
     struct lvdom *d = malloc(sizeof(*d));
+    struct lv_vm *p = LV_PRIV(v);
     json_t *un;
     int up, known = d && lvdomain_cached(v, d, &up) == 0;
 
     if (!d)
         return 0;
-    if (!known && up && v->cfg->discovered) {
+    if (v->cfg->discovered &&
+        ((!known && up) || (known && d->have_xml && p && p->h &&
+                            !config_libvirt_manages(p->h->cfg, d->name,
+                                                    d->xml.managed)))) {
         free(d);
-        return 1;           /* its domain went away */
+        return 1;           /* its domain went away, or is no longer ours */
     }
     json_object_set_new(o, "state", json_string(
         known ? lvcache_state_name(d->state) : up ? "shutoff" : "unknown"));

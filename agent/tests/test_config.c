@@ -195,6 +195,63 @@ test_start_command(void **state)
     assert_non_null(strstr(err, "bad value for start_timeout_ms"));
 }
 
+/* [libvirt] manage and manage_metadata: which domains discovery takes. */
+static void
+test_libvirt_manage(void **state)
+{
+    char err[512];
+
+    (void)state;
+    /* no selection: every domain */
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n"
+                          "discover = yes\n", err, sizeof(err)), 0);
+    assert_true(config_libvirt_manages(&cfg, "anything", 0));
+    /* a name pattern */
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n"
+                          "discover = yes\nmanage = prod-[a-c]*\n", err,
+                          sizeof(err)), 0);
+    assert_string_equal(cfg.libvirt_manage, "prod-[a-c]*");
+    assert_true(config_libvirt_manages(&cfg, "prod-b7", 0));
+    assert_false(config_libvirt_manages(&cfg, "prod-d7", 1));
+    assert_false(config_libvirt_manages(&cfg, "test-a", 1));
+    /* the metadata element */
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n"
+                          "discover = yes\nmanage_metadata = yes\n", err,
+                          sizeof(err)), 0);
+    assert_true(config_libvirt_manages(&cfg, "x", 1));
+    assert_false(config_libvirt_manages(&cfg, "x", 0));
+    /* both: both must hold */
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n"
+                          "discover = yes\nmanage = db*\n"
+                          "manage_metadata = yes\n", err, sizeof(err)), 0);
+    assert_true(config_libvirt_manages(&cfg, "db1", 1));
+    assert_false(config_libvirt_manages(&cfg, "db1", 0));
+    assert_false(config_libvirt_manages(&cfg, "web1", 1));
+    /* refused: a pattern that would not mean what it says, a bad yes/no */
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n"
+                          "discover = yes\nmanage = web[12\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, ":8: bad value for manage: web[12"));
+    assert_int_equal(load(TLS "[libvirt]\ndiscover = yes\nmanage =\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for manage"));
+    assert_int_equal(load(TLS "[libvirt]\ndiscover = yes\nmanage = a\\\n",
+                          err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for manage"));
+    assert_int_equal(load(TLS "[libvirt]\ndiscover = yes\n"
+                          "manage_metadata = maybe\n", err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "bad value for manage_metadata: maybe"));
+    /* refused: a selection without discovery, which nothing would use */
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n"
+                          "manage = db*\n", err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "[libvirt] manage selects the domains "
+                           "discovery takes, but discover is not yes"));
+    assert_int_equal(load(TLS "[libvirt]\nuri = test:///default\n"
+                          "discover = no\nmanage_metadata = yes\n", err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "[libvirt] manage_metadata selects"));
+}
+
 int
 main(void)
 {
@@ -203,6 +260,7 @@ main(void)
         cmocka_unit_test(test_errors_name_the_line),
         cmocka_unit_test(test_long_values_are_refused_not_cut),
         cmocka_unit_test(test_start_command),
+        cmocka_unit_test(test_libvirt_manage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

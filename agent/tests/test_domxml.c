@@ -195,6 +195,46 @@ test_with_uuid(void **state)
     assert_null(domxml_with_uuid("<x/>", "u", err, sizeof(err)));
 }
 
+/* The metadata element as `virsh metadata test
+ * https://cutpoint.dev/xmlns/agent/1 --key cutpoint --set '<managed/>'`
+ * wrote it (libvirt 9.0, test:///default, then dumpxml); matched by the
+ * namespace, not the prefix. */
+static void
+test_managed_metadata(void **state)
+{
+    struct domxml x;
+    char err[256] = "";
+    static const char *tagged[] = {
+        "<domain type='test'><name>test</name><metadata>\n"
+        "    <cutpoint:managed xmlns:cutpoint=\"https://cutpoint.dev/xmlns/"
+        "agent/1\"/>\n  </metadata></domain>",
+        "<domain><name>d</name><metadata><other xmlns='urn:x'/>"
+        "<m:managed xmlns:m='https://cutpoint.dev/xmlns/agent/1'/>"
+        "</metadata></domain>",
+    }, *untagged[] = {
+        "<domain><name>d</name></domain>",
+        "<domain><name>d</name><metadata><managed/></metadata></domain>",
+        "<domain><name>d</name><metadata><c:managed xmlns:c='https://"
+        "cutpoint.dev/xmlns/agent/2'/></metadata></domain>",
+        "<domain><name>d</name><metadata><cutpoint:other xmlns:cutpoint="
+        "'https://cutpoint.dev/xmlns/agent/1'/></metadata></domain>",
+        "<domain><name>d</name><devices><metadata><c:managed xmlns:c='https://"
+        "cutpoint.dev/xmlns/agent/1'/></metadata></devices></domain>",
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(tagged) / sizeof(*tagged); i++) {
+        assert_int_equal(domxml_parse(tagged[i], strlen(tagged[i]), &x, err,
+                                      sizeof(err)), 0);
+        assert_int_equal(x.managed, 1);
+    }
+    for (size_t i = 0; i < sizeof(untagged) / sizeof(*untagged); i++) {
+        assert_int_equal(domxml_parse(untagged[i], strlen(untagged[i]), &x,
+                                      err, sizeof(err)), 0);
+        assert_int_equal(x.managed, 0);
+    }
+}
+
 int
 main(void)
 {
@@ -203,6 +243,7 @@ main(void)
         cmocka_unit_test(test_unsupported_disks_are_listed),
         cmocka_unit_test(test_bad_documents),
         cmocka_unit_test(test_with_uuid),
+        cmocka_unit_test(test_managed_metadata),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
