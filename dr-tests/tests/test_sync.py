@@ -263,14 +263,15 @@ def test_a_recreated_dr_image_is_copied_from_the_start(lab: dict[str, Any], imag
     # that skipped the old prefix would also end: with a DR snapshot.
     run = run_sync(lab, image, "k1", None, [], str(tmp_path))
     done = run.done
-    assert "progress record discarded" in run.stderr
-    assert "image id changed" in run.stderr
+    # The point is what it claims: `rbd export` hashes at both sites...
+    want = assert_identical(lab, image, "k1")
+    # ...because the rerun copied everything, and said why.
     assert done["resumed_from"] == 0
     assert done["bytes_shipped"] + done["bytes_zero_data"] == size
+    assert "progress record discarded" in run.stderr
+    assert "image id changed" in run.stderr
     assert not list(tmp_path.glob("*.progress")), "the record outlived the copy"
-    # The point is what it claims: `rbd export` hashes at both sites, and
-    # the engine's own full verification of the finished snapshot.
-    want = assert_identical(lab, image, "k1")
+    # ...and the engine's own full verification of the finished snapshot.
     check = run_sync(lab, image, "k1", None, ["--verify-only"], str(tmp_path)).done
     assert check["verified_full"] is True
     assert check["primary_sha256"] == check["dr_sha256"] == want
