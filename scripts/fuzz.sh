@@ -45,7 +45,7 @@ agent_drivers=(agent/config.c agent/log.c agent/runcmd.c agent/vm.c
 sync_lib=(storage/sync/sync_args.c storage/sync/sync_digest.c
           storage/sync/sync_extents.c storage/sync/sync_progress.c
           storage/sync/sync_rate.c storage/sync/sync_fence.c
-          storage/sync/sync_engine.c)
+          storage/sync/sync_identity.c storage/sync/sync_engine.c)
 
 build() {
     local t=$1 out=build-fuzz/fuzz_${1//-/_}
@@ -67,7 +67,8 @@ build() {
                storage/tests/fuzz_sync_args.c -lrbd -lrados -lssl -lcrypto -lz \
                -ljansson -lpthread -o "$out" ;;
     sync-progress) clang "${cflags[@]}" storage/sync/sync_progress.c \
-               storage/tests/fuzz_sync_progress.c -lz -o "$out" ;;
+               storage/sync/sync_identity.c storage/tests/fuzz_sync_progress.c \
+               -lrbd -lz -o "$out" ;;
     *) echo "fuzz: unknown target $t (one of: ${all[*]})" >&2; return 2 ;;
     esac
 }

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from cutpoint.bench.replication import (
     MiB,
+    ReplicationError,
     create_image,
     diff_bytes,
     image_exists,
@@ -193,6 +194,87 @@ def test_kill9_mid_transfer_resumes_identical(lab: dict[str, Any], image: str,
     # Rerunning a finished copy is a no-op.
     again = run_sync(lab, image, "k1", None, [], str(tmp_path)).done
     assert again["already"] is True and again["bytes_shipped"] == 0
+
+
+def remove_after_crash(site: dict[str, Any], image: str) -> None:
+    """Remove an image whose last writer was killed: Ceph refuses while the
+    dead client's watch lingers (about 30 s), so retry until it is gone."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            remove_image(site, image)
+            return
+        except ReplicationError as exc:
+            if "watchers" not in exc.stderr or time.monotonic() > deadline:
+                raise
+        time.sleep(2)
+
+
+def kill_mid_copy(lab: dict[str, Any], image: str, snap: str, size: int,
+                  state_dir: Path, at: int) -> dict[str, str]:
+    """Start a rate-limited full copy, SIGKILL it once `at` bytes are done,
+    and return its progress record (key -> value)."""
+    argv = sync_argv(lab, image, snap, None, ["--rate-mbps", "8", "--progress-ms", "100"],
+                     str(state_dir))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = 0
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            ev = json.loads(line)
+            if ev["event"] == "progress" and ev["offset"] >= at:
+                seen = ev["offset"]
+                break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert at <= seen < size, f"killed at {seen}"
+    records = list(state_dir.glob("*.progress"))
+    assert len(records) == 1
+    lines = records[0].read_text().splitlines()
+    assert lines[0] == "cutpoint-sync-progress 2"
+    return dict(line.split("=", 1) for line in lines[1:])
+
+
+@pytest.mark.parametrize("recreate_by", ["operator", "cutpoint-sync"])
+def test_a_recreated_dr_image_is_copied_from_the_start(lab: dict[str, Any], image: str,
+                                                       tmp_path: Path,
+                                                       recreate_by: str) -> None:
+    """The DR image is removed (and recreated under the same name) between a
+    killed copy and its rerun: the record's done prefix describes the old
+    image, so the rerun must copy everything, not resume onto empty space."""
+    p, d = sites(lab)
+    size = 64 * MiB
+    create_image(p, image, size)
+    write_extents(p, image, size, [(0, pattern(11, size))])
+    snap_create(p, image, "k1")
+    rec = kill_mid_copy(lab, image, "k1", size, tmp_path, 16 * MiB)
+    assert int(rec["done_offset"]) >= 16 * MiB
+    # The record names the image it was written into.
+    info = json.loads(rbd(d, "info", "--format", "json", spec(d, image)))
+    assert rec["image_id"] == info["id"]
+    assert rec["marker"] == rbd(d, "image-meta", "get", spec(d, image),
+                                "cutpoint.sync.marker").strip()
+
+    remove_after_crash(d, image)
+    if recreate_by == "operator":
+        create_image(d, image, size)
+    # Without --verify-full (the coordinator's default), as a resumed copy
+    # that skipped the old prefix would also end: with a DR snapshot.
+    run = run_sync(lab, image, "k1", None, [], str(tmp_path))
+    done = run.done
+    # The point is what it claims: `rbd export` hashes at both sites...
+    want = assert_identical(lab, image, "k1")
+    # ...because the rerun copied everything, and said why.
+    assert done["resumed_from"] == 0
+    assert done["bytes_shipped"] + done["bytes_zero_data"] == size
+    assert "progress record discarded" in run.stderr
+    assert "image id changed" in run.stderr
+    assert not list(tmp_path.glob("*.progress")), "the record outlived the copy"
+    # ...and the engine's own full verification of the finished snapshot.
+    check = run_sync(lab, image, "k1", None, ["--verify-only"], str(tmp_path)).done
+    assert check["verified_full"] is True
+    assert check["primary_sha256"] == check["dr_sha256"] == want
 
 
 def test_missing_base_at_dr_is_refused(lab: dict[str, Any], image: str, tmp_path: Path) -> None:

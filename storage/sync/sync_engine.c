@@ -17,6 +17,7 @@
 
 #include "sync_extents.h"
 #include "sync_fence.h"
+#include "sync_identity.h"
 #include "sync_progress.h"
 #include "sync_rate.h"
 
@@ -1203,6 +1204,7 @@ struct site_prep {
     int target_ex, base_ex;
     rbd_image_info_t info;     /* primary: stat at the target */
     uint64_t dsize;            /* dr: current size */
+    struct sync_identity ident;   /* dr: id and marker ("" = none yet) */
     char err[512];
 };
 
@@ -1283,6 +1285,8 @@ dst_lookups(struct site_prep *p)
                strerror(-rc));
         return SYNC_ERR;
     }
+    if (sync_identity_read(p->img, &p->ident, p->err, sizeof(p->err)) < 0)
+        return SYNC_ERR;
     return SYNC_OK;
 }
 
@@ -1383,7 +1387,7 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
     struct diff_job dj;
     struct site_close src_close = {NULL, &sc};
     pthread_t tsp, tdj, tclose;
-    char prog_path[4096], perr[512];
+    char prog_path[4096], perr[512], why[512];
     const char *base = (o->base != NULL && o->base[0] != '\0') ? o->base
                                                               : NULL;
     uint64_t t0 = now_ns(), tph = t0, size = 0, end_offset = 0;
@@ -1533,6 +1537,15 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         full = !dp.base_ex || o->full_resync;
     }
     r->full = full;
+    /* Before the first write, the DR image gets its creation marker if it
+     * has none (created just now, by an older cutpoint-sync, or by
+     * someone else), so the record can name the image it describes. */
+    if (dp.ident.marker[0] == '\0') {
+        if (sync_identity_mark(dst, &dp.ident, err, errlen) < 0)
+            goto cleanup;
+        logkv(o, "info", "msg=\"marked dr image\" image=%s id=%s marker=%s",
+              o->image, dp.ident.id, dp.ident.marker);
+    }
     if (dp.dsize != size) {
         rc = rbd_resize(dst, size);
         if (rc < 0) {
@@ -1571,11 +1584,22 @@ sync_run(const struct sync_opts *o, struct sync_result *r, char *err,
         if (rados_getaddrs(dc.cluster, &addrs) == 0 && addrs != NULL)
             snprintf(want.owner, sizeof(want.owner), "%s", addrs);
         free(addrs);
-        if (have_rec && sync_progress_matches(&have, &want)) {
+        want.dr = dp.ident;
+        /* The done prefix is skipped only if it was written into this
+         * very image: a DR image removed and recreated under the same
+         * name holds none of it (sync_identity.h). */
+        if (have_rec && sync_progress_resumable(&have, &want, why,
+                                                sizeof(why))) {
             want.done_offset = have.done_offset;
             want.bytes = have.bytes;
             want.extents = have.extents;
             r->resumed_from = have.done_offset;
+        } else if (have_rec) {
+            logkv(o, sync_progress_matches(&have, &want) ? "warn" : "info",
+                  "msg=\"progress record discarded, copying from the "
+                  "start\" image=%s target=%s done_offset=%" PRIu64
+                  " reason=\"%s\"", o->image, o->target, have.done_offset,
+                  why);
         }
         if (sync_progress_save(prog_path, &want, perr, sizeof(perr)) < 0)
             logkv(o, "warn", "msg=\"progress record not saved\" "

@@ -19,14 +19,17 @@
  *      │       SYNC_ENOBASE unless full_resync)
  *      │       DR already has target snap → DONE (already = 1)
  *   PLAN ───── base snap at DR?  no → SYNC_ENOBASE (or full if full_resync)
+ *      │       DR image marked (sync_identity.h) if it has no marker
  *      │       resize DR to the target's size
  *      │       work = diff(base→target) at primary          (in parallel)
  *      │            ∪ ranges that drifted at DR since base (repair;
  *      │              the object-map diff first, the exact one only if
  *      │              it found anything)
- *      │       the progress record is saved (names our DR client)
+ *      │       the progress record is saved (names our DR client and
+ *      │       the DR image's id and marker)
  *      │       split at chunk boundaries; a matching progress record
- *      │       skips every extent below its done_offset (resume)
+ *      │       written into this same DR image skips every extent below
+ *      │       its done_offset (resume); any other is discarded, logged
  *   COPY ───── N workers: read primary → checksum → rate limit → write DR
  *      │       (data, or write-zeroes for discarded ranges and for 4 KiB
  *      │       blocks of data extents that read as zeroes) → verify at

@@ -57,6 +57,7 @@ sync_progress_set(struct sync_progress *p, const char *pool, const char *image,
         copy_name(p->base, base ? base : "", "base", err, errlen) < 0 ||
         copy_name(p->target, target, "target", err, errlen) < 0)
         return -1;
+    p->version = SYNC_PROGRESS_VERSION;
     p->size = size;
     return 0;
 }
@@ -74,12 +75,21 @@ sync_progress_encode(const struct sync_progress *p, char *buf, size_t buflen,
         seterr(err, errlen, "record has an empty or invalid name");
         return -1;
     }
+    /* A record that does not say which image it describes could never
+     * be resumed from: refuse to write one. */
+    if (!sync_identity_token_ok(p->dr.id) ||
+        !sync_identity_token_ok(p->dr.marker)) {
+        seterr(err, errlen, "record has no valid dr image identity");
+        return -1;
+    }
     n = snprintf(buf, buflen,
                  SYNC_PROGRESS_MAGIC "\n"
                  "pool=%s\nimage=%s\nbase=%s\ntarget=%s\nowner=%s\n"
+                 "image_id=%s\nmarker=%s\n"
                  "size=%" PRIu64 "\ndone_offset=%" PRIu64 "\n"
                  "bytes=%" PRIu64 "\nextents=%" PRIu64 "\n",
-                 p->pool, p->image, p->base, p->target, p->owner, p->size,
+                 p->pool, p->image, p->base, p->target, p->owner,
+                 p->dr.id, p->dr.marker, p->size,
                  p->done_offset, p->bytes, p->extents);
     if (n < 0 || (size_t)n >= buflen) {
         seterr(err, errlen, "record does not fit in %zu bytes", buflen);
@@ -170,8 +180,14 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
         seterr(err, errlen, "progress record: %zu bytes is too large", len);
         return -1;
     }
-    if (len < mlen + 1 || memcmp(buf, SYNC_PROGRESS_MAGIC, mlen) != 0 ||
-        buf[mlen] != '\n') {
+    /* Both magics have the same length; only the version digit differs. */
+    if (len >= mlen + 1 && buf[mlen] == '\n' &&
+        memcmp(buf, SYNC_PROGRESS_MAGIC, mlen) == 0) {
+        p->version = SYNC_PROGRESS_VERSION;
+    } else if (len >= mlen + 1 && buf[mlen] == '\n' &&
+               memcmp(buf, SYNC_PROGRESS_MAGIC_V1, mlen) == 0) {
+        p->version = 1;
+    } else {
         seterr(err, errlen, "progress record: bad magic or version");
         return -1;
     }
@@ -187,6 +203,19 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
         take_line(buf, len, &pos, "owner", p->owner, sizeof(p->owner), err,
                   errlen) < 0)
         return -1;
+    if (p->version >= 2) {
+        if (take_line(buf, len, &pos, "image_id", p->dr.id,
+                      sizeof(p->dr.id), err, errlen) < 0 ||
+            take_line(buf, len, &pos, "marker", p->dr.marker,
+                      sizeof(p->dr.marker), err, errlen) < 0)
+            return -1;
+        if (!sync_identity_token_ok(p->dr.id) ||
+            !sync_identity_token_ok(p->dr.marker)) {
+            seterr(err, errlen, "progress record: invalid image_id or "
+                   "marker");
+            return -1;
+        }
+    }
     dst[0] = &p->size;
     dst[1] = &p->done_offset;
     dst[2] = &p->bytes;
@@ -236,6 +265,24 @@ sync_progress_matches(const struct sync_progress *p,
            strcmp(p->image, want->image) == 0 &&
            strcmp(p->base, want->base) == 0 &&
            strcmp(p->target, want->target) == 0 && p->size == want->size;
+}
+
+int
+sync_progress_resumable(const struct sync_progress *have,
+                        const struct sync_progress *want, char *why,
+                        size_t whylen)
+{
+    if (!sync_progress_matches(have, want)) {
+        seterr(why, whylen, "the record is of another copy (%s@%s from "
+               "'%s')", have->image, have->target, have->base);
+        return 0;
+    }
+    if (have->version < SYNC_PROGRESS_VERSION) {
+        seterr(why, whylen, "the record is version %d, which does not "
+               "name the dr image it was written into", have->version);
+        return 0;
+    }
+    return sync_identity_same(&have->dr, &want->dr, why, whylen);
 }
 
 static int

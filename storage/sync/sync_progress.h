@@ -11,17 +11,24 @@
  * On disk it is a small text file, one key=value per line in a fixed
  * order, closed by a CRC-32 of everything before it:
  *
- *     cutpoint-sync-progress 1
+ *     cutpoint-sync-progress 2
  *     pool=rbd
  *     image=vm1-disk0
  *     base=cp.g.41          (empty for a full copy)
  *     target=cp.g.42
  *     owner=10.77.0.1:0/1261527113   (DR client address of the writer)
+ *     image_id=10b3e1f4a2c9             (the DR image written into,
+ *     marker=5c0f...e1                   sync_identity.h)
  *     size=67108864
  *     done_offset=8388608
  *     bytes=8388608
  *     extents=2
  *     crc32=1c291ca3
+ *
+ * A version 1 record (no image_id and marker lines) still decodes, with
+ * version = 1, so that the owner of a killed run's lock is still known;
+ * but it does not say which DR image it was written into, so it is never
+ * resumed from (sync_progress_resumable).
  *
  * It is replaced atomically: temp file, fsync, rename, fsync of the
  * directory, so a crash leaves either the old or the new record.
@@ -32,7 +39,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SYNC_PROGRESS_MAGIC "cutpoint-sync-progress 1"
+#include "sync_identity.h"
+
+#define SYNC_PROGRESS_MAGIC "cutpoint-sync-progress 2"
+#define SYNC_PROGRESS_MAGIC_V1 "cutpoint-sync-progress 1"
+#define SYNC_PROGRESS_VERSION 2
 #define SYNC_PROGRESS_NAME_MAX 256   /* bytes, including the NUL */
 #define SYNC_PROGRESS_MAX 4096       /* encoded record never exceeds this */
 
@@ -40,6 +51,7 @@
 #define SYNC_PROGRESS_ENOENT (-2)
 
 struct sync_progress {
+    int version;          /* of the record decoded; set() gives the current */
     char pool[SYNC_PROGRESS_NAME_MAX];
     char image[SYNC_PROGRESS_NAME_MAX];
     char base[SYNC_PROGRESS_NAME_MAX];     /* "" = full copy */
@@ -49,6 +61,9 @@ struct sync_progress {
      * is stale and may be broken at once instead of waiting ~30 s for
      * its watch to time out (see sync_engine.c). */
     char owner[64];
+    /* The DR image the done prefix was written into; "" in a version 1
+     * record.  Filled by the engine before the record is first saved. */
+    struct sync_identity dr;
     uint64_t size;
     uint64_t done_offset;
     uint64_t bytes;       /* data bytes shipped for this triple so far */
@@ -63,7 +78,8 @@ int sync_progress_set(struct sync_progress *p, const char *pool,
                       const char *image, const char *base, const char *target,
                       uint64_t size, char *err, size_t errlen);
 
-/* Encode into buf; returns the length (without NUL) or -1. */
+/* Encode into buf, always as the current version; returns the length
+ * (without NUL) or -1 (also when p->dr is not a valid identity). */
 int sync_progress_encode(const struct sync_progress *p, char *buf,
                          size_t buflen, char *err, size_t errlen);
 
@@ -78,6 +94,16 @@ int sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
 /* 1 if the record describes this very copy, else 0. */
 int sync_progress_matches(const struct sync_progress *p,
                           const struct sync_progress *want);
+
+/*
+ * 1 if a rerun may skip the done prefix of have: it describes this very
+ * copy (sync_progress_matches), it is of the current version, and it was
+ * written into the DR image want->dr names (same id and marker).
+ * Otherwise 0, with the reason in why.
+ */
+int sync_progress_resumable(const struct sync_progress *have,
+                            const struct sync_progress *want, char *why,
+                            size_t whylen);
 
 /*
  * Path of the record for pool/image under dir.  Bytes outside

@@ -24,6 +24,8 @@ sample(struct sync_progress *p)
                                        "cp.g.42", 67108864, err,
                                        sizeof(err)), 0);
     strcpy(p->owner, "client.4181");
+    strcpy(p->dr.id, "10b3e1f4a2c9");
+    strcpy(p->dr.marker, "5c0f3a9d2b7e4f61a8c0d9e2b3f4a5c6");
     p->done_offset = 8388608;
     p->bytes = 8388608;
     p->extents = 2;
@@ -59,6 +61,8 @@ test_full_copy_empty_base(void **state)
     (void)state;
     assert_int_equal(sync_progress_set(&p, "rbd", "img", NULL, "s1", 4096,
                                        err, sizeof(err)), 0);
+    strcpy(p.dr.id, "abc1");
+    strcpy(p.dr.marker, "m1");
     n = sync_progress_encode(&p, buf, sizeof(buf), err, sizeof(err));
     assert_true(n > 0);
     assert_non_null(strstr(buf, "\nbase=\n"));
@@ -90,7 +94,16 @@ static void
 test_corruptions(void **state)
 {
     static const struct corruption rows[] = {
-        {"cutpoint-sync-progress 1", "cutpoint-sync-progress 2", "magic"},
+        {"cutpoint-sync-progress 2", "cutpoint-sync-progress 3", "magic"},
+        /* A version 2 body under the version 1 magic: no identity lines
+         * expected, so the first one is misplaced. */
+        {"cutpoint-sync-progress 2", "cutpoint-sync-progress 1",
+         "expected key 'size'"},
+        {"image_id=10b3e1f4a2c9\n", "", "expected key 'image_id'"},
+        {"marker=5c0f3a9d2b7e4f61a8c0d9e2b3f4a5c6\n", "",
+         "expected key 'marker'"},
+        {"marker=5c0f", "marker=5c/f", "invalid image_id or marker"},
+        {"image_id=10b3e1f4a2c9", "image_id=", "invalid image_id or marker"},
         {"pool=rbd", "pool=rbe", "crc32 mismatch"},
         {"done_offset=8388608", "done_offset=8388609", "crc32 mismatch"},
         {"size=", "sise=", "expected key 'size'"},
