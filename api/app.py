@@ -56,8 +56,14 @@ def create_app(settings: Settings | None = None,
     v1 = APIRouter(prefix="/v1")
     for r in (sites, hosts, inventory, groups, snapshots, orphans, jobs, audit, tokens):
         v1.include_router(r.router)
-    from cutpoint.api.routes import drills, failover, replication, restore  # DR
-    for r in (replication, drills, failover, restore):
+    from cutpoint.api.routes import (  # DR
+        drills,
+        failover,
+        replication,
+        reprotect,
+        restore,
+    )
+    for r in (replication, drills, failover, reprotect, restore):
         v1.include_router(r.router)
     app.include_router(v1)
 

@@ -3,6 +3,7 @@ machinery is `tasks.py`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cutpoint.api.grouplock import GroupLock
@@ -110,15 +111,19 @@ def drill(ctx: Ctx) -> dict[str, Any] | None:
         raise failed from exc
 
 
-@cutpoint_task("failover", max_retries=None)
-def failover(ctx: Ctx) -> dict[str, Any] | None:
-    """Under the group lock: no scheduled snapshot meanwhile, and a redelivered
-    copy (a failover outlasts the broker's visibility timeout) waits, then
-    finds the job finished, instead of fencing and booting a second time.
-    Waiting for a lock is a retry without limit (a failed job here would
-    be marked failed while the first delivery still runs)."""
-    from cutpoint.api.services import failover as fo
+def _under_group_locks(ctx: Ctx, run: Callable[[Any], dict[str, Any]],
+                       failure: type[Exception]) -> dict[str, Any] | None:
+    """Run `run(fenced session factory)` holding the job's group lock and the
+    group's replicate lock; `failure` (with `code` and `result`) fails the
+    job with its result kept.
 
+    The group lock: no scheduled snapshot or retention meanwhile, and a
+    redelivered copy (these jobs outlast the broker's visibility timeout)
+    waits, then finds the job finished, instead of doing it a second time.
+    The replicate lock: these jobs write the images a replicate job writes
+    (a final snapshot's replication, a rollback, a reverse copy).  Waiting
+    for a lock is a retry without limit (a failed job here would be marked
+    failed while the first delivery still runs)."""
     with ctx.sf() as s:
         job = s.get(Job, ctx.job_id)
         assert job is not None
@@ -129,55 +134,58 @@ def failover(ctx: Ctx) -> dict[str, Any] | None:
     lock = GroupLock(ctx.redis, group_id, ttl)
     if not lock.acquire():
         raise ctx.task.retry(countdown=max(1.0, ttl / 3))
-    # And the group's replicate lock: the final snapshot's replication (and,
-    # in both modes, the rollback of the DR images) must not race a
-    # replicate job writing the same DR images.
     rlock = GroupLock(ctx.redis, group_id, ttl, kind="replicate")
     if not rlock.acquire():
         lock.release()
         raise ctx.task.retry(countdown=max(1.0, ttl / 3))
     try:
         ctx.hold(lock)
-        return fo.run_job(ctx.hold(rlock), ctx.settings, ctx.job_id or "")
-    except fo.FailoverFailed as exc:
-        failed = JobFailed(exc.code, str(exc))
-        # Where it stopped, whether production was touched, the next step.
-        failed.result = exc.result  # type: ignore[attr-defined]
+        return run(ctx.hold(rlock))
+    except failure as exc:
+        failed = JobFailed(getattr(exc, "code", "failed"), str(exc))
+        # What was done: where it stopped, whether production was touched,
+        # the next step (failover); what was undone (restore).
+        failed.result = getattr(exc, "result", None)  # type: ignore[attr-defined]
         raise failed from exc
     finally:
         rlock.release()
         lock.release()
+
+
+@cutpoint_task("failover", max_retries=None)
+def failover(ctx: Ctx) -> dict[str, Any] | None:
+    """Fence, roll back and boot at DR (services/failover.py)."""
+    from cutpoint.api.services import failover as fo
+
+    return _under_group_locks(
+        ctx, lambda sf: fo.run_job(sf, ctx.settings, ctx.job_id or ""), fo.FailoverFailed)
 
 
 @cutpoint_task("restore", max_retries=None)
 def restore(ctx: Ctx) -> dict[str, Any] | None:
-    """Under the group lock (retention must not delete the snapshot being
-    restored, and no snapshot of the group is taken meanwhile) and its
-    replicate lock (an in-place restore at DR rewrites the images that
-    replication writes).  Waiting for them is a retry without limit."""
+    """Restore a group snapshot (services/restore.py); the group lock also keeps
+    retention from deleting the snapshot being restored."""
     from cutpoint.api.services import restore as rs
 
-    with ctx.sf() as s:
-        job = s.get(Job, ctx.job_id)
-        assert job is not None
-        if job.group_id is None:
-            raise JobFailed("bad_job", f"job {ctx.job_id} names no group")
-        group_id = job.group_id
-    ttl = ctx.settings.group_lock_ttl_s
-    lock = GroupLock(ctx.redis, group_id, ttl)
-    if not lock.acquire():
-        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
-    rlock = GroupLock(ctx.redis, group_id, ttl, kind="replicate")
-    if not rlock.acquire():
-        lock.release()
-        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
-    try:
-        ctx.hold(lock)
-        return rs.run_job(ctx.hold(rlock), ctx.settings, ctx.job_id or "")
-    except rs.RestoreFailed as exc:
-        failed = JobFailed(exc.code, str(exc))
-        failed.result = exc.result  # type: ignore[attr-defined]  what was done, undone
-        raise failed from exc
-    finally:
-        rlock.release()
-        lock.release()
+    return _under_group_locks(
+        ctx, lambda sf: rs.run_job(sf, ctx.settings, ctx.job_id or ""), rs.RestoreFailed)
+
+
+@cutpoint_task("reprotect", max_retries=None)
+def reprotect(ctx: Ctx) -> dict[str, Any] | None:
+    """Turn a failed-over group around and replicate it back (services/reprotect.py)."""
+    from cutpoint.api.services import reprotect as rp
+
+    return _under_group_locks(
+        ctx, lambda sf: rp.run_reprotect(sf, ctx.settings, ctx.job_id or ""),
+        rp.ReprotectFailed)
+
+
+@cutpoint_task("failback", max_retries=None)
+def failback(ctx: Ctx) -> dict[str, Any] | None:
+    """Planned failover back to the original primary, then re-protect."""
+    from cutpoint.api.services import reprotect as rp
+
+    return _under_group_locks(
+        ctx, lambda sf: rp.run_failback(sf, ctx.settings, ctx.job_id or ""),
+        rp.ReprotectFailed)

@@ -33,6 +33,8 @@ QUEUES = {
     "drill": "cutpoint.default",
     "failover": "cutpoint.default",
     "restore": "cutpoint.default",
+    "reprotect": "cutpoint.default",
+    "failback": "cutpoint.default",
 }
 
 

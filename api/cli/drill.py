@@ -1,5 +1,6 @@
 """`cutpoint drill run GROUP`, `cutpoint dr status GROUP`, `cutpoint dr replicate SNAPSHOT`,
-`cutpoint dr failover GROUP`: disaster recovery through the API."""
+`cutpoint dr failover GROUP`, `cutpoint dr re-protect GROUP`, `cutpoint dr failback GROUP`:
+disaster recovery through the API."""
 
 from __future__ import annotations
 
@@ -117,5 +118,50 @@ def dr_failover(group: str, mode: str = typer.Option(..., help="planned or unpla
         r = job["result"]
         Console().print(f"RTO {r['rto_s']} s; fencing epoch {r['fence']['epoch']}; "
                         f"recovery point {r['recovery_point']}")
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@dr_app.command("re-protect")
+def dr_reprotect(group: str, url: str = UrlOpt, token: str = TokenOpt,
+                 json_out: bool = JsonOpt) -> None:
+    """After a failover: protect the group from where it runs now back to the site
+    it left (a snapshot of the running VMs, deltas only), and follow the job."""
+    api = Api(url, token)
+    job = run(lambda: api.post(f"/v1/groups/{group}/re-protect"))
+    job = watch_job(api, job["id"], quiet=json_out, timeout=3600)
+    if json_out:
+        print_json(job)
+    elif job.get("result"):
+        r = job["result"]
+        Console().print(f"protected {r['active']} -> {r['protected_to']}: snapshot "
+                        f"{r['txn']}, {r['bytes_shipped']} B shipped of {r['bytes_changed']} "
+                        "B changed" + (f"; FULL COPY: {r['full_copy_why']}"
+                                       if r["full_copy"] else ""))
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@dr_app.command("failback")
+def dr_failback(group: str, workload: str = typer.Option("none", help="what the guests run"),
+                yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation"),
+                url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """Fail a re-protected group back to its original primary (a planned
+    failover: the VMs at the active site are stopped), then re-protect it."""
+    if not yes and not typer.confirm(
+            f"Fail group {group} back to its original primary? Its VMs at the active site "
+            "are stopped; the original primary becomes the only writer."):
+        raise typer.Exit(1)
+    api = Api(url, token)
+    job = run(lambda: api.post(f"/v1/groups/{group}/failback", json={"workload": workload}))
+    job = watch_job(api, job["id"], quiet=json_out, timeout=3600)
+    if json_out:
+        print_json(job)
+    elif job.get("result"):
+        r = job["result"]
+        rp = r["reprotect"]
+        Console().print(f"back at {rp['active']}: RTO {r['rto_s']} s (failover job "
+                        f"{r['failover_job']}); protected to {rp['protected_to']}: "
+                        f"{rp['bytes_shipped']} B shipped of {rp['bytes_changed']} B changed")
     if job["state"] != "succeeded":
         raise typer.Exit(1)

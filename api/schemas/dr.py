@@ -79,3 +79,7 @@ class DrPolicyUpdate(Strict):
     keep_within: int | None = Field(default=None, ge=0, le=10 * 365 * 86400)
 
 
+
+
+class FailbackRequest(Strict):
+    workload: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = "none"

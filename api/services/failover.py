@@ -138,8 +138,8 @@ def request(s: Session, settings: Any, g: Group, ref: str | None, mode: str, wor
 
 _STATUS = {"pass": "ok", "fail": "failed", "skip": "skipped"}
 
-def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
-                    mark: Any) -> int:
+def final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
+                   mark: Any, trigger: str = "failover") -> int:
     """Take and replicate the final group snapshot; `mark(step, detail)` times each part."""
     from cutpoint.api.errors import Conflict
     from cutpoint.api.services import capture, replication, snapshots
@@ -148,7 +148,7 @@ def _final_snapshot(sf: Any, settings: Any, g_id: int, actor: str | None,
         g = s.get(Group, g_id)
         assert g is not None
         try:
-            sub = snapshots.request(s, g, trigger="failover", actor=actor)
+            sub = snapshots.request(s, g, trigger=trigger, actor=actor)
         except Conflict as exc:
             raise FailoverFailed(exc.code, f"the final group snapshot: {exc}") from exc
         sub_id, snap_id = sub.id, sub.snapshot_id
@@ -435,7 +435,7 @@ class _Run:
         self.vms = list(plan.vms)
         if self.mode == "planned" and self.snap_id is None:
             _progress(self.sf, self.job_id, 0.05, "final group snapshot (guests running)")
-            online_id = _final_snapshot(self.sf, self.settings, self.g_id, self.actor,
+            online_id = final_snapshot(self.sf, self.settings, self.g_id, self.actor,
                                         self.steps.mark)
             self.final["online_snapshot_id"] = online_id
             self._recovery_point_check(online_id)

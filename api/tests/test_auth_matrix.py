@@ -47,6 +47,8 @@ REQUIRED = {
     ("PUT", "/v1/groups/{group}/dr-policy"): "admin",
     ("POST", "/v1/groups/{group}/drills"): "operator",
     ("POST", "/v1/groups/{group}/failover"): "admin",
+    ("POST", "/v1/groups/{group}/re-protect"): "admin",
+    ("POST", "/v1/groups/{group}/failback"): "admin",
     ("POST", "/v1/groups/{group}/restore/clone"): "admin",
     ("POST", "/v1/groups/{group}/restore/in-place"): "admin",
     ("GET", "/v1/jobs"): "viewer",
