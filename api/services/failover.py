@@ -520,23 +520,28 @@ class _Run:
 
 
 def dr_agent_for(s: Session, settings: Any, site: str, vms: list[str]) -> dict[str, Any]:
-    """The DR agent that starts `vms`, from the API's hosts: {agent, tls}.
+    """The agents that start `vms` at `site`, from the API's hosts:
+    {agents: {vm: (address, port, pin)}, tls}.
 
-    The registered host of `site` whose inventory lists every one of `vms`
-    (the standby copies its agent starts with `vm.start`), reached with the
-    control plane's agent certificate and pinned to the host's registered
-    certificate, as every call to an agent is.  No such host, or no agent
-    certificate: {} (the boot then fails, naming the VMs no agent starts)."""
+    For each VM, the registered host of `site` whose inventory lists it (a
+    DR host lists the standby copies its agent starts with `vm.start`; after
+    a failover, the original primary's hosts list the VMs the failback
+    starts again), reached with the control plane's agent certificate and
+    pinned to the host's registered certificate, as every call to an agent
+    is.  A VM no pinned host lists is left out (the boot's preflight names
+    it); no agent certificate: {}."""
     from cutpoint.api.models import Site, Vm
 
     if not (settings.agent_ca and settings.agent_cert and settings.agent_key):
         return {}
+    agents: dict[str, tuple[str, int, str]] = {}
     for host in s.scalars(select(Host).join(Site, Host.site_id == Site.id)
                           .where(Site.name == site).order_by(Host.name)):
-        names = set(s.scalars(select(Vm.name).where(Vm.host_id == host.id,
-                                                    Vm.present.is_(True))))
-        if set(vms) <= names and host.cert_fingerprint:
-            return {"agent": (host.address, host.port, host.cert_fingerprint),
-                    "tls": (settings.agent_ca, settings.agent_cert, settings.agent_key)}
-    return {}
-
+        if not host.cert_fingerprint:
+            continue
+        for name in s.scalars(select(Vm.name).where(Vm.host_id == host.id,
+                                                    Vm.present.is_(True),
+                                                    Vm.name.in_(vms))):
+            agents.setdefault(name, (host.address, host.port, host.cert_fingerprint))
+    return {"agents": agents,
+            "tls": (settings.agent_ca, settings.agent_cert, settings.agent_key)}

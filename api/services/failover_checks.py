@@ -91,8 +91,8 @@ def members(s: Session, g: Group, snap: GroupSnapshot | None) -> Plan:
 
 def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str = "none",
                  site: Any = None) -> Any:
-    """The BootRequest of the plan's VMs at the target, with the DR agent that
-    starts them (the target's registered host whose inventory lists them).
+    """The BootRequest of the plan's VMs at the target, with the agent that
+    starts each (the target's registered host whose inventory lists it).
     `site`: the target's CephSite; None for a preflight, which reads no image."""
     from cutpoint.api.services.failover import dr_agent_for
     from cutpoint.coordinator.dr.boot import (
@@ -106,7 +106,8 @@ def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str 
     vms = [BootVM(vm, tuple(BootDisk(node, image, pool) for node, pool, image in disks))
            for vm, disks in plan.vms.items()]
     found = dr_agent_for(s, settings, plan.target, list(plan.vms))
-    agents = {v.name: AgentRef(*found["agent"]) for v in vms} if found else {}
+    agents = {v.name: AgentRef(*found["agents"][v.name]) for v in vms
+              if v.name in found.get("agents", {})}
     tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key)) \
         if settings.agent_ca and settings.agent_cert and settings.agent_key else None
     return BootRequest(FAILOVER, site, vms, tag, workload=workload, agents=agents,

@@ -162,14 +162,16 @@ def test_dr_agent_from_the_registered_dr_host(session_factory: Any, settings: An
              "disks": [{"id": f"{n}/disk0", "node": "disk0", "backend": "rbd",
                         "pool": "rbd", "image": f"{n}-disk0"}]} for n in ("a", "b")]})
         s.commit()
-        assert dr_agent_for(s, st, "dr", ["a", "b"]) == {
-            "agent": ("10.77.2.1", 7443, "ab" * 32),
-            "tls": ("/c/ca.pem", "/c/co.pem", "/c/co.key")}
-        assert dr_agent_for(s, st, "dr", ["a", "c"]) == {}  # no host has every VM
-        assert dr_agent_for(s, st, "primary", ["a"]) == {}
+        both = {"agents": {"a": ("10.77.2.1", 7443, "ab" * 32),
+                           "b": ("10.77.2.1", 7443, "ab" * 32)},
+                "tls": ("/c/ca.pem", "/c/co.pem", "/c/co.key")}
+        assert dr_agent_for(s, st, "dr", ["a", "b"]) == both
+        # A VM no host lists is left out (the boot's preflight names it).
+        assert dr_agent_for(s, st, "dr", ["a", "c"])["agents"] == {"a": both["agents"]["a"]}
+        assert dr_agent_for(s, st, "primary", ["a"])["agents"] == {}
         host.cert_fingerprint = None  # an agent with no pin is never called
         s.flush()
-        assert dr_agent_for(s, st, "dr", ["a", "b"]) == {}
+        assert dr_agent_for(s, st, "dr", ["a", "b"])["agents"] == {}
         host.cert_fingerprint = "ab" * 32
         no_tls = settings.model_copy(update=dict.fromkeys(tls))
         assert dr_agent_for(s, no_tls, "dr", ["a"]) == {}

@@ -161,11 +161,13 @@ class LabBooter:
         from cutpoint.lab import standby
 
         status = self.status()
+        # Failover boots DR's standbys; a failback, the primary's own VMs.
+        site = "dr" if req.site is None or req.site.name == "dr" else req.site.name
         specs = {}
         for vm in req.vms:
             try:
-                standby.set_workload(status, vm.name, req.workload)
-                specs[vm.name] = standby.load(status, vm.name)
+                standby.set_workload(status, vm.name, req.workload, site=site)
+                specs[vm.name] = standby.load(status, vm.name, site)
             except (LabError, OSError, ValueError) as exc:
                 raise BootError(f"{vm.name}: no standby at DR: {exc}") from exc
         try:

@@ -48,8 +48,13 @@ def dr_host(status: dict[str, Any]) -> dict[str, Any] | None:
     return next((h for h in status.get("hosts", []) if h["site"] == "dr"), None)
 
 
-def spec_path(status: dict[str, Any], vm: str) -> Path:
-    return standby_dir(status) / vm / "spec.json"
+def spec_path(status: dict[str, Any], vm: str, site: str = "dr") -> Path:
+    if site == "dr":
+        return standby_dir(status) / vm / "spec.json"
+    v = next((x for x in status.get("vms", []) if x["name"] == vm), None)
+    if v is None:
+        raise LabError(f"no VM {vm} in the lab")
+    return Path(v["dir"]) / "spec.json"
 
 
 def plan(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -82,9 +87,47 @@ def plan(status: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def primary_plan(status: dict[str, Any], host: str) -> list[dict[str, Any]]:
+    """The same specs for the primary VMs of `host` (their own disks, tap and
+    paths), for a lab whose primary agents can start their VMs again with
+    `vm.start`: a failback boots the primary's VMs through its agents."""
+    prim_all = sorted((v for v in status.get("vms", []) if v.get("site") == "primary"),
+                      key=lambda v: v["index"])
+    memory = int(status.get("config", {}).get("memory_mb") or DEFAULT_MEMORY_MB)
+    site = status["sites"]["primary"]
+    out = []
+    for v in prim_all:
+        if v["host"] != host or not v["disks"] or \
+                not all(d["backend"] == "rbd" for d in v["disks"]):
+            continue
+        out.append({
+            "name": v["name"], "index": v["index"], "address": v["address"],
+            "mac": v["mac"], "tap": v["tap"], "netns": v["host"], "host": v["host"],
+            "dir": v["dir"], "qmp": v["qmp"], "console": v["console"],
+            "pidfile": v["pidfile"], "workload": v.get("workload", "none"),
+            "workload_args": status.get("config", {}).get("workload_args", "") or "",
+            "disks": [{"node": x["node"], "backend": "rbd", "pool": x["pool"],
+                       "image": x["image"], "site": "primary"} for x in v["disks"]],
+            "peers": [p["address"] for p in prim_all],
+            "image": {"kernel": status["image"]["kernel"], "initrd": status["image"]["initrd"]},
+            "accel": status.get("accel", "tcg"), "memory_mb": memory,
+            "site": {k: site[k] for k in ("ceph_conf", "client_id", "keyring", "pool",
+                                           "qemu_conf") if k in site},
+        })
+    return out
+
+
+def write_primary_specs(status: dict[str, Any], host: str) -> list[dict[str, Any]]:
+    """Write each primary VM's spec.json (in its own directory); returns them."""
+    return _write(primary_plan(status, host))
+
+
 def write_specs(status: dict[str, Any]) -> list[dict[str, Any]]:
     """Write every standby's spec.json; returns the specs (with `spec` = the file)."""
-    specs = plan(status)
+    return _write(plan(status))
+
+
+def _write(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for s in specs:
         p = Path(s["dir"]) / "spec.json"
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +146,9 @@ def start_command(spec_file: str | os.PathLike[str]) -> str:
     return " ".join(argv)
 
 
-def load(status: dict[str, Any], vm: str) -> dict[str, Any]:
-    p = spec_path(status, vm)
+def load(status: dict[str, Any], vm: str, site: str = "dr") -> dict[str, Any]:
+    """The spec of `vm`'s standby at DR, or (site "primary") of the primary VM."""
+    p = spec_path(status, vm, site)
     try:
         return dict(json.loads(p.read_text()))
     except OSError as exc:
@@ -112,13 +156,14 @@ def load(status: dict[str, Any], vm: str) -> dict[str, Any]:
             from exc
 
 
-def set_workload(status: dict[str, Any], vm: str, workload: str, args: str = "") -> None:
+def set_workload(status: dict[str, Any], vm: str, workload: str, args: str = "",
+                 site: str = "dr") -> None:
     """What the standby runs after its next boot (the guest kernel command line)."""
-    spec = load(status, vm)
+    spec = load(status, vm, site)
     if spec.get("workload") == workload and spec.get("workload_args", "") == args:
         return
     spec["workload"], spec["workload_args"] = workload, args
-    p = spec_path(status, vm)
+    p = spec_path(status, vm, site)
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps(spec, indent=1))
     os.replace(tmp, p)
@@ -137,7 +182,8 @@ def start(spec_file: str) -> None:
                        capture_output=True, check=False)
     if r.returncode != 0:
         net.add_tap(spec["netns"], spec["tap"])
-    argv = qemu_argv(spec, spec["image"], spec["accel"], spec["peers"], {"dr": spec["site"]},
+    sites = {d["site"]: spec["site"] for d in spec["disks"]}
+    argv = qemu_argv(spec, spec["image"], spec["accel"], spec["peers"], sites,
                      int(spec["memory_mb"]), spec.get("workload_args", ""))
     Path(spec["dir"], "qemu.argv").write_text("\0".join(argv))
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)

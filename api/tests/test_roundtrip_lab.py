@@ -1,0 +1,148 @@
+"""Primary -> DR -> primary through the API, on the lab, with the writer
+checker at every step.
+
+A 2-VM writer group (2 primary hosts x 1 guest x 2 RBD disks) is protected
+to DR, then:
+
+1. planned failover to DR, the DR guests run the writer: the writer
+   checker passes on the DR images;
+2. re-protect: the group now names the VMs at DR and replicates to the
+   primary; its snapshot reaches the primary as deltas from the failover's
+   recovery point (no full copy) and the writer checker passes on it there,
+   with more records than DR had at the failover;
+3. failback: a planned failover back (its own failover job) and re-protect
+   in the original direction: the primary guests run again from the
+   primary's images, the writer checker passes on them and on the new
+   recovery point at DR; the failback's bytes shipped / bytes changed are
+   printed (the figure in docs/benchmarks.md).
+
+The primary agents are restarted with start commands for their VMs
+(`primary_start`): the lab starts primary guests itself, a failback starts
+them through the agents, as on real hosts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cutpoint.api import services_local
+from fastapi.testclient import TestClient
+from labflow import (  # api/tests/labflow.py
+    failover_plane,
+    finish,
+    inventory_states,
+    register,
+    snapshot_and_replicate,
+    writer_verdict,
+)
+from plane import Plane
+
+pytestmark = [pytest.mark.lab,
+              pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
+                                     workload="writer")]
+
+
+@pytest.fixture
+def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
+          local_services: services_local.Endpoints) -> Iterator[Plane]:
+    with failover_plane(lab, tmp_path, local_services) as p:
+        yield p
+
+
+def lab_site(lab: dict[str, Any], name: str) -> Any:
+    from cutpoint.lab.sites import ceph_site
+
+    return ceph_site(lab, name)
+
+
+def restart_primary_agents(lab: dict[str, Any], agents: list[dict[str, Any]]) -> None:
+    from cutpoint.lab.agents import start_agent, stop_agent_pid
+
+    certs = Path(lab["state_dir"]) / "certs"
+    for h in lab["hosts"]:
+        if h["site"] != "primary":
+            continue
+        stop_agent_pid(next(a["pid"] for a in agents if a["host"] == h["name"]))
+        start_agent(lab, h, certs, primary_start=True)
+
+
+def job(c: TestClient, plane: Plane, path: str, body: dict[str, Any] | None,
+        what: str) -> dict[str, Any]:
+    r = c.post(path, json=body) if body is not None else c.post(path)
+    assert r.status_code == 202, r.text
+    done = finish(c, r.json()["id"], what, plane, 600, follow=True)
+    assert done["state"] == "succeeded", (done["error_code"], done["error"], plane.tail())
+    return dict(done["result"])
+
+
+def test_primary_to_dr_and_back(lab: dict[str, Any], agents: list[dict[str, Any]],
+                                plane: Plane, client: TestClient) -> None:
+    from cutpoint.lab.drillboot import stop_guests, stop_standbys
+
+    c = client
+    restart_primary_agents(lab, agents)
+    plane.start("worker")
+    register(c, lab, plane)
+    snapshot_and_replicate(c, plane)
+    primaries = sorted(v["name"] for v in lab["vms"] if v["site"] == "primary")
+    images = sorted(d["image"] for v in lab["vms"] if v["site"] == "primary"
+                    for d in v["disks"])
+    primary, dr = lab_site(lab, "primary"), lab_site(lab, "dr")
+    guests: list[dict[str, Any]] = []
+    try:
+        # 1. Planned failover to DR; the DR guests write.
+        fo = job(c, plane, "/v1/groups/app/failover",
+                 {"mode": "planned", "workload": "writer"}, "failover to DR")
+        guests = list(fo.get("guests") or [])
+        at_dr = writer_verdict(dr, images, None)
+        assert at_dr.ok and at_dr.p > 0, at_dr.summary()
+        print(f"\n1. failover: RTO {fo['rto_s']} s; writer at DR {at_dr.summary()}")
+        time.sleep(20)  # the DR guests write more records
+
+        # 2. Re-protect DR -> primary.
+        rp = job(c, plane, "/v1/groups/app/re-protect", None, "re-protect")
+        assert (rp["active"], rp["protected_to"]) == ("dr", "primary"), rp
+        assert rp["full_copy"] is False and rp["full_copy_why"] is None, rp
+        group = c.get("/v1/groups/app").json()
+        assert group["enabled"] is True and group["policy"]["replication_target"] == "primary"
+        assert {m["host"] for m in group["members"]} <= \
+            {h["name"] for h in lab["hosts"] if h["site"] == "dr"}, group
+        back = writer_verdict(primary, images, f"cp.app.{rp['txn']}")
+        assert back.ok and back.p > at_dr.p, (back.summary(), at_dr.summary())
+        print(f"2. re-protect: {rp['bytes_shipped']} B shipped of {rp['bytes_changed']} B "
+              f"changed; writer at the primary on {rp['txn']}: {back.summary()}")
+        r = c.post("/v1/groups/app/re-protect")
+        assert r.status_code == 409 and r.json()["code"] == "already_protected", r.text
+
+        # 3. Failback: planned failover back, then re-protect to DR again.
+        fb = job(c, plane, "/v1/groups/app/failback", {"workload": "writer"}, "failback")
+        stop_guests(guests)  # the DR guests the failover started (stopped by the fence)
+        guests = list(fb["failover"].get("guests") or [])
+        assert sorted(g["vm"] for g in guests) == primaries, fb
+        assert inventory_states(lab, plane) == dict.fromkeys(primaries, "running")
+        assert "running" not in inventory_states(lab, plane, "dr").values()
+        again = fb["reprotect"]
+        assert (again["active"], again["protected_to"]) == ("primary", "dr"), again
+        assert again["full_copy"] is False, again
+        at_primary = writer_verdict(primary, images, None)
+        assert at_primary.ok and at_primary.p >= back.p, at_primary.summary()
+        at_dr2 = writer_verdict(dr, images, f"cp.app.{again['txn']}")
+        assert at_dr2.ok and at_dr2.p >= back.p, at_dr2.summary()
+        fo2 = fb["failover"]
+        shipped = changed = 0
+        for sid in (fo2["online_snapshot_id"], fo2["snapshot_id"]):
+            rep = c.get(f"/v1/snapshots/{sid}/replication").json()
+            assert not any(m["full"] for m in rep["members"]), rep
+            shipped += sum(m["bytes_shipped"] for m in rep["members"])
+            changed += sum(m["bytes_changed"] for m in rep["members"])
+        print(f"3. failback: RTO {fb['rto_s']} s; DR -> primary {shipped} B shipped of "
+              f"{changed} B changed (ratio {shipped / max(1, changed):.3f}); re-protect to "
+              f"DR {again['bytes_shipped']} B of {again['bytes_changed']} B; writer at the "
+              f"primary {at_primary.summary()}, at DR on {again['txn']} {at_dr2.summary()}")
+    finally:
+        stop_guests(guests)
+        stop_standbys(lab)
