@@ -30,6 +30,7 @@ from labflow import (  # api/tests/labflow.py
     failover_plane,
     finish,
     inventory_states,
+    lab_site,
     register,
     snapshot_and_replicate,
     writer_verdict,
@@ -64,12 +65,6 @@ def stop_vms(lab: dict[str, Any], plane: Plane, site: str = "primary") -> None:
         vms = [v["name"] for v in lab["vms"] if v["host"] == h["name"] and v["site"] == site]
         if vms:
             asyncio.run(one(h, vms))
-
-
-def lab_site(lab: dict[str, Any], name: str) -> Any:
-    from cutpoint.lab.sites import ceph_site
-
-    return ceph_site(lab, name)
 
 
 def images_of(lab: dict[str, Any]) -> list[str]:

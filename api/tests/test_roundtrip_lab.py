@@ -35,6 +35,7 @@ from labflow import (  # api/tests/labflow.py
     failover_plane,
     finish,
     inventory_states,
+    lab_site,
     register,
     snapshot_and_replicate,
     writer_verdict,
@@ -51,12 +52,6 @@ def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           local_services: services_local.Endpoints) -> Iterator[Plane]:
     with failover_plane(lab, tmp_path, local_services) as p:
         yield p
-
-
-def lab_site(lab: dict[str, Any], name: str) -> Any:
-    from cutpoint.lab.sites import ceph_site
-
-    return ceph_site(lab, name)
 
 
 def restart_primary_agents(lab: dict[str, Any], agents: list[dict[str, Any]]) -> None:
