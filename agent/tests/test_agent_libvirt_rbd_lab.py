@@ -123,7 +123,8 @@ async def test_group_snapshot_of_rbd_domain_leaves_no_taint(
         vm = next(v for v in inv["vms"] if v["name"] == DOMAIN)
         assert vm["method"] == "rbd"
         assert vm["disks"] == [{"id": DISK, "node": "vda", "backend": "rbd",
-                                "pool": site["pool"], "image": IMAGE}]
+                                "pool": site["pool"], "image": IMAGE,
+                                "size": 64 << 20}]  # rbd create --size 64 (MiB)
         assert vm["guest_agent"] is True
         # prepare + commit (fs-freeze asked, no guest agent: crash)
         prep = await c.prepare("lvrbd-t1", [DOMAIN], 5000, quiesce="fs-freeze",

@@ -132,7 +132,7 @@ def two_hosts(lab: dict[str, Any], tmp_path: Path) \
             agents.append(a)
         (tmp_path / "cp").mkdir()
         plane = Plane(tmp_path / "cp", certs)
-        plane.cli("site", "create", "primary")
+        plane.cli("site", "add", "primary")
         for i, a in enumerate(agents, 1):
             plane.cli("host", "add", f"lv-h{i}", "--site", "primary", "--address",
                       "127.0.0.1", "--port", str(a.port), "--cert", str(a.cert))
