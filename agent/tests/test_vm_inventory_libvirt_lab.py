@@ -213,8 +213,11 @@ async def test_member_moves_host_and_next_snapshot_commits(two_hosts: Any,
         return v is not None and v["ready"] and v["state"] == "running" and not v["stale"]
 
     await until(lambda: ready_on(0), f"{MOVER} ready on lv-h1", 30)
-    await until(lambda: (_one(plane.vms(), MOVER) or {}).get("host") == "lv-h1",
-                f"{MOVER} listed on lv-h1", 10)
+    # Listed, with its disk's size: the agent learns it when it opens the
+    # image, a generation after it first lists the domain.
+    await until(lambda: (_one(plane.vms(), MOVER) or {}).get("host") == "lv-h1" and all(
+        d["size_bytes"] for d in (_one(plane.vms(), MOVER) or {}).get("disks") or [{}]),
+                f"{MOVER} listed on lv-h1 with its disk size", 10)
     before = _one(plane.vms(), MOVER)
     assert before is not None
     assert [(d["node"], d["pool"], d["image"], d["size_bytes"]) for d in before["disks"]] == \

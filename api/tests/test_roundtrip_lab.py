@@ -4,17 +4,22 @@ checker at every step.
 A 2-VM writer group (2 primary hosts x 1 guest x 2 RBD disks) is protected
 to DR, then:
 
-1. planned failover to DR, the DR guests run the writer: the writer
-   checker passes on the DR images;
+1. planned failover to DR: the writer checker passes on the DR images;
 2. re-protect: the group now names the VMs at DR and replicates to the
    primary; its snapshot reaches the primary as deltas from the failover's
    recovery point (no full copy) and the writer checker passes on it there,
-   with more records than DR had at the failover;
+   with the records DR had at the failover;
 3. failback: a planned failover back (its own failover job) and re-protect
    in the original direction: the primary guests run again from the
    primary's images, the writer checker passes on them and on the new
    recovery point at DR; the failback's bytes shipped / bytes changed are
    printed (the figure in docs/benchmarks.md).
+
+The guests at DR and back at the primary run no workload: a writer started
+again begins a new run from slot 0 over the old one's records, which its
+checker rightly reports as records of two runs (docs/writer.md).  So the
+writer's records are the ones written before the failover, carried there
+and back, and the copies back ship what the idle guests changed.
 
 The primary agents are restarted with start commands for their VMs
 (`primary_start`): the lab starts primary guests itself, a failback starts
@@ -91,12 +96,12 @@ def test_primary_to_dr_and_back(lab: dict[str, Any], agents: list[dict[str, Any]
     try:
         # 1. Planned failover to DR; the DR guests write.
         fo = job(c, plane, "/v1/groups/app/failover",
-                 {"mode": "planned", "workload": "writer"}, "failover to DR")
+                 {"mode": "planned"}, "failover to DR")
         guests = list(fo.get("guests") or [])
         at_dr = writer_verdict(dr, images, None)
         assert at_dr.ok and at_dr.p > 0, at_dr.summary()
         print(f"\n1. failover: RTO {fo['rto_s']} s; writer at DR {at_dr.summary()}")
-        time.sleep(20)  # the DR guests write more records
+        time.sleep(10)  # the DR guests run a while
 
         # 2. Re-protect DR -> primary.
         rp = job(c, plane, "/v1/groups/app/re-protect", None, "re-protect")
@@ -107,14 +112,14 @@ def test_primary_to_dr_and_back(lab: dict[str, Any], agents: list[dict[str, Any]
         assert {m["host"] for m in group["members"]} <= \
             {h["name"] for h in lab["hosts"] if h["site"] == "dr"}, group
         back = writer_verdict(primary, images, f"cp.app.{rp['txn']}")
-        assert back.ok and back.p > at_dr.p, (back.summary(), at_dr.summary())
+        assert back.ok and back.p == at_dr.p, (back.summary(), at_dr.summary())
         print(f"2. re-protect: {rp['bytes_shipped']} B shipped of {rp['bytes_changed']} B "
               f"changed; writer at the primary on {rp['txn']}: {back.summary()}")
         r = c.post("/v1/groups/app/re-protect")
         assert r.status_code == 409 and r.json()["code"] == "already_protected", r.text
 
         # 3. Failback: planned failover back, then re-protect to DR again.
-        fb = job(c, plane, "/v1/groups/app/failback", {"workload": "writer"}, "failback")
+        fb = job(c, plane, "/v1/groups/app/failback", {}, "failback")
         stop_guests(guests)  # the DR guests the failover started (stopped by the fence)
         guests = list(fb["failover"].get("guests") or [])
         assert sorted(g["vm"] for g in guests) == primaries, fb
@@ -124,9 +129,9 @@ def test_primary_to_dr_and_back(lab: dict[str, Any], agents: list[dict[str, Any]
         assert (again["active"], again["protected_to"]) == ("primary", "dr"), again
         assert again["full_copy"] is False, again
         at_primary = writer_verdict(primary, images, None)
-        assert at_primary.ok and at_primary.p >= back.p, at_primary.summary()
+        assert at_primary.ok and at_primary.p == back.p, at_primary.summary()
         at_dr2 = writer_verdict(dr, images, f"cp.app.{again['txn']}")
-        assert at_dr2.ok and at_dr2.p >= back.p, at_dr2.summary()
+        assert at_dr2.ok and at_dr2.p == back.p, at_dr2.summary()
         fo2 = fb["failover"]
         shipped = changed = 0
         for sid in (fo2["online_snapshot_id"], fo2["snapshot_id"]):
