@@ -117,6 +117,39 @@ cleanup:
     return NULL;
 }
 
+/* A stopped VM's rbd images are closed.  Otherwise the agent's handle keeps
+ * the exclusive lock its last snapshot took (librbd holds it until another
+ * client asks), and whoever waits for the stopped VM to let go of its disks
+ * waits for good: the planned failover's snapshot of the stopped disks
+ * (an idle guest never asked for the lock back).  vm.start, or the
+ * inventory tick once the VM runs again, opens them (images_deferred). */
+static void
+close_images(struct agent *a, struct vm *v)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&a->mu);
+    if (v->starting) {                  /* a vm.start or an open holds it */
+        pthread_mutex_unlock(&a->mu);
+        return;
+    }
+    v->starting = 1;
+    pthread_mutex_unlock(&a->mu);
+    for (int d = 0; d < v->cfg->ndisks; d++)
+        if (v->img[d]) {
+            rbdsnap_image_free(v->img[d]);
+            v->img[d] = NULL;
+            n++;
+        }
+    pthread_mutex_lock(&a->mu);
+    v->starting = 0;
+    if (n)
+        v->images_deferred = 1;
+    pthread_mutex_unlock(&a->mu);
+    if (n)
+        log_info("event=rbd_close vm=%s images=%d why=stopped", v->cfg->name, n);
+}
+
 json_t *
 cmd_vm_stop(struct agent *a, json_t *args, const char **code, char *msg,
             size_t msglen, json_t **err_result)
@@ -130,6 +163,7 @@ cmd_vm_stop(struct agent *a, json_t *args, const char **code, char *msg,
         FAIL("UNKNOWN_VM", "unknown vm %s", name);
     if (vm_poweroff(v, a->cfg.qmp_timeout_ms, &qe) < 0)
         FAIL(vm_err_code(&qe), "%s", qe.msg);
+    close_images(a, v);
     log_info("event=vm_stop vm=%s", name);
     return json_pack("{s:s,s:s}", "vm", name, "state", "shutoff");
 cleanup:
