@@ -31,6 +31,7 @@ struct lvconn {
     int lost;                       /* closed under us: go down */
     int cb_lifecycle;               /* event callback id, -1 none */
     int cb_metadata;                /* metadata-change callback id, -1 none */
+    int cb_live;                    /* event callbacks libvirt may still run */
     int was_connected;              /* for since */
     long epoch, transitions;
     double since;
@@ -72,6 +73,20 @@ start_event_loop(void)
 }
 
 /* ---- libvirt's callbacks (event loop thread: nothing that blocks) ------- */
+
+/* libvirt is done with one event callback of c: deregistering one does not
+ * wait for a dispatch under way on the event loop thread, so c may be freed
+ * only once every callback's free function has run (lvconn_free). */
+static void
+callback_freed(void *opaque)
+{
+    struct lvconn *c = opaque;
+
+    pthread_mutex_lock(&c->mu);
+    c->cb_live--;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+}
 
 static void
 wake(void *opaque)
@@ -180,7 +195,7 @@ do_connect(struct lvconn *c)
                   c->uri);
     id = virConnectDomainEventRegisterAny(
         conn, NULL, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-        VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), c, NULL);
+        VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), c, callback_freed);
     if (id < 0) {
         lvcall_last_error("virConnectDomainEventRegisterAny", &e);
         virConnectUnregisterCloseCallback(conn, on_close);
@@ -191,12 +206,13 @@ do_connect(struct lvconn *c)
      * from the domain's next lifecycle event */
     mid = virConnectDomainEventRegisterAny(
         conn, NULL, VIR_DOMAIN_EVENT_ID_METADATA_CHANGE,
-        VIR_DOMAIN_EVENT_CALLBACK(on_metadata), c, NULL);
+        VIR_DOMAIN_EVENT_CALLBACK(on_metadata), c, callback_freed);
     lvcache_resync(c->cache);
     pthread_mutex_lock(&c->mu);
     c->conn = conn;
     c->cb_lifecycle = id;
     c->cb_metadata = mid;
+    c->cb_live += 1 + (mid >= 0);
     c->lost = 0;
     c->epoch++;
     c->transitions++;
@@ -396,6 +412,10 @@ lvconn_free(struct lvconn *c)
     done = c->manager_done;
     if (done && c->conn)
         do_disconnect(c, "closed by the agent");
+    /* an event being dispatched still uses c */
+    for (double end = mono_ms() + 2000; c->cb_live > 0 && mono_ms() < end;)
+        timed_wait(c, 50);
+    done = done && c->cb_live == 0;
     pthread_mutex_unlock(&c->mu);
     if (!done || lvcall_slot_busy(&c->slot)) {
         log_warnx("event=libvirt_stop uri=%s msg=\"a libvirt call still "
