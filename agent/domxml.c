@@ -36,12 +36,11 @@ child(const xmlNode *n, const char *name)
     return NULL;
 }
 
-/* The attribute's value copied into buf (size len); "" when absent.
+/* libvirt's string v copied into buf (size len) and freed; "" when NULL,
  * -1 when it does not fit. */
 static int
-attr(const xmlNode *n, const char *name, char *buf, size_t len)
+take(xmlChar *v, char *buf, size_t len)
 {
-    xmlChar *v = n ? xmlGetProp(n, (const xmlChar *)name) : NULL;
     int rc = 0;
 
     buf[0] = '\0';
@@ -55,22 +54,18 @@ attr(const xmlNode *n, const char *name, char *buf, size_t len)
     return rc;
 }
 
+/* The attribute's value copied into buf; "" when absent. */
+static int
+attr(const xmlNode *n, const char *name, char *buf, size_t len)
+{
+    return take(n ? xmlGetProp(n, (const xmlChar *)name) : NULL, buf, len);
+}
+
 /* The element's text copied into buf; -1 when it does not fit. */
 static int
 text(const xmlNode *n, char *buf, size_t len)
 {
-    xmlChar *v = xmlNodeGetContent(n);
-    int rc = 0;
-
-    buf[0] = '\0';
-    if (v) {
-        if (strlen((const char *)v) >= len)
-            rc = -1;
-        else
-            snprintf(buf, len, "%s", (const char *)v);
-        xmlFree(v);
-    }
-    return rc;
+    return take(xmlNodeGetContent(n), buf, len);
 }
 
 static void
