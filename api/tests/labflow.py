@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cutpoint.api import services_local
 from fastapi.testclient import TestClient
 from plane import (  # api/tests/plane.py
@@ -22,6 +23,15 @@ from plane import (  # api/tests/plane.py
     register_lab_site,
     wait_for,
 )
+
+
+@pytest.fixture(name="plane")
+def dr_plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
+             local_services: services_local.Endpoints) -> Iterator[Plane]:
+    """The `plane` of a DR lab test module (import it: `from labflow import
+    dr_plane`): the lab's agents up, the plane of failover_plane."""
+    with failover_plane(lab, tmp_path, local_services) as p:
+        yield p
 
 
 @contextlib.contextmanager

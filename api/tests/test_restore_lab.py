@@ -18,16 +18,13 @@ the guests write.  Then, checked against Ceph itself:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.api import services_local
 from cutpoint.coordinator.dr.site import CephConnection
 from fastapi.testclient import TestClient
 from labflow import (  # api/tests/labflow.py
-    failover_plane,
+    dr_plane,  # noqa: F401  the `plane` fixture
     finish,
     inventory_states,
     lab_site,
@@ -40,13 +37,6 @@ from plane import Plane
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
                                      workload="writer")]
-
-
-@pytest.fixture
-def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
-          local_services: services_local.Endpoints) -> Iterator[Plane]:
-    with failover_plane(lab, tmp_path, local_services) as p:
-        yield p
 
 
 def stop_vms(lab: dict[str, Any], plane: Plane, site: str = "primary") -> None:

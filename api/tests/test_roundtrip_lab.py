@@ -29,15 +29,13 @@ them through the agents, as on real hosts.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.api import services_local
 from fastapi.testclient import TestClient
 from labflow import (  # api/tests/labflow.py
-    failover_plane,
+    dr_plane,  # noqa: F401  the `plane` fixture
     finish,
     inventory_states,
     lab_site,
@@ -50,13 +48,6 @@ from plane import Plane
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
                                      workload="writer")]
-
-
-@pytest.fixture
-def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
-          local_services: services_local.Endpoints) -> Iterator[Plane]:
-    with failover_plane(lab, tmp_path, local_services) as p:
-        yield p
 
 
 def restart_primary_agents(lab: dict[str, Any], agents: list[dict[str, Any]]) -> None:
