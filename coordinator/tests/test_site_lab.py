@@ -284,7 +284,7 @@ def admin_ceph(lab: dict[str, Any], *args: str, timeout: float = 30) -> str:
     s = lab["sites"]["dr"]
     cp = subprocess.run(["ceph", "-c", s["ceph_conf"], "--id", "admin", "--keyring",
                          s["keyring"], "--connect-timeout", "10", *args],
-                        capture_output=True, text=True, timeout=timeout)
+                        check=False, capture_output=True, text=True, timeout=timeout)
     return (cp.stdout + cp.stderr).strip()
 
 
