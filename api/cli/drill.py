@@ -1,4 +1,4 @@
-"""`cutpoint drill run GROUP`, `cutpoint dr status GROUP`, `cutpoint dr replicate SNAPSHOT`,
+"""`cutpoint drill run|list GROUP`, `cutpoint drill show JOB`, `cutpoint dr status GROUP`, `cutpoint dr replicate SNAPSHOT`,
 `cutpoint dr failover GROUP`, `cutpoint dr re-protect GROUP`, `cutpoint dr failback GROUP`:
 disaster recovery through the API."""
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
+from cutpoint.api.cli.confirm import confirm_or_exit
 from cutpoint.api.cli.job import watch_job
-from rich.console import Console
-from rich.table import Table
+from cutpoint.api.cli.output import Console, Table
 
 app = typer.Typer(help="Drills (test failover) at the DR site.", no_args_is_help=True)
 CheckOpt = typer.Option(["writer"], "--check", help="check to run (repeatable)")
@@ -48,6 +48,49 @@ def drill_run(group: str,
         print_json(job)
     elif report:
         _print_report(report)
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def drill_list(group: str, url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt,
+               limit: int = typer.Option(20, min=1, max=500)) -> None:
+    """The group's drills, newest first: job, state, verdict, recovery point, boot time."""
+    api = Api(url, token)
+    g = run(lambda: api.get(f"/v1/groups/{group}"))
+    page = run(lambda: api.get("/v1/jobs", params={"kind": "drill", "group_id": g["id"],
+                                                   "limit": limit}))
+    if json_out:
+        print_json(page["items"])
+        return
+    t = Table("job", "state", "verdict", "recovery point", "boot s", "created", "error")
+    for j in page["items"]:
+        r = j.get("result") or {}
+        boot = r.get("boot_s")
+        t.add_row(j["id"], j["state"], r.get("verdict") or "-",
+                  r.get("recovery_point") or (j.get("params") or {}).get("recovery_point") or "-",
+                  f"{boot:.1f}" if isinstance(boot, (int, float)) else "-",
+                  j["created_at"], j.get("error_code") or "")
+    Console().print(t)
+
+
+@app.command("show")
+def drill_show(job_id: str, url: str = UrlOpt, token: str = TokenOpt,
+               json_out: bool = JsonOpt) -> None:
+    """One drill's report: verdict, timeline, checks; exit status 1 unless it passed."""
+    job = run(lambda: Api(url, token).get(f"/v1/jobs/{job_id}"))
+    if job["kind"] != "drill":
+        typer.echo(f"cutpoint drill show: job {job_id} is a {job['kind']} job, not a drill",
+                   err=True)
+        raise typer.Exit(1)
+    report = job.get("result") or {}
+    if json_out:
+        print_json(job)
+    elif report:
+        _print_report(report)
+    else:
+        Console().print(f"drill {job_id}: {job['state']} {job.get('message') or ''}"
+                        + (f" ({job['error_code']}: {job['error']})" if job.get("error") else ""))
     if job["state"] != "succeeded":
         raise typer.Exit(1)
 
@@ -103,10 +146,9 @@ def dr_failover(group: str, mode: str = typer.Option(..., help="planned or unpla
 
     It stops the group's VMs at the primary and makes DR the only writer;
     asks first unless --yes."""
-    if not yes and not typer.confirm(
-            f"Fail group {group} over to its DR site ({mode})? Its primary VMs are stopped "
-            "and DR becomes the only writer."):
-        raise typer.Exit(1)
+    confirm_or_exit("dr failover",
+                    f"Fail group {group} over to its DR site ({mode})? Its primary VMs are "
+                    "stopped and DR becomes the only writer.", yes)
     api = Api(url, token)
     job = run(lambda: api.post(f"/v1/groups/{group}/failover",
                                json={"recovery_point": recovery_point, "mode": mode,
@@ -148,10 +190,9 @@ def dr_failback(group: str, workload: str = typer.Option("none", help="what the 
                 url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
     """Fail a re-protected group back to its original primary (a planned
     failover: the VMs at the active site are stopped), then re-protect it."""
-    if not yes and not typer.confirm(
-            f"Fail group {group} back to its original primary? Its VMs at the active site "
-            "are stopped; the original primary becomes the only writer."):
-        raise typer.Exit(1)
+    confirm_or_exit("dr failback",
+                    f"Fail group {group} back to its original primary? Its VMs at the active "
+                    "site are stopped; the original primary becomes the only writer.", yes)
     api = Api(url, token)
     job = run(lambda: api.post(f"/v1/groups/{group}/failback", json={"workload": workload}))
     job = watch_job(api, job["id"], quiet=json_out, timeout=3600)

@@ -6,9 +6,9 @@ from typing import Any
 
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
+from cutpoint.api.cli.confirm import confirm_or_exit
 from cutpoint.api.cli.job import watch_job
-from rich.console import Console
-from rich.table import Table
+from cutpoint.api.cli.output import Console, Table
 
 app = typer.Typer(help="Consistency groups (over the API).", no_args_is_help=True)
 
@@ -60,6 +60,23 @@ def disable(name: str, url: str = UrlOpt, token: str = TokenOpt,
     """Stop the group's scheduled snapshots (manual ones still run)."""
     g = run(lambda: Api(url, token).patch(f"/v1/groups/{name}", json={"enabled": False}))
     print_json(g) if json_out else typer.echo(f"group {g['name']}: schedule disabled")
+
+
+@app.command("delete")
+def delete(name: str, yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation"),
+           url: str = UrlOpt, token: str = TokenOpt) -> None:
+    """Delete the group and its records (refused while a snapshot is in flight).
+
+    Its VMs keep running and its member snapshots stay on the disks: only the
+    control plane forgets them.  Asks first unless --yes."""
+    api = Api(url, token)
+    g = run(lambda: api.get(f"/v1/groups/{name}"))
+    confirm_or_exit("group delete",
+                    f"Delete group {g['name']} ({len(g.get('members') or [])} member(s))? "
+                    "Its recovery points are forgotten; the VMs and the RBD snapshots stay.",
+                    yes)
+    run(lambda: api.call("DELETE", f"/v1/groups/{name}"))
+    typer.echo(f"group {g['name']} deleted")
 
 
 @app.command("list")

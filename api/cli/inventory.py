@@ -10,9 +10,8 @@ from typing import Annotated
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
 from cutpoint.api.cli.job import watch_job
+from cutpoint.api.cli.output import Console, Table
 from cutpoint.api.cli.revoke import DEFAULT_CA_DIR, RevokeError, revoke
-from rich.console import Console
-from rich.table import Table
 
 host_app = typer.Typer(help="Hypervisor hosts and their agents.", no_args_is_help=True)
 

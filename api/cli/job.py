@@ -7,9 +7,8 @@ from typing import Any
 
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
-from rich.console import Console
+from cutpoint.api.cli.output import Console, Table
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 app = typer.Typer(help="Background jobs.", no_args_is_help=True)
 FINAL = {"succeeded", "failed"}

@@ -28,7 +28,7 @@ app = typer.Typer(
     name="cutpoint",
     help="Crash-consistent group snapshots and DR for QEMU/KVM.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
 )
 app.add_typer(server.app, name="server")
 app.add_typer(token.app, name="token")

@@ -13,16 +13,15 @@ confirmed.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
+from cutpoint.api.cli.confirm import confirm_or_exit
 from cutpoint.api.cli.job import watch_job
+from cutpoint.api.cli.output import Console, Table
 from cutpoint.api.cli.snapshot import parse_duration
-from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(help="Orphan member snapshots (left by an abort or a crash).",
                   no_args_is_help=True)
@@ -84,13 +83,7 @@ def sweep(url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt,
         else:
             console.print("nothing to delete")
         return
-    if not yes:
-        if not sys.stdin.isatty():
-            typer.echo(f"cutpoint orphans sweep: {plan['orphans']} orphan(s) found; "
-                       "pass --yes to delete them", err=True)
-            raise typer.Exit(2)
-        if not typer.confirm(f"Delete {plan['orphans']} orphan snapshot(s)?", default=False):
-            raise typer.Exit(2)
+    confirm_or_exit("orphans sweep", f"Delete {plan['orphans']} orphan snapshot(s)?", yes)
     job = run(lambda: api.post("/v1/orphans/sweep", json=params))
     done = watch_job(api, job["id"], quiet=json_out)
     res = done.get("result") or {}

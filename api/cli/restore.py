@@ -6,9 +6,9 @@ from typing import Any
 
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
+from cutpoint.api.cli.confirm import confirm_or_exit
 from cutpoint.api.cli.job import watch_job
-from rich.console import Console
-from rich.table import Table
+from cutpoint.api.cli.output import Console, Table
 
 app = typer.Typer(help="Restore a group snapshot: as new clones, or in place.",
                   no_args_is_help=True)
@@ -66,9 +66,8 @@ def in_place(group: str, snapshot: str = SnapOpt, site: str | None = SiteOpt,
 
     What the VMs wrote after the snapshot is lost; asks first unless --yes."""
     where = f"at site {site}" if site else "at the group's primary site"
-    if not yes and not typer.confirm(f"Roll every disk of group {group} {where} back to "
-                                     f"snapshot {snapshot}? Data written since is lost."):
-        raise typer.Exit(1)
+    confirm_or_exit("restore in-place", f"Roll every disk of group {group} {where} back to "
+                    f"snapshot {snapshot}? Data written since is lost.", yes)
     api = Api(url, token)
     body = {"snapshot": snapshot, **({"site": site} if site else {})}
     job = run(lambda: api.post(f"/v1/groups/{group}/restore/in-place", json=body))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
-from rich.console import Console
-from rich.table import Table
+from cutpoint.api.cli.output import Console, Table
 
 app = typer.Typer(help="Recovery point objectives.", no_args_is_help=True)
 

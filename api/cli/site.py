@@ -27,8 +27,7 @@ from cutpoint.api.cli.apiclient import (
     print_json,
     run,
 )
-from rich.console import Console
-from rich.table import Table
+from cutpoint.api.cli.output import Console, Table
 
 app = typer.Typer(help="Sites (failure domains) and their Ceph access.", no_args_is_help=True)
 

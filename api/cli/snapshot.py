@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from cutpoint.api.cli.output import Console, Table
 from cutpoint.coordinator import (
     CoordinatorError,
     GroupFileError,
@@ -33,8 +34,6 @@ from cutpoint.coordinator import (
     resolve_in_doubt,
     take_group_snapshot,
 )
-from rich.console import Console
-from rich.table import Table
 
 DEFAULT_DB_DIR = "/var/lib/cutpoint"
 _DUR = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import typer
 from cutpoint.api.cli.apiclient import JsonOpt, print_json
-from rich.console import Console
-from rich.table import Table
+from cutpoint.api.cli.output import Console, Table
 from sqlalchemy import select
 
 app = typer.Typer(help="API tokens (run where the server's settings are).",

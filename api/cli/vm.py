@@ -12,8 +12,7 @@ from typing import Any
 
 import typer
 from cutpoint.api.cli.apiclient import Api, JsonOpt, TokenOpt, UrlOpt, print_json, run
-from rich.console import Console
-from rich.table import Table
+from cutpoint.api.cli.output import Console, Table
 
 app = typer.Typer(help="VMs and their disks, as the hosts' agents report them.",
                   no_args_is_help=True)

@@ -18,11 +18,16 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 @router.get("", response_model=Page[JobPublic])
 def list_jobs(session: SessionDep, _: Viewer, limit: Limit = 50,
               cursor: Annotated[str | None, Query(max_length=80)] = None,
-              kind: Annotated[str | None, Query(max_length=32)] = None) -> Page[JobPublic]:
-    """Newest first.  The cursor is `<created_at ISO>|<id>` of the last job seen."""
+              kind: Annotated[str | None, Query(max_length=32)] = None,
+              group_id: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None) \
+        -> Page[JobPublic]:
+    """Newest first, optionally one kind's (`drill`) or one group's.  The cursor
+    is `<created_at ISO>|<id>` of the last job seen."""
     stmt = select(Job)
     if kind:
         stmt = stmt.where(Job.kind == kind)
+    if group_id is not None:
+        stmt = stmt.where(Job.group_id == group_id)
     if cursor:
         ts, sep, jid = cursor.partition("|")
         import datetime as dt

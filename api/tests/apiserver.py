@@ -28,10 +28,13 @@ class Server:
     env: dict[str, str]
     log_path: Path
 
-    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        env = dict(self.env, CUTPOINT_URL=self.url, CUTPOINT_TOKEN=self.token, COLUMNS="250")
+    def cli(self, *args: str, timeout: float = 180, columns: int = 250,
+            stdin: str = "") -> subprocess.CompletedProcess[str]:
+        """Run `cutpoint ARGS`; stdin is a pipe holding `stdin` (never a terminal)."""
+        env = dict(self.env, CUTPOINT_URL=self.url, CUTPOINT_TOKEN=self.token,
+                   COLUMNS=str(columns))
         return subprocess.run([EXE, *args], env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              input=stdin, timeout=timeout, check=False)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
