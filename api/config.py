@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # whose txn has only just ended, and from clock skew between hosts.
     orphan_sweep_interval_s: float = Field(default=900.0, gt=0)
     orphan_grace_s: float = Field(default=3600.0, ge=0)
+    # History pruning (services/history.py): finished jobs with their events,
+    # and audit entries, older than this many days go; how often it runs.
+    history_keep_days: float = Field(default=90.0, ge=1)
+    history_prune_interval_s: float = Field(default=3600.0, gt=0)
     # A group lock outlives a killed worker by at most this long.
     group_lock_ttl_s: float = Field(default=30.0, gt=1, le=3600)
     broker_visibility_timeout_s: int = Field(default=120, ge=10)

@@ -21,6 +21,7 @@ from cutpoint.api.models import (
     Host,
     Job,
     JobState,
+    PrunedJobFailures,
     RpoMiss,
     SnapState,
     utcnow,
@@ -109,11 +110,17 @@ class DbCollector(Collector):
 
         fails = CounterMetricFamily("cutpoint_job_failures", "Failed jobs",
                                     labels=["kind", "code"])
+        # Those history pruning deleted count too: a counter never goes down.
+        failed: dict[tuple[str, str], int] = {
+            (p.kind, p.error_code): p.count for p in s.scalars(select(PrunedJobFailures))}
         for kind, code, n in s.execute(
                 select(Job.kind, Job.error_code, func.count())
                 .where(Job.state == JobState.failed)
                 .group_by(Job.kind, Job.error_code)).all():
-            fails.add_metric([kind, code or "unknown"], n)
+            key = (kind, code or "unknown")
+            failed[key] = failed.get(key, 0) + n
+        for (kind, code), n in sorted(failed.items()):
+            fails.add_metric([kind, code], n)
         yield fails
 
         reach = GaugeMetricFamily("cutpoint_agent_reachable",

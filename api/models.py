@@ -386,6 +386,17 @@ class JobEvent(Base):
     __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
 
 
+class PrunedJobFailures(Base):
+    """Failed jobs that history pruning deleted, counted per kind and code:
+    `cutpoint_job_failures_total` is a counter, and it must not go down
+    when old jobs go (services/history.py)."""
+
+    __tablename__ = "pruned_job_failures"
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    error_code: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), default=0)
+
+
 class RpoMiss(Base):
     __tablename__ = "rpo_misses"
     id: Mapped[int] = mapped_column(primary_key=True)

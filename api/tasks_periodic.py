@@ -126,6 +126,16 @@ def orphan_sweep(ctx: Ctx) -> dict[str, Any] | None:
     return out
 
 
+@cutpoint_task("history_prune_tick", job=False)
+def history_prune_tick(ctx: Ctx) -> dict[str, Any] | None:
+    """Delete finished jobs, their events and audit entries older than
+    history_keep_days (services/history.py); sent by beat."""
+    from cutpoint.api.services import history
+
+    with ctx.sf() as s:
+        return history.prune(s, ctx.settings.history_keep_days).as_dict()
+
+
 @cutpoint_task("retention_tick", job=False)
 def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
     """Queue a retention job for each group that has something to delete."""

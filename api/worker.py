@@ -28,6 +28,8 @@ QUEUES = {
     # The orphan sweeper talks to every agent: never on the scheduler queue.
     "orphan_sweep": "cutpoint.default",
     "orphan_sweep_tick": "cutpoint.default",
+    # Database only, in batches.
+    "history_prune_tick": "cutpoint.default",
     # DR: long-running, they talk to agents and both Ceph sites.
     "replicate": "cutpoint.default",
     "drill": "cutpoint.default",
@@ -71,6 +73,9 @@ def make_celery(settings: Settings) -> Celery:
             "orphan-sweep": {"task": "cutpoint.orphan_sweep_tick",
                              "schedule": settings.orphan_sweep_interval_s,
                              "options": {"expires": settings.orphan_sweep_interval_s}},
+            "history-prune": {"task": "cutpoint.history_prune_tick",
+                              "schedule": settings.history_prune_interval_s,
+                              "options": {"expires": settings.history_prune_interval_s}},
         },
     )
     return app
