@@ -2,9 +2,11 @@
 
     cutpoint server --embedded [--state-dir DIR]   API + one worker + beat, on
         SQLite and a Redis it starts itself (all on loopback), in one command
-    cutpoint server                                the API only (production)
+    cutpoint server [--migrate]                    the API only (production); refuses
+        a database not at the code's schema unless --migrate
     cutpoint server worker | beat                  one Celery worker / the beat
-    cutpoint server migrate                        Alembic upgrade to head
+    cutpoint server migrate                        Alembic upgrade to head, under the
+        migration lock (once per deployment and upgrade)
 
 Embedded mode keeps everything in the state directory: `cutpoint.toml`
 (settings; the token secret is generated once, mode 0600), `cutpoint.db`,
@@ -94,6 +96,9 @@ def server(
         "--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")] = None,
     tls_key: Annotated[Path | None, typer.Option(
         "--tls-key", help="the certificate's private key (PEM)")] = None,
+    migrate_first: Annotated[bool, typer.Option(
+        "--migrate", help="migrate the database (under the lock) before serving; "
+        "otherwise a database not at the code's schema stops the start")] = False,
 ) -> None:
     """Run the API (or, with --embedded, everything)."""
     if ctx.invoked_subcommand is not None:
@@ -105,9 +110,10 @@ def server(
         raise typer.Exit(run_embedded(state_dir, host, port, agent_certs, admin_token_file,
                                       concurrency))
     st = _settings()
-    from cutpoint.api.migrate import upgrade
-
-    upgrade(st.database_url)
+    if migrate_first:
+        _migrate(st.database_url)
+    else:
+        _require_head(st.database_url)
     import uvicorn
 
     uvicorn.run("cutpoint.api.app:create_app", factory=True, host=host, port=port,
@@ -115,13 +121,35 @@ def server(
                 ssl_keyfile=str(tls_key) if tls_key else None)
 
 
+def _migrate(database_url: str) -> None:
+    from cutpoint.api.migrate import current_heads, upgrade
+
+    def waiting() -> None:
+        typer.echo("cutpoint server migrate: another process is migrating this database; "
+                   "waiting for it", err=True)
+
+    upgrade(database_url, on_wait=waiting)
+    typer.echo(f"database at head ({' '.join(current_heads())})")
+
+
+def _require_head(database_url: str) -> None:
+    """The API serves only a database at the code's schema: migrations are a
+    step of their own (`cutpoint server migrate`, once per deployment and
+    upgrade, under a lock), not a side effect of starting a replica."""
+    from cutpoint.api.migrate import current_heads, current_revision
+
+    have, want = current_revision(database_url), current_heads()
+    if have not in want:
+        typer.echo(f"cutpoint server: the database is at schema revision {have or 'none'}, "
+                   f"this code needs {' '.join(want)}: run `cutpoint server migrate` first "
+                   "(or start with --migrate)", err=True)
+        raise typer.Exit(2)
+
+
 @app.command("migrate")
 def migrate() -> None:
-    """Upgrade the database to the newest schema (Alembic)."""
-    from cutpoint.api.migrate import upgrade
-
-    upgrade(_settings().database_url)
-    typer.echo("database at head")
+    """Upgrade the database to the newest schema (Alembic), under the migration lock."""
+    _migrate(_settings().database_url)
 
 
 @app.command("worker")

@@ -96,7 +96,7 @@ def https_api(tmp_path: Path) -> Any:
     env.pop("CUTPOINT_CONFIG", None)
     port = _free_port()
     log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed in finally
-    p = subprocess.Popen([str(BIN / "cutpoint"), "server", "--host", "127.0.0.1", "--port",
+    p = subprocess.Popen([str(BIN / "cutpoint"), "server", "--migrate", "--host", "127.0.0.1", "--port",
                           str(port), "--tls-cert", pki["control"]["cert"], "--tls-key",
                           pki["control"]["key"]], env=env, stdout=log, stderr=log)
     try:
