@@ -11,11 +11,12 @@ before a standby may start ticking, and its supervisor restarts it as a
 standby.
 
 The lock is taken in Celery's `beat_init` signal, which beat sends before
-its first tick.
+its first tick, and released when the process exits cleanly.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -52,6 +53,16 @@ def _renew(lock: Any, ttl_s: float) -> None:
             log.warning("event=beat_lock_renew_failed error=%r", exc)
 
 
+def _release(lock: Any, me: str) -> None:
+    """On a clean stop (SIGTERM, Ctrl-C), free the lock at once: a standby
+    or a restarted beat need not wait out the TTL."""
+    try:
+        lock.release()
+        log.warning("event=beat_lock_released holder=%s", me)
+    except (redis.RedisError, LockError):
+        pass  # lost or expired already; the TTL frees it
+
+
 def hold(redis_url: str, ttl_s: float) -> str:
     """Block until this process holds the beat lock, then keep it renewed
     on a daemon thread.  Returns the holder id (host:pid:nonce)."""
@@ -68,6 +79,7 @@ def hold(redis_url: str, ttl_s: float) -> str:
             said = holder_s
         time.sleep(min(1.0, ttl_s / 3))
     log.warning("event=beat_lock_acquired holder=%s ttl_s=%.0f", me, ttl_s)
+    atexit.register(_release, lock, me)
     threading.Thread(target=_renew, args=(lock, ttl_s), name="beat-lock",
                      daemon=True).start()
     return me

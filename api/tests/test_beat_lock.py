@@ -1,7 +1,8 @@
 """One beat per deployment (api/beat_lock.py), with real Redis and real
 `cutpoint server beat` processes: a beat that finds the lock held stands by
-and queues nothing; it starts ticking once the lock is free; and when the
-ticking beat is killed with -9, a standby takes over within the lock's TTL."""
+and queues nothing; it starts ticking once the lock is free; when the
+ticking beat is killed with -9, a standby takes over within the lock's TTL;
+and a beat stopped cleanly frees the lock at once."""
 
 from __future__ import annotations
 
@@ -77,6 +78,12 @@ def test_one_beat_ticks_and_a_standby_takes_over(local_services: Any, tmp_path: 
         took = time.monotonic() - t_kill
         print(f"beat b took over {took:.1f} s after kill -9 of a (lock TTL {TTL} s)")
         assert took < TTL + 5, took
+
+        # A clean stop frees the lock at once, without waiting out the TTL.
+        os.killpg(b.pid, signal.SIGTERM)
+        assert b.wait(timeout=30) == 0, blog.read_text()
+        assert "event=beat_lock_released" in blog.read_text(), blog.read_text()
+        assert r.get(beat_lock.KEY) is None
     finally:
         for p in procs:
             if p.poll() is None:
