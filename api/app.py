@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
-from cutpoint.api import errors
+from cutpoint.api import errors, logs
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
 from cutpoint.api.errors import Unavailable
@@ -39,6 +39,7 @@ MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 def create_app(settings: Settings | None = None,
                session_factory: sessionmaker[Session] | None = None) -> FastAPI:
     settings = settings or get_settings()
+    logs.configure(settings.log_level)
     app = FastAPI(
         title="cutpoint", version=VERSION,
         description="Crash-consistent group snapshots of QEMU/KVM VMs, and DR built on them.",

@@ -156,15 +156,16 @@ def migrate() -> None:
 def worker(concurrency: int = typer.Option(2, "--concurrency", "-c", min=1),
            queues: str = typer.Option(ALL_QUEUES, "--queues", "-Q")) -> None:
     """Run one Celery worker."""
-    _settings()
-    os.execv(sys.executable, [*CELERY, "worker", "-Q", queues, "-c", str(concurrency)])
+    st = _settings()
+    os.execv(sys.executable, [*CELERY, "worker", "-Q", queues, "-c", str(concurrency),
+                              "--loglevel", st.log_level])
 
 
 @app.command("beat")
 def beat(schedule: Annotated[Path, typer.Option("--schedule")] = DEFAULT_SCHEDULE) -> None:
     """Run the beat (exactly one per deployment): the RPO scheduler's clock."""
-    _settings()
-    os.execv(sys.executable, [*CELERY, "beat", "-s", str(schedule)])
+    st = _settings()
+    os.execv(sys.executable, [*CELERY, "beat", "-s", str(schedule), "--loglevel", st.log_level])
 
 
 def run_embedded(state: Path, host: str, port: int, agent_certs: Path | None,
@@ -197,8 +198,9 @@ def run_embedded(state: Path, host: str, port: int, agent_certs: Path | None,
         "api": [sys.executable, "-m", "uvicorn", "--factory", "cutpoint.api.app:create_app",
                 "--host", host, "--port", str(port), "--no-access-log"],
         "worker": [*CELERY, "worker", "-Q", ALL_QUEUES, "-c", str(concurrency),
-                   "-n", f"embedded-{os.getpid()}@%h", "--loglevel", "INFO"],
-        "beat": [*CELERY, "beat", "-s", str(state / "beat-schedule"), "--loglevel", "INFO"],
+                   "-n", f"embedded-{os.getpid()}@%h", "--loglevel", st.log_level],
+        "beat": [*CELERY, "beat", "-s", str(state / "beat-schedule"), "--loglevel",
+                 st.log_level],
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
