@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # A group lock outlives a killed worker by at most this long.
     group_lock_ttl_s: float = Field(default=30.0, gt=1, le=3600)
     broker_visibility_timeout_s: int = Field(default=120, ge=10)
+    # A job's runner claim (jobclaim.py): a job redelivered while its runner
+    # lives is not run twice; a dead runner's claim expires after this long.
+    job_claim_ttl_s: float = Field(default=30.0, ge=3, le=600)
     # The beat lock (beat_lock.py): how long a dead beat's lock outlives it,
     # which is how long a standby beat waits before it takes over.
     beat_lock_ttl_s: float = Field(default=30.0, ge=3, le=600)

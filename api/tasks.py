@@ -23,9 +23,11 @@ from typing import Any
 import redis
 from celery import Task
 from celery.exceptions import Retry
+from cutpoint.api import jobclaim
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
 from cutpoint.api.grouplock import GroupLock, LockLost
+from cutpoint.api.jobclaim import JobClaim
 from cutpoint.api.models import (
     Group,
     GroupSnapshot,
@@ -143,9 +145,38 @@ def _snapshot_of_job(s: Session, job_id: str | None) -> tuple[Job, int]:
     return job, job.snapshot_id
 
 
-def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) -> None:
+def _claim(ctx: Ctx) -> JobClaim:
+    """This delivery's claim on the job (jobclaim.py), or a retry: the job
+    runs on another worker (a redelivery after the visibility timeout), or
+    Redis did not answer."""
     with ctx.sf() as s:
-        job = _open_job(s, ctx.job_id)
+        attempt = _open_job(s, ctx.job_id).attempts + 1
+    assert ctx.job_id is not None
+    later = max(1.0, min(10.0, ctx.settings.job_claim_ttl_s / 3))
+    claim = JobClaim(ctx.redis, ctx.job_id, ctx.settings.job_claim_ttl_s, attempt)
+    try:
+        if claim.acquire():
+            return claim
+        who = jobclaim.holder(ctx.redis, ctx.job_id)
+    except redis.RedisError as exc:
+        log.warning("job=%s event=claim_failed error=%r", ctx.job_id, exc)
+        raise ctx.task.retry(countdown=later, max_retries=None) from exc
+    log.info("job=%s event=running_elsewhere holder=%s: checking again in %.0f s",
+             ctx.job_id, who, later)
+    raise ctx.task.retry(countdown=later, max_retries=None)
+
+
+def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) -> None:
+    claim = _claim(ctx)
+    try:
+        _run_claimed(ctx, fn, name)
+    finally:
+        claim.release()
+
+
+def _run_claimed(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) -> None:
+    with ctx.sf() as s:
+        job = _open_job(s, ctx.job_id)  # again: it may have finished meanwhile
         job.state = JobState.running
         job.attempts += 1
         job.started_at = job.started_at or utcnow()

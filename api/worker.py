@@ -52,7 +52,14 @@ def make_celery(settings: Settings) -> Celery:
         task_routes={f"cutpoint.{k}": {"queue": v} for k, v in QUEUES.items()},
         task_ignore_result=True,
         task_always_eager=settings.celery_eager,
-        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_s},
+        # Redis hands an unacknowledged message out again after the
+        # visibility timeout; kombu looks for such messages every
+        # interval x throttle seconds (100 s by default).  One look per
+        # quarter timeout makes a dead worker's job come back at a known time.
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout_s,
+            "unacked_restore_interval": max(1, settings.broker_visibility_timeout_s // 4),
+            "unacked_restore_throttle": 1},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         beat_schedule={

@@ -142,6 +142,7 @@ class AgentPeer:
         # Faults, one switch each.
         self.refuse: dict[str, str] = {}        # cmd -> error code to answer
         self.hang: set[str] = set()             # cmds never answered
+        self.delay: dict[str, float] = {}       # cmd -> seconds before it is handled
         self.fail_snapshot: set[str] = set()    # disk ids whose snapshot fails
         self.lie_snapshot: set[str] = set()     # reported done, never created
         self.snapshot_delay_s = 0.002
@@ -214,6 +215,8 @@ class AgentPeer:
         rid = req.get("id")
         if cmd in self.hang:
             return
+        if cmd in self.delay:
+            await asyncio.sleep(self.delay[cmd])
         try:
             if cmd in self.refuse:
                 raise _Err(self.refuse[cmd], f"{cmd} refused by test fault")
