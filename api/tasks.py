@@ -304,6 +304,11 @@ def _pull_inventory(s: Session, host: Host, settings: Settings,
     AgentCallError raised again."""
     from cutpoint.api.services import agents, inventory, inventory_watch
 
+    # End the transaction before the agent call: on SQLite an open one holds
+    # the database's write lock, and every other writer (a redelivery of
+    # this job, the orphan sweep at worker start) failed "database is
+    # locked" while a slow agent answered.
+    s.commit()
     try:
         hello, inv = agents.call(host, settings, ("hello", {}), ("inventory", {}))
     except agents.AgentCallError as exc:
