@@ -10,7 +10,10 @@ snapshot can never delay the tick that decides the next one.
 from __future__ import annotations
 
 from celery import Celery
-from cutpoint.api import beat_lock  # noqa: F401  connects the beat's lock to beat_init
+from cutpoint.api import (
+    beat_lock,  # noqa: F401  connects the beat's lock to beat_init
+    worker_metrics,  # noqa: F401  connects the metrics port to worker_init
+)
 from cutpoint.api.config import Settings, get_settings
 
 QUEUES = {

@@ -157,6 +157,9 @@ def worker(concurrency: int = typer.Option(2, "--concurrency", "-c", min=1),
            queues: str = typer.Option(ALL_QUEUES, "--queues", "-Q")) -> None:
     """Run one Celery worker."""
     st = _settings()
+    from cutpoint.api.worker_metrics import multiproc_dir
+
+    os.environ.update(multiproc_dir(st.worker_metrics_port))
     os.execv(sys.executable, [*CELERY, "worker", "-Q", queues, "-c", str(concurrency),
                               "--loglevel", st.log_level])
 
@@ -172,6 +175,7 @@ def run_embedded(state: Path, host: str, port: int, agent_certs: Path | None,
                  admin_token_file: Path | None, concurrency: int) -> int:
     from cutpoint.api import services_local
     from cutpoint.api.migrate import upgrade
+    from cutpoint.api.worker_metrics import multiproc_dir
 
     state.mkdir(parents=True, exist_ok=True)
     cfg = write_embedded_config(state.resolve(), agent_certs)
@@ -215,7 +219,8 @@ def run_embedded(state: Path, host: str, port: int, agent_certs: Path | None,
     try:
         for name, argv in specs.items():
             out = open(logs / f"{name}.log", "ab")  # noqa: SIM115  owned by the child
-            procs[name] = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+            penv = {**env, **multiproc_dir(st.worker_metrics_port)} if name == "worker" else env
+            procs[name] = subprocess.Popen(argv, env=penv, stdout=out, stderr=subprocess.STDOUT,
                                            start_new_session=True)
         typer.echo(f"cutpoint embedded: API http://{host}:{port}/v1 (docs /v1/docs), "
                    f"config {cfg}, logs {logs}", err=True)
