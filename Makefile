@@ -1,6 +1,6 @@
 # The two commands: `make demo` and `make test`.  Both run the idempotent
 # setup first (Debian packages, .venv, C build).
-.PHONY: all setup build test test-slow demo fuzz lint clean
+.PHONY: all setup build test test-slow demo fuzz lint docs clean
 
 all: build
 
@@ -25,6 +25,10 @@ demo: setup
 
 fuzz: setup
 	scripts/fuzz.sh $${FUZZ_SECONDS:-60}
+
+# docs/cli.md from the commands' --help (api/tests/test_cli_docs.py checks it).
+docs: setup
+	scripts/cli-docs.sh
 
 # ruff, then the package floors (import-linter contracts in setup.cfg).
 lint: setup
