@@ -24,6 +24,7 @@ from cutpoint.api.routes import (
     sites,
     snapshots,
     tokens,
+    webhooks,
 )
 from cutpoint.api.services import audit as audit_service
 from cutpoint.api.version import VERSION
@@ -55,7 +56,8 @@ def create_app(settings: Settings | None = None,
     errors.document(app)
 
     v1 = APIRouter(prefix="/v1")
-    for r in (sites, hosts, inventory, groups, snapshots, orphans, jobs, audit, tokens):
+    for r in (sites, hosts, inventory, groups, snapshots, orphans, jobs, audit, tokens,
+              webhooks):
         v1.include_router(r.router)
     from cutpoint.api.routes import (  # DR
         drills,

@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     # and audit entries, older than this many days go; how often it runs.
     history_keep_days: float = Field(default=90.0, ge=1)
     history_prune_interval_s: float = Field(default=3600.0, gt=0)
+    # How often the worker sends the webhook deliveries that are due.
+    webhook_tick_s: float = Field(default=2.0, gt=0, le=3600)
     # A group lock outlives a killed worker by at most this long.
     group_lock_ttl_s: float = Field(default=30.0, gt=1, le=3600)
     broker_visibility_timeout_s: int = Field(default=120, ge=10)

@@ -386,6 +386,38 @@ class JobEvent(Base):
     __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
 
 
+class Webhook(Base):
+    """A subscription: events of these kinds are POSTed to `url`, signed with
+    HMAC-SHA256 by the secret in `secret_file` (a path on the control plane
+    hosts: the secret itself is never stored here, nor logged)."""
+
+    __tablename__ = "webhooks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    events: Mapped[list[str]] = mapped_column(JSON, default=list)
+    secret_file: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event for one subscription, until it is delivered or given up."""
+
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(
+        ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
+    event: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_status: Mapped[int | None] = mapped_column(Integer, default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+
 class PrunedJobFailures(Base):
     """Failed jobs that history pruning deleted, counted per kind and code:
     `cutpoint_job_failures_total` is a counter, and it must not go down

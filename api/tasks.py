@@ -37,6 +37,7 @@ from cutpoint.api.models import (
     SnapState,
     utcnow,
 )
+from cutpoint.api.services import webhooks
 from cutpoint.api.worker import _lazy
 from cutpoint.coordinator.dr.ceph_errors import CephError
 from prometheus_client import Counter, Histogram
@@ -225,6 +226,10 @@ def _finish(ctx: Ctx, state: JobState, result: dict[str, Any] | None, code: str 
         job.progress = 1.0
         job.message = state.value
         job.finished_at = utcnow()
+        event = webhooks.for_job(job.kind, state.value)
+        if event is not None:
+            group = s.get(Group, job.group_id) if job.group_id is not None else None
+            webhooks.emit(s, event, webhooks.job_payload(job, group.name if group else None))
         s.commit()
 
 

@@ -126,6 +126,23 @@ def orphan_sweep(ctx: Ctx) -> dict[str, Any] | None:
     return out
 
 
+@cutpoint_task("webhook_tick", job=False)
+def webhook_tick(ctx: Ctx) -> dict[str, Any] | None:
+    """Send the webhook deliveries that are due (services/webhook_delivery.py);
+    one sender at a time, so no delivery goes out twice."""
+    from cutpoint.api.services import webhook_delivery
+
+    lock = ctx.redis.lock("cutpoint:lock:webhooks", timeout=600, thread_local=False)
+    if not lock.acquire(blocking=False):
+        raise Skip("another webhook sender is running")
+    try:
+        sent = webhook_delivery.deliver_due(ctx.sf)
+    finally:
+        lock.release()
+    return {"delivered": len(sent.delivered), "retrying": len(sent.retrying),
+            "failed": len(sent.failed)}
+
+
 @cutpoint_task("history_prune_tick", job=False)
 def history_prune_tick(ctx: Ctx) -> dict[str, Any] | None:
     """Delete finished jobs, their events and audit entries older than

@@ -20,6 +20,7 @@ from cutpoint.api.cli import (
     site,
     token,
     vm,
+    webhook,
 )
 from cutpoint.api.cli.snapshot import snapshot as snapshot_cmd
 from cutpoint.api.version import VERSION
@@ -40,6 +41,7 @@ app.add_typer(site.app, name="site")
 app.add_typer(restore.app, name="restore")
 app.add_typer(inventory.host_app, name="host")
 app.add_typer(vm.app, name="vm")
+app.add_typer(webhook.app, name="webhook")
 app.command("snapshot")(snapshot_cmd)
 app.add_typer(drill.app, name="drill"); app.add_typer(drill.dr_app, name="dr")
 

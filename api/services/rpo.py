@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from cutpoint.api.models import Group, GroupSnapshot, RpoMiss, SnapState, utcnow
 from cutpoint.api.schemas.rpo import RpoMissPublic, RpoStatus
+from cutpoint.api.services import webhooks
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -136,6 +137,9 @@ def maybe_record_miss(session: Session, g: Group, a: Assessment, now: dt.datetim
     miss = RpoMiss(group_id=g.id, at=now, reason=reason, detail=detail,
                    achieved_rpo_s=(now - base).total_seconds(), rpo_seconds=a.rpo_seconds)
     session.add(miss)
+    webhooks.emit(session, "rpo.breached", {
+        "group": g.name, "reason": reason, "detail": detail,
+        "achieved_rpo_s": round(miss.achieved_rpo_s or 0.0, 3), "rpo_s": a.rpo_seconds})
     session.commit()
     return miss
 

@@ -1,0 +1,52 @@
+"""/v1/webhooks: subscriptions by admins only, validated (URL scheme, known
+events, an absolute secret path); the secret is never accepted or shown;
+`emit` records one delivery per subscription that wants the event, and
+none for the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cutpoint.api.models import WebhookDelivery
+from cutpoint.api.services import webhooks
+from sqlalchemy import select
+
+
+def test_subscriptions_validation_and_roles(api: Any) -> None:
+    ok = {"name": "ops", "url": "https://hooks.example/cp", "events": ["drill.finished"],
+          "secret_file": "/etc/cutpoint/hook.secret"}
+    assert api.as_("operator").post("/v1/webhooks", json=ok).status_code == 403
+    for bad, code in (({"url": "ftp://x/"}, 422), ({"url": "file:///etc/passwd"}, 422),
+                      ({"events": []}, 422), ({"events": ["rpo.nope"]}, 400),
+                      ({"secret_file": "relative/path"}, 422), ({"secret": "s3cr3t"}, 422)):
+        r = api.post("/v1/webhooks", json={**ok, **bad})
+        assert r.status_code == code, (bad, r.text)
+    r = api.post("/v1/webhooks", json=ok)
+    assert r.status_code == 201, r.text
+    assert r.json()["events"] == ["drill.finished"] and "secret" not in r.json().get("url", "")
+    assert api.post("/v1/webhooks", json=ok).status_code == 409
+    assert api.as_("viewer").get("/v1/webhooks").json()["items"][0]["name"] == "ops"
+    assert "rpo.breached" in api.as_("viewer").get("/v1/webhooks/events").json()
+    assert api.as_("viewer").get("/v1/webhooks/ops/deliveries").json()["items"] == []
+    assert api.get("/v1/webhooks/nope/deliveries").status_code == 404
+    assert api.as_("operator").delete("/v1/webhooks/ops").status_code == 403
+    assert api.delete("/v1/webhooks/ops").status_code == 204
+    assert api.get("/v1/webhooks").json()["items"] == []
+
+
+def test_emit_records_one_delivery_per_interested_subscription(api: Any,
+                                                               session_factory: Any) -> None:
+    for name, events in (("a", ["drill.finished"]), ("b", ["drill.finished", "rpo.breached"]),
+                         ("c", ["rpo.breached"])):
+        assert api.post("/v1/webhooks", json={
+            "name": name, "url": "http://127.0.0.1:9/x", "events": events,
+            "secret_file": "/nonexistent"}).status_code == 201
+    with session_factory() as s:
+        assert webhooks.emit(s, "drill.finished", {"job": "j1", "verdict": "passed"}) == 2
+        s.commit()
+        rows = list(s.scalars(select(WebhookDelivery)))
+    assert len(rows) == 2 and {r.payload["verdict"] for r in rows} == {"passed"}
+    assert all(r.state == "pending" and r.attempts == 0 for r in rows)
+    assert webhooks.for_job("replicate", "succeeded") is None
+    assert webhooks.for_job("replicate", "failed") == "replication.failed"
+    assert webhooks.for_job("drill", "succeeded") == "drill.finished"
