@@ -2,7 +2,7 @@
 
 Domain metrics are computed from the database at scrape time, so every API
 replica reports the same numbers whatever worker did the work:
-- cutpoint_pause_ms (histogram per group): max pause of committed snapshots
+- cutpoint_pause_seconds (histogram per group): max pause of committed snapshots
 - cutpoint_group_snapshots (gauge by group, state): outcomes by state
 - cutpoint_achieved_rpo_seconds (gauge per group)
 - cutpoint_rpo_misses_total (counter by group, reason)
@@ -53,8 +53,10 @@ class DbCollector(Collector):
             session.close()
 
     def _collect(self, s: Session) -> Iterator[Metric]:
-        pause = HistogramMetricFamily("cutpoint_pause_ms",
-                                      "Longest VM pause of each committed group snapshot (ms)",
+        # Prometheus wants base units: the buckets are kept in ms (the
+        # column's unit) for the query and exported in seconds.
+        pause = HistogramMetricFamily("cutpoint_pause_seconds",
+                                      "Longest VM pause of each committed group snapshot",
                                       labels=["group"])
         cols = [func.sum(case((GroupSnapshot.max_pause_ms <= b, 1), else_=0))
                 for b in PAUSE_BUCKETS_MS]
@@ -64,10 +66,10 @@ class DbCollector(Collector):
                          .where(GroupSnapshot.max_pause_ms.is_not(None))
                          .group_by(Group.name)).all()
         for name, count, total, *cum in rows:
-            buckets = [(str(float(b)), int(c or 0)) for b, c in zip(PAUSE_BUCKETS_MS, cum,
-                                                                     strict=True)]
+            buckets = [(str(b / 1000), int(c or 0)) for b, c in zip(PAUSE_BUCKETS_MS, cum,
+                                                                    strict=True)]
             buckets.append(("+Inf", int(count)))
-            pause.add_metric([name], buckets, float(total or 0))
+            pause.add_metric([name], buckets, float(total or 0) / 1000)
         yield pause
 
         states = GaugeMetricFamily("cutpoint_group_snapshots",

@@ -36,9 +36,10 @@ def test_metrics_from_database(api: Any, session_factory: Any) -> None:
         s.add(Host(name="h", site_id=site.id, address="10.0.0.1", reachable=False))
         s.commit()
     text = api.client.get("/metrics").text
-    assert 'cutpoint_pause_ms_bucket{group="m",le="5.0"} 1.0' in text
-    assert 'cutpoint_pause_ms_bucket{group="m",le="50.0"} 2.0' in text
-    assert 'cutpoint_pause_ms_count{group="m"} 2.0' in text
+    assert 'cutpoint_pause_seconds_bucket{group="m",le="0.005"} 1.0' in text
+    assert 'cutpoint_pause_seconds_bucket{group="m",le="0.05"} 2.0' in text
+    assert 'cutpoint_pause_seconds_count{group="m"} 2.0' in text
+    assert 'cutpoint_pause_seconds_sum{group="m"} 0.043' in text
     assert 'cutpoint_group_snapshots{group="m",state="committed"} 2.0' in text
     assert 'cutpoint_group_snapshots{group="m",state="aborted"} 1.0' in text
     assert 'cutpoint_rpo_misses_total{group="m",reason="snapshot_aborted:connect"} 1.0' in text

@@ -5,7 +5,9 @@ text format, and the exposition parses."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,12 @@ def test_the_worker_serves_its_childrens_task_counts(tmp_path: Path,
             print({k: v for k, v in got.items() if "inventory_sync" in str(k)})
             count = ("cutpoint_task_seconds_count", (("task", "inventory_sync"),))
             assert got[count] == n, got
+            if shutil.which("promtool"):  # make setup installs it
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                              timeout=10).read().decode()
+                r = subprocess.run(["promtool", "check", "metrics"], input=text,
+                                   capture_output=True, text=True, timeout=60, check=False)
+                assert r.returncode == 0, r.stdout + r.stderr
     finally:
         asyncio.run_coroutine_threadsafe(peer.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
