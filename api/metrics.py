@@ -125,6 +125,15 @@ class DbCollector(Collector):
             fails.add_metric([kind, code], n)
         yield fails
 
+        expiry = GaugeMetricFamily("cutpoint_agent_cert_expiry_timestamp_seconds",
+                                   "When the agent's certificate expires (Unix time), as "
+                                   "presented at the last inventory pull",
+                                   labels=["host", "site"])
+        for h in s.scalars(select(Host).where(Host.cert_not_after.is_not(None))).all():
+            assert h.cert_not_after is not None
+            expiry.add_metric([h.name, h.site.name], h.cert_not_after.timestamp())
+        yield expiry
+
         reach = GaugeMetricFamily("cutpoint_agent_reachable",
                                   "1 if the host's agent answered the last call, else 0",
                                   labels=["host", "site"])

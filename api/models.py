@@ -158,6 +158,9 @@ class Host(Base):
     last_seen_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
     agent_version: Mapped[str | None] = mapped_column(String(64), default=None)
+    # When the agent's certificate expires, as it presented it at the last
+    # inventory pull (metric cutpoint_agent_cert_expiry_timestamp_seconds).
+    cert_not_after: Mapped[dt.datetime | None] = mapped_column(default=None)
     # The agent inventory last applied (agent-protocol §4.2 `instance` and
     # `generation`): the inventory watch applies a reply only when they
     # differ, so an unchanged host costs one small call and no write.

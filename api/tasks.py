@@ -13,6 +13,7 @@ durably, by the UNIQUE in-flight column of group_snapshots.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import logging
 import time
@@ -314,14 +315,17 @@ def _pull_inventory(s: Session, host: Host, settings: Settings,
     # this job, the orphan sweep at worker start) failed "database is
     # locked" while a slow agent answered.
     s.commit()
+    peer: dict[str, Any] = {}
     try:
-        hello, inv = agents.call(host, settings, ("hello", {}), ("inventory", {}))
+        hello, inv = agents.call(host, settings, ("hello", {}), ("inventory", {}), peer=peer)
     except agents.AgentCallError as exc:
         host.reachable = False
         host.last_error = str(exc)[:2000]
         s.commit()
         raise
     host.agent_version = str(hello.get("version", ""))[:64] or None
+    if peer.get("not_after") is not None:
+        host.cert_not_after = dt.datetime.fromtimestamp(peer["not_after"], dt.UTC)
     with inventory_watch.inventory_lock(r, wait_s=30) as got:
         if not got:
             raise agents.AgentCallError(host.name, "busy", "another inventory writer "

@@ -45,6 +45,15 @@ def normalize_fingerprint(fp: str | None) -> str | None:
     return hexfp
 
 
+def peer_not_after(writer: asyncio.StreamWriter) -> float | None:
+    """When the TLS peer's certificate expires (Unix seconds), as verified."""
+    sslobj = writer.get_extra_info("ssl_object")
+    cert = sslobj.getpeercert() if sslobj is not None else None
+    if not cert or "notAfter" not in cert:
+        return None
+    return float(ssl.cert_time_to_seconds(str(cert["notAfter"])))
+
+
 def peer_fingerprint(writer: asyncio.StreamWriter) -> str | None:
     """SHA-256 (hex) of the DER certificate the TLS peer presented."""
     sslobj = writer.get_extra_info("ssl_object")
@@ -83,6 +92,8 @@ class AgentClient:
         # a certificate that chains to the CA but is not this host's own is
         # refused before anything is sent (a stolen or reissued agent key).
         self.cert_sha256 = normalize_fingerprint(cert_sha256)
+        # The agent certificate's expiry (Unix seconds), once connected.
+        self.peer_not_after: float | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -123,6 +134,7 @@ class AgentClient:
                         f"agent certificate sha256 {got} is not the pinned "
                         f"{self.cert_sha256}", agent=self.name)
             _keepalive(writer)
+            self.peer_not_after = peer_not_after(writer)
             self._reader, self._writer = reader, writer
             self.connects += 1
             self._reader_task = asyncio.create_task(

@@ -40,5 +40,6 @@ class HostPublic(Public):
     last_seen_at: dt.datetime | None
     last_error: str | None
     agent_version: str | None
+    cert_not_after: dt.datetime | None = None
     version: int
     created_at: dt.datetime

@@ -69,10 +69,12 @@ def _error(host: Host, exc: Exception) -> AgentCallError:
 
 async def _calls(host: Host, settings: Settings, calls: list[tuple[str, dict[str, Any]]],
                  *, parallel: bool = False, timeout_s: float | None = None,
-                 connect_timeout_s: float | None = None) \
+                 connect_timeout_s: float | None = None,
+                 peer: dict[str, Any] | None = None) \
         -> list[dict[str, Any] | AgentCallError]:
     """One connection; `parallel`: all calls at once, each with its own
-    outcome; otherwise in order, stopping at the first error (raised)."""
+    outcome; otherwise in order, stopping at the first error (raised).
+    `peer` gets `not_after`, the agent certificate's expiry (Unix seconds)."""
     from cutpoint.agentclient import AgentError
 
     client = pinned_client(host, settings, timeout_s=timeout_s,
@@ -80,6 +82,8 @@ async def _calls(host: Host, settings: Settings, calls: list[tuple[str, dict[str
     out: list[dict[str, Any] | AgentCallError] = []
     try:
         await client.connect()
+        if peer is not None:
+            peer["not_after"] = client.peer_not_after
         if parallel:
             res = await asyncio.gather(*(client.call(c, a) for c, a in calls),
                                        return_exceptions=True)
@@ -97,11 +101,11 @@ async def _calls(host: Host, settings: Settings, calls: list[tuple[str, dict[str
     return out
 
 
-def call(host: Host, settings: Settings, *calls: tuple[str, dict[str, Any]]) \
-        -> list[dict[str, Any]]:
+def call(host: Host, settings: Settings, *calls: tuple[str, dict[str, Any]],
+         peer: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The replies of `calls`, sent in order over one pinned connection;
-    AgentCallError at the first failure."""
-    return [r for r in asyncio.run(_calls(host, settings, list(calls)))
+    AgentCallError at the first failure.  `peer`: see `_calls`."""
+    return [r for r in asyncio.run(_calls(host, settings, list(calls), peer=peer))
             if isinstance(r, dict)]
 
 

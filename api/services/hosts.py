@@ -22,7 +22,8 @@ def host_etag(host: Host) -> str:
 def public(host: Host) -> HostPublic:
     return HostPublic.model_validate({**{c: getattr(host, c) for c in (
         "id", "name", "address", "port", "cert_fingerprint", "reachable", "last_seen_at",
-        "last_error", "agent_version", "version", "created_at")}, "site": host.site.name})
+        "last_error", "agent_version", "cert_not_after", "version", "created_at")},
+        "site": host.site.name})
 
 
 def by_name(session: Session, name: str) -> Host:

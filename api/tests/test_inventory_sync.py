@@ -6,6 +6,7 @@ fails with the connect error and the host is recorded unreachable."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import socket
 import threading
 from collections.abc import Iterator
@@ -13,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 from cutpoint.agentclient.testing import PKI_ROLES, AgentPeer, make_pki
 from cutpoint.api import services_local
 from peergroup import fingerprint  # api/tests/peergroup.py
 from plane import Plane, admin_client, wait_for  # api/tests/plane.py
 
 PINS: dict[str, str] = {}  # the peer's certificate pin, by name
+PEMS: dict[str, str] = {}  # the peer's certificate file, by name
 
 
 @pytest.fixture
@@ -29,6 +32,7 @@ def peer_and_plane(tmp_path: Path, local_services: services_local.Endpoints) \
     t = threading.Thread(target=loop.run_forever, daemon=True)
     t.start()
     PINS["agent"] = fingerprint(pki["agent"]["cert"])
+    PEMS["agent"] = pki["agent"]["cert"]
     peer = AgentPeer("h-up", {"vm1": ["disk0", "disk1"]}, ca=pki["ca"]["cert"],
                      cert=pki["agent"]["cert"], key=pki["agent"]["key"])
     asyncio.run_coroutine_threadsafe(peer.start(), loop).result(10)
@@ -78,6 +82,14 @@ def test_sync_records_inventory_or_unreachable(
         vms = c.get("/v1/vms").json()["items"]
         assert [v["name"] for v in vms] == ["vm1"], vms
         assert "inventory" in peer.cmds() and "hello" in peer.cmds(), peer.cmds()
+        # The agent certificate's expiry, as presented, on the host and as a metric.
+        want = x509.load_pem_x509_certificate(Path(PEMS["agent"]).read_bytes()) \
+            .not_valid_after_utc
+        got = dt.datetime.fromisoformat(h["cert_not_after"])
+        assert got == want, (got, want)
+        line = next(ln for ln in c.get("/metrics").text.splitlines()
+                    if ln.startswith('cutpoint_agent_cert_expiry_timestamp_seconds{host="h-up"'))
+        assert float(line.split()[-1]) == want.timestamp(), line
 
         job = _sync(c, plane, down["id"])
         assert job["state"] == "failed", job
