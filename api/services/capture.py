@@ -36,6 +36,7 @@ from cutpoint.api.models import (
     Vm,
     utcnow,
 )
+from cutpoint.api.services import rpo
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -304,6 +305,9 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                 snap.cut_at = now - dt.timedelta(milliseconds=snap.duration_ms or 0)
             for h in hosts.values():
                 h.reachable, h.last_seen_at, h.last_error = True, now, None
+            group = s.get(Group, snap.group_id)
+            if group is not None:
+                rpo.note_recovery(s, group, snap)
         else:
             snap.state = SnapState.aborting if aborting else SnapState.aborted
             codes = [e.get("code") for e in result.errors if e.get("code")]

@@ -144,6 +144,27 @@ def maybe_record_miss(session: Session, g: Group, a: Assessment, now: dt.datetim
     return miss
 
 
+def note_recovery(session: Session, g: Group, snap: GroupSnapshot) -> bool:
+    """A new recovery point `snap` (committed, not yet flushed as such):
+    if a miss was recorded since the group's previous recovery point, the
+    group is back within its RPO; emit `rpo.recovered` (no commit: it goes
+    with the caller's).  True when it did."""
+    prev = session.scalar(select(func.max(GroupSnapshot.cut_at)).where(
+        GroupSnapshot.group_id == g.id, GroupSnapshot.state == SnapState.committed,
+        GroupSnapshot.id != snap.id))
+    stmt = select(func.max(RpoMiss.at)).where(RpoMiss.group_id == g.id)
+    if prev is not None:
+        stmt = stmt.where(RpoMiss.at > prev)
+    last_miss = session.scalar(stmt)
+    if last_miss is None:
+        return False
+    webhooks.emit(session, "rpo.recovered", {
+        "group": g.name, "recovery_point": snap.txn,
+        "cut_at": snap.cut_at.isoformat() if snap.cut_at else None,
+        "last_miss_at": last_miss.isoformat()})
+    return True
+
+
 def miss_public(m: RpoMiss, group: str) -> RpoMissPublic:
     return RpoMissPublic(id=m.id, group=group, at=m.at, reason=m.reason, detail=m.detail,
                          achieved_rpo_s=m.achieved_rpo_s, rpo_seconds=m.rpo_seconds,

@@ -6,6 +6,7 @@ and only if what it reports is.  The worker sends them
 (`services/webhook_delivery.py`).  Events:
 
 - `rpo.breached`: a group missed its RPO (with the reason);
+- `rpo.recovered`: the first recovery point after a miss;
 - `replication.failed`: a replicate job failed;
 - `drill.finished`: a drill job ended (its verdict);
 - `failover.finished`, `failback.finished`: the job ended (its state, RTO).
@@ -21,7 +22,7 @@ from cutpoint.api.services.common import add_unique, get_or_404
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-EVENTS = ("rpo.breached", "replication.failed", "drill.finished", "failover.finished",
+EVENTS = ("rpo.breached", "rpo.recovered", "replication.failed", "drill.finished", "failover.finished",
           "failback.finished")
 # The job kinds whose end is an event, and when: (event, on failure only).
 JOB_EVENTS = {"replicate": ("replication.failed", True), "drill": ("drill.finished", False),

@@ -50,3 +50,40 @@ def test_emit_records_one_delivery_per_interested_subscription(api: Any,
     assert webhooks.for_job("replicate", "succeeded") is None
     assert webhooks.for_job("replicate", "failed") == "replication.failed"
     assert webhooks.for_job("drill", "succeeded") == "drill.finished"
+
+
+def test_the_first_recovery_point_after_a_miss_is_rpo_recovered(api: Any,
+                                                                 session_factory: Any) -> None:
+    import datetime as dt
+
+    from cutpoint.api.models import Group, GroupSnapshot, Policy, RpoMiss, SnapState, utcnow
+    from cutpoint.api.services import rpo
+
+    assert api.post("/v1/webhooks", json={
+        "name": "r", "url": "http://127.0.0.1:9/x", "events": ["rpo.recovered"],
+        "secret_file": "/nonexistent"}).status_code == 201
+    now = utcnow()
+    with session_factory() as s:
+        g = Group(name="rec")
+        g.policy = Policy(rpo_seconds=30)
+        s.add(g)
+        s.flush()
+
+        def point(txn: str, ago_s: float) -> GroupSnapshot:
+            snap = GroupSnapshot(group_id=g.id, txn=txn, state=SnapState.committed,
+                                 cut_at=now - dt.timedelta(seconds=ago_s))
+            s.add(snap)
+            s.flush()
+            return snap
+
+        point("p1", 120)
+        assert rpo.note_recovery(s, g, point("p2", 90)) is False  # no miss in between
+        s.add(RpoMiss(group_id=g.id, at=now - dt.timedelta(seconds=50),
+                      reason="scheduler_late", rpo_seconds=30))
+        s.flush()
+        assert rpo.note_recovery(s, g, point("p3", 10)) is True   # the miss, then a point
+        assert rpo.note_recovery(s, g, point("p4", 5)) is False   # already recovered
+        s.commit()
+        rows = list(s.scalars(select(WebhookDelivery)))
+    assert [r.payload["recovery_point"] for r in rows] == ["p3"], [r.payload for r in rows]
+    assert rows[0].event == "rpo.recovered" and rows[0].payload["group"] == "rec"
