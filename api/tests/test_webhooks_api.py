@@ -5,10 +5,19 @@ none for the others."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from cutpoint.api.models import WebhookDelivery
-from cutpoint.api.services import webhooks
+from cutpoint.api.models import (
+    Group,
+    GroupSnapshot,
+    Policy,
+    RpoMiss,
+    SnapState,
+    WebhookDelivery,
+    utcnow,
+)
+from cutpoint.api.services import rpo, webhooks
 from sqlalchemy import select
 
 
@@ -54,11 +63,6 @@ def test_emit_records_one_delivery_per_interested_subscription(api: Any,
 
 def test_the_first_recovery_point_after_a_miss_is_rpo_recovered(api: Any,
                                                                  session_factory: Any) -> None:
-    import datetime as dt
-
-    from cutpoint.api.models import Group, GroupSnapshot, Policy, RpoMiss, SnapState, utcnow
-    from cutpoint.api.services import rpo
-
     assert api.post("/v1/webhooks", json={
         "name": "r", "url": "http://127.0.0.1:9/x", "events": ["rpo.recovered"],
         "secret_file": "/nonexistent"}).status_code == 201
