@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     # which is how long a standby beat waits before it takes over.
     beat_lock_ttl_s: float = Field(default=30.0, ge=3, le=600)
     celery_eager: bool = False
+    # DR jobs (replicate, drill, failover, restore, re-protect, failback) of
+    # a group with a DR site go to the queue `cutpoint.site.<DR site name>`
+    # instead of `cutpoint.default`, so that only the workers started with
+    # `--sites <name>` (those given that site's Ceph access) run them.
+    dr_site_queues: bool = False
     worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     # What boots VMs at a DR site (failover, drills): `agent`, the site's

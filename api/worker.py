@@ -128,9 +128,18 @@ def celery_for(settings: Settings) -> Celery:
     return app
 
 
-def send(kind: str, job_id: str, settings: Settings | None = None) -> None:
+DR_KINDS = frozenset({"replicate", "drill", "failover", "restore", "reprotect", "failback"})
+
+
+def site_queue(site: str) -> str:
+    """The queue of the DR jobs of groups protected to `site` (dr_site_queues)."""
+    return f"cutpoint.site.{site}"
+
+
+def send(kind: str, job_id: str, settings: Settings | None = None,
+         queue: str | None = None) -> None:
     app = celery_for(settings) if settings is not None else _lazy.get()
     # Bounded retry: a request must fail fast (503) when the broker is down.
-    app.send_task(f"cutpoint.{kind}", args=[job_id], queue=QUEUES[kind], retry=True,
+    app.send_task(f"cutpoint.{kind}", args=[job_id], queue=queue or QUEUES[kind], retry=True,
                   retry_policy={"max_retries": 2, "interval_start": 0.1,
                                 "interval_step": 0.2, "interval_max": 0.5})

@@ -154,8 +154,14 @@ def migrate() -> None:
 
 @app.command("worker")
 def worker(concurrency: int = typer.Option(2, "--concurrency", "-c", min=1),
-           queues: str = typer.Option(ALL_QUEUES, "--queues", "-Q")) -> None:
+           queues: str = typer.Option(ALL_QUEUES, "--queues", "-Q"),
+           sites: str = typer.Option("", "--sites", help="also take the DR jobs of these "
+                                     "sites (comma-separated; with dr_site_queues): give "
+                                     "this worker their Ceph access")) -> None:
     """Run one Celery worker."""
+    from cutpoint.api.worker import site_queue
+
+    queues = ",".join([queues, *(site_queue(x.strip()) for x in sites.split(",") if x.strip())])
     st = _settings()
     from cutpoint.api.worker_metrics import multiproc_dir
 

@@ -24,7 +24,15 @@ from __future__ import annotations
 
 from cutpoint.api.config import Settings
 from cutpoint.api.errors import Unavailable
-from cutpoint.api.models import GroupSnapshot, Job, JobState, SnapState, utcnow
+from cutpoint.api.models import (
+    Group,
+    GroupSnapshot,
+    Job,
+    JobState,
+    Site,
+    SnapState,
+    utcnow,
+)
 from sqlalchemy.orm import Session
 
 
@@ -32,12 +40,26 @@ class BrokerUnavailable(Unavailable):
     code = "broker_unavailable"
 
 
+def queue_of(session: Session, settings: Settings, job: Job) -> str | None:
+    """The queue `job` goes to when it is not its kind's own: with
+    `dr_site_queues`, a DR job of a group with a DR site goes to that site's
+    queue (worker.site_queue), which only workers with its Ceph access take."""
+    from cutpoint.api.worker import DR_KINDS, site_queue
+
+    if not settings.dr_site_queues or job.kind not in DR_KINDS or job.group_id is None:
+        return None
+    g = session.get(Group, job.group_id)
+    target = g.policy.replication_target_id if g is not None and g.policy else None
+    site = session.get(Site, target) if target is not None else None
+    return site_queue(site.name) if site is not None else None
+
+
 def enqueue(session: Session, settings: Settings, job: Job) -> None:
     """Queue `job` (its kind names the task); BrokerUnavailable if the broker refuses."""
     from cutpoint.api.worker import send
 
     try:
-        send(job.kind, job.id, settings)
+        send(job.kind, job.id, settings, queue_of(session, settings, job))
     except Exception as exc:  # any refusal of the broker: handled once, here
         reason = f"{type(exc).__name__}: {exc}"
         if job.attempts == 0 and job.started_at is None:

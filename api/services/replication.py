@@ -218,7 +218,9 @@ def run(sf: Any, settings: Any, snapshot_id: int, *, jobs: int = 2,
             src_name = site
             copies.append(MemberCopy(disk.image, m.name, base_names.get(m.disk), m.disk,
                                      pool=disk.pool or "rbd"))
-        assert src_name is not None
+        if src_name is None:
+            raise ReplicationFailed("no_members", f"group snapshot {snap.txn} has no member "
+                                    "snapshots to replicate")
         src, dst = site_of(s, src_name), site_of(s, target.name)
         for c in copies:
             for site_ in (src, dst):

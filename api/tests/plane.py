@@ -47,10 +47,10 @@ class Plane:
         self.log = tmp / "plane.log"
         self._n = 0
 
-    def start(self, name: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, queues: str = QUEUES) -> subprocess.Popen[bytes]:
         self._n += 1
         if name.startswith("worker"):
-            argv = [*CELERY, "worker", "-Q", QUEUES, "-c", "2", "--loglevel", "INFO",
+            argv = [*CELERY, "worker", "-Q", queues, "-c", "2", "--loglevel", "INFO",
                     "-n", f"w{self._n}-{os.getpid()}@%h"]
         else:
             argv = [*CELERY, "beat", "-s", str(self.tmp / "beat-schedule"), "--loglevel", "INFO"]
