@@ -48,7 +48,10 @@ def normalize_fingerprint(fp: str | None) -> str | None:
 def peer_not_after(writer: asyncio.StreamWriter) -> float | None:
     """When the TLS peer's certificate expires (Unix seconds), as verified."""
     sslobj = writer.get_extra_info("ssl_object")
-    cert = sslobj.getpeercert() if sslobj is not None else None
+    try:
+        cert = sslobj.getpeercert() if sslobj is not None else None
+    except ValueError:  # TLS 1.3: the peer may still refuse our certificate
+        return None
     if not cert or "notAfter" not in cert:
         return None
     return float(ssl.cert_time_to_seconds(str(cert["notAfter"])))

@@ -58,6 +58,11 @@ REQUIRED = {
     ("GET", "/v1/tokens"): "admin",
     ("POST", "/v1/tokens"): "admin",
     ("DELETE", "/v1/tokens/{token_id}"): "admin",
+    ("GET", "/v1/webhooks"): "viewer",
+    ("POST", "/v1/webhooks"): "admin",
+    ("GET", "/v1/webhooks/events"): "viewer",
+    ("DELETE", "/v1/webhooks/{webhook}"): "admin",
+    ("GET", "/v1/webhooks/{webhook}/deliveries"): "viewer",
 }
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
 RANK = {"viewer": 0, "operator": 1, "admin": 2}
