@@ -62,8 +62,8 @@ class Qmp:
         line, _, self.buf = self.buf.partition(b"\n")
         return json.loads(line)
 
-    def cmd(self, name: str, **args: Any) -> Any:
-        msg: dict[str, Any] = {"execute": name}
+    def cmd(self, execute: str, /, **args: Any) -> Any:
+        msg: dict[str, Any] = {"execute": execute}
         if args:
             msg["arguments"] = args
         self.sock.sendall(json.dumps(msg).encode() + b"\n")
@@ -72,7 +72,7 @@ class Qmp:
             if "event" in r:
                 self.events.append(r)
             elif "error" in r:
-                raise QmpError(f"{name} {json.dumps(args)}: {r['error'].get('desc')}")
+                raise QmpError(f"{execute} {json.dumps(args)}: {r['error'].get('desc')}")
             elif "return" in r:
                 return r["return"]
 
