@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,9 @@ class PauseConfig:
     disk_size_mb: int = 64
     lease_ms: int = 2000
     budget_ms: int = 1000
+    # Added snapshot latency of the primary site's backend, one set of rows
+    # per value (cutpoint.lab.backend_latency); 0 = the lab's tuned mon.
+    backend_latency_ms: list[int] = field(default_factory=lambda: [0])
 
     def lab_params(self) -> dict[str, Any]:
         return {"hosts": self.hosts,
@@ -98,6 +101,21 @@ def spread_vms(status: dict[str, Any], n: int) -> list[str]:
 
 async def _pause_rounds(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                         db_url: str, log: Log) -> list[dict[str, Any]]:
+    from cutpoint.lab.backend_latency import set_backend_latency
+    rows = []
+    site = status["sites"]["primary"]
+    try:
+        for lat in cfg.backend_latency_ms:
+            mon = set_backend_latency(site, lat)
+            log(f"pause: backend latency +{lat} ms (mon {mon})")
+            rows += await _pause_rows(status, cfg, certs, db_url, lat, log)
+    finally:
+        set_backend_latency(site, 0)
+    return rows
+
+
+async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
+                      db_url: str, latency_ms: int, log: Log) -> list[dict[str, Any]]:
     from cutpoint.coordinator import TxLog, pool_for, take_group_snapshot
     from cutpoint.lab.groupfile import spec_from_lab
     rows = []
@@ -109,7 +127,8 @@ async def _pause_rounds(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                  vms=names, lease_ms=cfg.lease_ms,
                                  budget_ms=cfg.budget_ms)
             pool = pool_for(spec)
-            row: dict[str, Any] = {"vms": n, "disks": n * cfg.disks,
+            row: dict[str, Any] = {"backend_latency_ms": latency_ms,
+                                   "vms": n, "disks": n * cfg.disks,
                                    "hosts": len({a.name for a in spec.agents}),
                                    "committed": 0, "aborted": 0, "reasons": [],
                                    "pause_ms": [], "snapshot_ms": [],
@@ -141,8 +160,8 @@ async def _pause_rounds(status: dict[str, Any], cfg: PauseConfig, certs: Path,
             for key in ("pause_ms", "snapshot_ms", "overhead_ms", "total_ms",
                         "stop_ms", "cont_ms"):
                 row[key] = {"samples": row[key], **summary(row[key])}
-            log(f"pause: {n} VMs x {cfg.disks} disks on {row['hosts']} hosts: "
-                f"pause p99 {_f(row['pause_ms']['p99'])} ms, overhead p99 "
+            log(f"pause: +{latency_ms} ms, {n} VMs x {cfg.disks} disks on "
+                f"{row['hosts']} hosts: pause p99 {_f(row['pause_ms']['p99'])} ms, overhead p99 "
                 f"{_f(row['overhead_ms']['p99'])} ms ({row['committed']} committed, "
                 f"{row['aborted']} aborted)")
             rows.append(row)
@@ -169,17 +188,18 @@ def run_pause(status: dict[str, Any], cfg: PauseConfig, log: Log) -> dict[str, A
 
 
 def pause_table(doc: dict[str, Any]) -> str:
-    head = ("| VMs | disks | hosts | pause p50 / p99 / max (ms) | backend p50 / p99 / "
-            "max (ms) | overhead p50 / p99 / max (ms) | group total p50 / p99 / max (ms)"
-            " | committed / aborted |")
-    lines = [head, "|" + "---|" * 8]
+    head = ("| backend latency | VMs | disks | hosts | pause p50 / p99 / max (ms) | "
+            "backend p50 / p99 / max (ms) | overhead p50 / p99 / max (ms) | "
+            "group total p50 / p99 / max (ms) | committed / aborted |")
+    lines = [head, "|" + "---|" * 9]
     for r in doc["rows"]:
         def trio(k: str, r: dict[str, Any] = r) -> str:
             s = r[k]
             return f"{_f(s['p50'])} / {_f(s['p99'])} / {_f(s['max'])}"
-        lines.append(f"| {r['vms']} | {r['disks']} | {r['hosts']} | {trio('pause_ms')} | "
-                     f"{trio('snapshot_ms')} | {trio('overhead_ms')} | "
-                     f"{trio('total_ms')} | {r['committed']} / {r['aborted']} |")
+        lines.append(f"| +{r.get('backend_latency_ms', 0)} ms | {r['vms']} | {r['disks']} | "
+                     f"{r['hosts']} | {trio('pause_ms')} | {trio('snapshot_ms')} | "
+                     f"{trio('overhead_ms')} | {trio('total_ms')} | "
+                     f"{r['committed']} / {r['aborted']} |")
     return "\n".join(lines)
 
 

@@ -42,6 +42,16 @@ def _errors() -> tuple[type[Exception], ...]:
             LabError, OSError)
 
 
+def _latencies(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--backend-latency wants comma-separated ms, got {text!r}") from None
+    if not vals or any(v < 0 for v in vals):
+        raise typer.BadParameter(f"--backend-latency wants ms >= 0, got {text!r}")
+    return vals
+
+
 def _fail(exc: Exception) -> None:
     typer.echo(f"cutpoint-lab bench: error: {exc}", err=True)
     raise typer.Exit(1) from None
@@ -55,17 +65,48 @@ def pause(
     rounds: Annotated[int, typer.Option("--rounds", min=1)] = 20,
     workload: Annotated[str, typer.Option("--workload",
                                           help="guest workload during the rounds")] = "none",
+    backend_latency: Annotated[str, typer.Option(
+        "--backend-latency",
+        help="added snapshot latency of the backend in ms, one set of rows each "
+             "(0 = the lab's tuned mon; N = mon paxos_propose_interval N ms)")] = "0",
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
 ) -> None:
     """Pause, backend time, overhead and group total per VM count (GCVM Fig. 4.14)."""
     from cutpoint.bench import groupsnap as gs
     cfg = gs.PauseConfig(vms=_ints(vms, "--vms"), disks=disks, hosts=hosts,
-                         rounds=rounds, workload=workload)
+                         rounds=rounds, workload=workload,
+                         backend_latency_ms=_latencies(backend_latency))
     try:
         doc = _with_lab(cfg.lab_params(), lambda st: gs.run_pause(st, cfg, _log))
     except _errors() as exc:
         _fail(exc)
     _finish(doc, gs.pause_table(doc), json_out)
+
+
+@app.command("pause-designs")
+def pause_designs(
+    rounds: Annotated[int, typer.Option("--rounds", min=1)] = 10,
+    disks: Annotated[int, typer.Option("--disks", min=1, max=8)] = 3,
+    workload: Annotated[str, typer.Option("--workload",
+                                          help="guest workload during the rounds")] = "none",
+    backend_latency: Annotated[str, typer.Option(
+        "--backend-latency", help="added snapshot latency of the backend in ms")] = "0,500",
+    designs: Annotated[str, typer.Option(
+        "--designs", help="today, redirect, fleecing (comma-separated)")] = "today,redirect,fleecing",
+    json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
+) -> None:
+    """In-pause time of today's path, redirect on pause and CBW fleecing, on one VM."""
+    from cutpoint.bench import pause_designs as pd
+    chosen = [d.strip() for d in designs.split(",") if d.strip()]
+    if not chosen or any(d not in pd.DESIGNS for d in chosen):
+        raise typer.BadParameter(f"--designs: choose from {', '.join(pd.DESIGNS)}, got {designs!r}")
+    cfg = pd.DesignsConfig(rounds=rounds, disks=disks, workload=workload,
+                           backend_latency_ms=_latencies(backend_latency), designs=chosen)
+    try:
+        doc = _with_lab(cfg.lab_params(), lambda st: pd.run_designs(st, cfg, _log))
+    except _errors() as exc:
+        _fail(exc)
+    _finish(doc, pd.designs_table(doc), json_out)
 
 
 @app.command()

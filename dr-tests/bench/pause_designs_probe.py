@@ -1,0 +1,269 @@
+"""Time the in-pause part of three ways to cut one QEMU VM's RBD disks.
+
+Run with the system Python, which has Debian's python3-rbd bindings:
+
+    /usr/bin/python3 pause_designs_probe.py < PLAN.json
+
+PLAN: {"qmp": socket, "conf": ceph.conf, "client_id", "keyring", "pool",
+"qemu_conf": the conf= QEMU opens RBD with, "disks": [{"node", "image",
+"size_mb"}], "rounds": N, "designs": ["today", "redirect", "fleecing"],
+"tag": str}.  Prints one JSON object: per design the samples of each
+phase in ms.  Kept free of project imports (like rbd_snaptime.py).
+
+- today: `stop`, rbd_snap_create of every disk (one thread each, images
+  opened in advance, as the agent's `rbd` method), `cont`.
+- redirect: before the pause, one qcow2 overlay per disk on a new RBD
+  image (blockdev-add, blockdev-create, blockdev-add with backing null).
+  In the pause: a QMP `transaction` of `blockdev-snapshot` onto them.
+  After `cont`: rbd_snap_create of the now-frozen bases, then an active
+  `block-commit` of each overlay back (ready, complete), blockdev-del,
+  and the overlay image removed.
+- fleecing: before the pause, one qcow2 target per disk on a new RBD image
+  with the disk as its backing.  In the pause: a `transaction` of
+  `block-dirty-bitmap-add` and `blockdev-backup sync=none` (QEMU's
+  copy-before-write).  After `cont`: rbd_snap_create of the disks (they
+  hold writes made after the cut: the blocks the bitmap marks would still
+  have to be copied from the target into a clone of that snapshot, which
+  this probe does not do), then the job cancelled and the nodes removed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+
+class QmpError(Exception):
+    pass
+
+
+class Qmp:
+    """A blocking QMP client that keeps the events it reads on the way."""
+
+    def __init__(self, path: str, timeout: float = 60.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.buf = b""
+        self.events: list[dict[str, Any]] = []
+        self._line()  # greeting
+        self.cmd("qmp_capabilities")
+
+    def _line(self) -> dict[str, Any]:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise QmpError("QMP socket closed")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+    def cmd(self, execute: str, /, **args: Any) -> Any:
+        msg: dict[str, Any] = {"execute": execute}
+        if args:
+            msg["arguments"] = args
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            r = self._line()
+            if "event" in r:
+                self.events.append(r)
+            elif "error" in r:
+                raise QmpError(f"{execute} {json.dumps(args)}: {r['error'].get('desc')}")
+            elif "return" in r:
+                return r["return"]
+
+    def wait_event(self, name: str, job: str, timeout: float = 120.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, e in enumerate(self.events):
+                if e["event"] == name and e.get("data", {}).get("device", e.get(
+                        "data", {}).get("id")) == job:
+                    return self.events.pop(i)
+            if time.monotonic() > deadline:
+                raise QmpError(f"no {name} for {job} within {timeout}s")
+            r = self._line()
+            if "event" in r:
+                self.events.append(r)
+
+
+def ms(t0: float, t1: float) -> float:
+    return (t1 - t0) * 1000.0
+
+
+def snap_all(images: list[Any], name: str) -> None:
+    """rbd_snap_create on every image at once (librbd has no async create)."""
+    errs: list[BaseException] = []
+
+    def one(img: Any) -> None:
+        try:
+            img.create_snap(name)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errs.append(e)
+    th = [threading.Thread(target=one, args=(img,)) for img in images]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    if errs:
+        raise errs[0]
+
+
+def paused(q: Qmp, action: Any) -> dict[str, float]:
+    """stop, action(), cont: each one timed, and the whole pause."""
+    t0 = time.perf_counter()
+    q.cmd("stop")
+    t1 = time.perf_counter()
+    try:
+        action()
+    finally:
+        t2 = time.perf_counter()
+        q.cmd("cont")
+        t3 = time.perf_counter()
+    return {"stop_ms": ms(t0, t1), "cut_ms": ms(t1, t2), "cont_ms": ms(t2, t3),
+            "pause_ms": ms(t0, t3)}
+
+
+class Probe:
+    def __init__(self, plan: dict[str, Any]) -> None:
+        import rados
+        import rbd
+        self.rbd = rbd
+        self.plan = plan
+        self.cluster = rados.Rados(conffile=plan["conf"], rados_id=plan["client_id"],
+                                   conf={"keyring": plan["keyring"]})
+        self.cluster.connect(timeout=30)
+        self.ioctx = self.cluster.open_ioctx(plan["pool"])
+        self.disks = plan["disks"]
+        self.images = [rbd.Image(self.ioctx, d["image"]) for d in self.disks]
+        self.q = Qmp(plan["qmp"])
+
+    def close(self) -> None:
+        for img in self.images:
+            img.close()
+        self.ioctx.close()
+        self.cluster.shutdown()
+
+    def _rbd_node(self, node: str, image: str) -> None:
+        self.q.cmd("blockdev-add", driver="rbd", **{"node-name": node},
+                   pool=self.plan["pool"], image=image, conf=self.plan["qemu_conf"],
+                   user=self.plan["client_id"])
+
+    def _qcow2_on_rbd(self, k: int, kind: str, backing: str | None) -> str:
+        """A fresh qcow2 node on a new RBD image; returns its node name."""
+        d = self.disks[k]
+        img = f"{d['image']}.{kind}"
+        size = d["size_mb"] << 20
+        self.rbd.RBD().create(self.ioctx, img, size)
+        self._rbd_node(f"{kind}f{k}", img)
+        job = f"mk{kind}{k}"
+        self.q.cmd("blockdev-create", **{"job-id": job},
+                   options={"driver": "qcow2", "file": f"{kind}f{k}", "size": size})
+        self._job_concluded(job)
+        self.q.cmd("blockdev-add", driver="qcow2", **{"node-name": f"{kind}{k}"},
+                   file=f"{kind}f{k}", backing=backing)
+        return f"{kind}{k}"
+
+    def _job_concluded(self, job: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            jobs = {j["id"]: j for j in self.q.cmd("query-jobs")}
+            j = jobs.get(job)
+            if j and j["status"] == "concluded":
+                if j.get("error"):
+                    raise QmpError(f"job {job}: {j['error']}")
+                self.q.cmd("job-dismiss", id=job)
+                return
+            if time.monotonic() > deadline:
+                raise QmpError(f"job {job} not concluded within {timeout}s")
+            time.sleep(0.01)
+
+    def _drop(self, k: int, kind: str) -> None:
+        self.q.cmd("blockdev-del", **{"node-name": f"{kind}{k}"})
+        self.q.cmd("blockdev-del", **{"node-name": f"{kind}f{k}"})
+        self.rbd.RBD().remove(self.ioctx, f"{self.disks[k]['image']}.{kind}")
+
+    def _unsnap(self, name: str) -> None:
+        for img in self.images:
+            img.remove_snap(name)
+
+    def today(self, snap: str) -> dict[str, float]:
+        r = paused(self.q, lambda: snap_all(self.images, snap))
+        r["backend_ms"] = r["cut_ms"]
+        self._unsnap(snap)
+        return r
+
+    def redirect(self, snap: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        ovs = [self._qcow2_on_rbd(k, "ov", None) for k in range(len(self.disks))]
+        t1 = time.perf_counter()
+        acts = [{"type": "blockdev-snapshot",
+                 "data": {"node": d["node"], "overlay": ov}}
+                for d, ov in zip(self.disks, ovs)]
+        r = paused(self.q, lambda: self.q.cmd("transaction", actions=acts))
+        t2 = time.perf_counter()
+        snap_all(self.images, snap)
+        t3 = time.perf_counter()
+        for k, ov in enumerate(ovs):
+            self.q.cmd("block-commit", **{"job-id": f"commit{k}"}, device=ov)
+        for k in range(len(ovs)):
+            self.q.wait_event("BLOCK_JOB_READY", f"commit{k}")
+            self.q.cmd("block-job-complete", device=f"commit{k}")
+        for k in range(len(ovs)):
+            e = self.q.wait_event("BLOCK_JOB_COMPLETED", f"commit{k}")
+            if e["data"].get("error"):
+                raise QmpError(f"commit{k}: {e['data']['error']}")
+        t4 = time.perf_counter()
+        for k in range(len(ovs)):
+            self._drop(k, "ov")
+        self._unsnap(snap)
+        r.update(prepare_ms=ms(t0, t1), backend_ms=ms(t2, t3), commit_ms=ms(t3, t4))
+        return r
+
+    def fleecing(self, snap: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        tgts = [self._qcow2_on_rbd(k, "fl", d["node"]) for k, d in enumerate(self.disks)]
+        t1 = time.perf_counter()
+        acts: list[dict[str, Any]] = []
+        for k, (d, tgt) in enumerate(zip(self.disks, tgts)):
+            acts.append({"type": "block-dirty-bitmap-add",
+                         "data": {"node": d["node"], "name": "cut"}})
+            acts.append({"type": "blockdev-backup",
+                         "data": {"job-id": f"fleece{k}", "device": d["node"],
+                                  "target": tgt, "sync": "none"}})
+        r = paused(self.q, lambda: self.q.cmd("transaction", actions=acts))
+        t2 = time.perf_counter()
+        snap_all(self.images, snap)
+        t3 = time.perf_counter()
+        for k, d in enumerate(self.disks):
+            self.q.cmd("block-job-cancel", device=f"fleece{k}")
+            self.q.wait_event("BLOCK_JOB_CANCELLED", f"fleece{k}")
+            self.q.cmd("block-dirty-bitmap-remove", node=d["node"], name="cut")
+            self._drop(k, "fl")
+        t4 = time.perf_counter()
+        self._unsnap(snap)
+        r.update(prepare_ms=ms(t0, t1), backend_ms=ms(t2, t3), cleanup_ms=ms(t3, t4))
+        return r
+
+
+def main() -> int:
+    plan = json.load(sys.stdin)
+    p = Probe(plan)
+    out: dict[str, dict[str, list[float]]] = {d: {} for d in plan["designs"]}
+    try:
+        for i in range(plan["rounds"]):
+            for design in plan["designs"]:
+                r = getattr(p, design)(f"pd.{plan['tag']}.{design}.{i}")
+                for key, val in r.items():
+                    out[design].setdefault(key, []).append(val)
+    finally:
+        p.close()
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
