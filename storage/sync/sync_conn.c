@@ -22,7 +22,8 @@ sync_conn_open(const struct sync_site *s, const char *which, int op_timeout_s,
     }
     rc = rados_conf_read_file(c->cluster, s->conf);
     if (rc < 0) {
-        sync_seterr(err, errlen, "%s: read %s: %s", which, s->conf, strerror(-rc));
+        sync_seterr(err, errlen, "%s: read %s: %s", which, s->conf,
+                    strerror(-rc));
         return -1;
     }
     if (s->keyring != NULL && s->keyring[0] != '\0' &&
@@ -56,14 +57,15 @@ sync_conn_open(const struct sync_site *s, const char *which, int op_timeout_s,
     rados_conf_set(c->cluster, "err_to_stderr", "false");
     rc = rados_connect(c->cluster);
     if (rc < 0) {
-        sync_seterr(err, errlen, "%s: connect (conf=%s id=%s): %s", which, s->conf,
-                    s->id, strerror(-rc));
+        sync_seterr(err, errlen, "%s: connect (conf=%s id=%s): %s", which,
+                    s->conf, s->id, strerror(-rc));
         return -1;
     }
     c->connected = 1;
     rc = rados_ioctx_create(c->cluster, s->pool, &c->io);
     if (rc < 0) {
-        sync_seterr(err, errlen, "%s: pool %s: %s", which, s->pool, strerror(-rc));
+        sync_seterr(err, errlen, "%s: pool %s: %s", which, s->pool,
+                    strerror(-rc));
         c->io = NULL;
         return -1;
     }

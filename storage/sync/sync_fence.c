@@ -39,16 +39,16 @@ sync_fence_judge(const char *image, const char *value, uint64_t epoch,
     if (sync_fence_parse(value, &e) < 0) {
         /* A value we cannot read may be a newer epoch: do not write. */
         sync_seterr(err, errlen, "fenced: dr image %s has an unreadable %s "
-               "'%.40s'; refusing to write into it", image, SYNC_FENCE_KEY,
-               value);
+                    "'%.40s'; refusing to write into it", image, SYNC_FENCE_KEY,
+                    value);
         return SYNC_EFENCED;
     }
     *image_epoch = e;
     if (e >= epoch) {
         sync_seterr(err, errlen, "fenced: dr image %s is the live copy since "
-               "fencing epoch %" PRIu64 "; this copy runs under epoch %"
-               PRIu64 ", so its source is not the active site (an old "
-               "primary): refusing to write into it", image, e, epoch);
+                    "fencing epoch %" PRIu64 "; this copy runs under epoch %"
+                    PRIu64 ", so its source is not the active site (an old "
+                    "primary): refusing to write into it", image, e, epoch);
         return SYNC_EFENCED;
     }
     return 0;
@@ -74,7 +74,7 @@ sync_fence_check(rbd_image_t img, const char *image, uint64_t epoch,
     }
     if (rc < 0) {
         sync_seterr(err, errlen, "dr: read %s of image %s: %s", SYNC_FENCE_KEY,
-               image, strerror(-rc));
+                    image, strerror(-rc));
         return SYNC_ERR;
     }
     value[sizeof(value) - 1] = '\0';

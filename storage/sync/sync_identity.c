@@ -32,18 +32,18 @@ sync_identity_same(const struct sync_identity *was,
     }
     if (now->id[0] == '\0' || now->marker[0] == '\0') {
         sync_seterr(why, whylen, "the dr image carries no %s",
-               now->id[0] == '\0' ? "id" : "creation marker");
+                    now->id[0] == '\0' ? "id" : "creation marker");
         return 0;
     }
     if (strcmp(was->id, now->id) != 0) {
-        sync_seterr(why, whylen, "the dr image id changed (%s -> %s): the image "
-               "was removed and recreated", was->id, now->id);
+        sync_seterr(why, whylen, "the dr image id changed (%s -> %s): the "
+                    "image was removed and recreated", was->id, now->id);
         return 0;
     }
     if (strcmp(was->marker, now->marker) != 0) {
         sync_seterr(why, whylen, "the dr image creation marker changed "
-               "(%s -> %s): the image was replaced", was->marker,
-               now->marker);
+                    "(%s -> %s): the image was replaced", was->marker,
+                    now->marker);
         return 0;
     }
     return 1;
@@ -84,7 +84,7 @@ sync_identity_read(rbd_image_t img, struct sync_identity *out, char *err,
     }
     if (rc < 0 && rc != -ERANGE) {
         sync_seterr(err, errlen, "dr: read %s: %s", SYNC_IDENTITY_KEY,
-               strerror(-rc));
+                    strerror(-rc));
         return -1;
     }
     /* A value we did not write (too long, odd bytes) is no marker of
@@ -125,7 +125,7 @@ sync_identity_mark(rbd_image_t img, struct sync_identity *out, char *err,
     rc = rbd_metadata_set(img, SYNC_IDENTITY_KEY, out->marker);
     if (rc < 0) {
         sync_seterr(err, errlen, "dr: write %s: %s", SYNC_IDENTITY_KEY,
-               strerror(-rc));
+                    strerror(-rc));
         out->marker[0] = '\0';
         return -1;
     }

@@ -28,7 +28,7 @@ copy_name(char *dst, const char *src, const char *what, char *err,
 
     if (n >= SYNC_PROGRESS_NAME_MAX || !name_ok(src)) {
         sync_seterr(err, errlen, "invalid %s name (too long or control byte)",
-               what);
+                    what);
         return -1;
     }
     memcpy(dst, src, n + 1);
@@ -103,23 +103,26 @@ take_line(const char *buf, size_t len, size_t *pos, const char *key,
 
     if (len - start < klen + 1 || memcmp(buf + start, key, klen) != 0 ||
         buf[start + klen] != '=') {
-        sync_seterr(err, errlen, "progress record: expected key '%s' at byte %zu",
-               key, start);
+        sync_seterr(err, errlen, "progress record: expected key '%s' at byte "
+                    "%zu", key, start);
         return -1;
     }
     start += klen + 1;
     nl = memchr(buf + start, '\n', len - start);
     if (nl == NULL) {
-        sync_seterr(err, errlen, "progress record: line '%s' not terminated", key);
+        sync_seterr(err, errlen, "progress record: line '%s' not terminated",
+                    key);
         return -1;
     }
     if ((size_t)(nl - (buf + start)) >= vallen) {
-        sync_seterr(err, errlen, "progress record: value of '%s' too long", key);
+        sync_seterr(err, errlen, "progress record: value of '%s' too long",
+                    key);
         return -1;
     }
     for (i = start; i < (size_t)(nl - buf); i++) {
         if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f) {
-            sync_seterr(err, errlen, "progress record: control byte in '%s'", key);
+            sync_seterr(err, errlen, "progress record: control byte in '%s'",
+                        key);
             return -1;
         }
     }
@@ -166,7 +169,8 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
 
     memset(p, 0, sizeof(*p));
     if (len > SYNC_PROGRESS_MAX) {
-        sync_seterr(err, errlen, "progress record: %zu bytes is too large", len);
+        sync_seterr(err, errlen, "progress record: %zu bytes is too large",
+                    len);
         return -1;
     }
     /* Both magics have the same length; only the version digit differs. */
@@ -201,7 +205,7 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
         if (!sync_identity_token_ok(p->dr.id) ||
             !sync_identity_token_ok(p->dr.marker)) {
             sync_seterr(err, errlen, "progress record: invalid image_id or "
-                   "marker");
+                        "marker");
             return -1;
         }
     }
@@ -220,7 +224,8 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
                   errlen) < 0)
         return -1;
     if (pos != len) {
-        sync_seterr(err, errlen, "progress record: %zu trailing bytes", len - pos);
+        sync_seterr(err, errlen, "progress record: %zu trailing bytes",
+                    len - pos);
         return -1;
     }
     errno = 0;
@@ -231,8 +236,8 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
     }
     crc = crc32(0L, (const Bytef *)buf, (uInt)crc_at);
     if (crc != want_crc) {
-        sync_seterr(err, errlen, "progress record: crc32 mismatch (%08lx != %08lx)",
-               crc, want_crc);
+        sync_seterr(err, errlen, "progress record: crc32 mismatch (%08lx != "
+                    "%08lx)", crc, want_crc);
         return -1;
     }
     if (p->image[0] == '\0' || p->target[0] == '\0') {
@@ -263,12 +268,12 @@ sync_progress_resumable(const struct sync_progress *have,
 {
     if (!sync_progress_matches(have, want)) {
         sync_seterr(why, whylen, "the record is of another copy (%s@%s from "
-               "'%s')", have->image, have->target, have->base);
+                    "'%s')", have->image, have->target, have->base);
         return 0;
     }
     if (have->version < SYNC_PROGRESS_VERSION) {
         sync_seterr(why, whylen, "the record is version %d, which does not "
-               "name the dr image it was written into", have->version);
+                    "name the dr image it was written into", have->version);
         return 0;
     }
     return sync_identity_same(&have->dr, &want->dr, why, whylen);
@@ -344,7 +349,8 @@ fsync_dir_of(const char *path, char *err, size_t errlen)
     }
     fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || fsync(fd) < 0) {
-        sync_seterr(err, errlen, "fsync directory %s: %s", dir, strerror(errno));
+        sync_seterr(err, errlen, "fsync directory %s: %s", dir,
+                    strerror(errno));
         goto cleanup;
     }
     ret = 0;
@@ -407,7 +413,7 @@ sync_progress_save(const char *path, const struct sync_progress *p,
 cleanup:
     if (op != NULL) {
         sync_seterr(err, errlen, "save progress %s: %s: %s", tmp, op,
-               strerror(errno));
+                    strerror(errno));
         unlink(tmp);
     }
     if (fd >= 0)
