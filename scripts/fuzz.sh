@@ -42,10 +42,14 @@ agent_drivers=(agent/config.c agent/log.c agent/runcmd.c agent/vm.c
                agent/guest_libvirt.c agent/domxml.c agent/guest_qga.c agent/qmp.c
                agent/qga.c storage/snap.c storage/snap_rbd.c storage/snap_qmp.c
                storage/rbdsnap.c)
-sync_lib=(storage/sync/sync_args.c storage/sync/sync_digest.c
-          storage/sync/sync_extents.c storage/sync/sync_progress.c
-          storage/sync/sync_rate.c storage/sync/sync_fence.c
-          storage/sync/sync_identity.c storage/sync/sync_engine.c)
+sync_lib=(storage/sync/sync_util.c storage/sync/sync_args.c
+          storage/sync/sync_digest.c storage/sync/sync_extents.c
+          storage/sync/sync_progress.c storage/sync/sync_rate.c
+          storage/sync/sync_fence.c storage/sync/sync_identity.c
+          storage/sync/sync_conn.c storage/sync/sync_lock.c
+          storage/sync/sync_site.c storage/sync/sync_diff.c
+          storage/sync/sync_verify.c storage/sync/sync_copy.c
+          storage/sync/sync_plan.c storage/sync/sync_engine.c)
 
 build() {
     local t=$1 out=build-fuzz/fuzz_${1//-/_}
@@ -67,8 +71,9 @@ build() {
                storage/tests/fuzz_sync_args.c -lrbd -lrados -lssl -lcrypto -lz \
                -ljansson -lpthread -o "$out" ;;
     sync-progress) clang "${cflags[@]}" storage/sync/sync_progress.c \
-               storage/sync/sync_identity.c storage/tests/fuzz_sync_progress.c \
-               -lrbd -lz -o "$out" ;;
+               storage/sync/sync_identity.c storage/sync/sync_util.c \
+               storage/tests/fuzz_sync_progress.c -lrbd -lz -ljansson \
+               -o "$out" ;;
     *) echo "fuzz: unknown target $t (one of: ${all[*]})" >&2; return 2 ;;
     esac
 }

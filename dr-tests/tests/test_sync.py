@@ -275,6 +275,8 @@ def test_a_recreated_dr_image_is_copied_from_the_start(lab: dict[str, Any], imag
     check = run_sync(lab, image, "k1", None, ["--verify-only"], str(tmp_path)).done
     assert check["verified_full"] is True
     assert check["primary_sha256"] == check["dr_sha256"] == want
+    # The hashing is the run's time, and its done event says so.
+    assert check["phase_ms"]["verify"] > 0, check["phase_ms"]
 
 
 def test_missing_base_at_dr_is_refused(lab: dict[str, Any], image: str, tmp_path: Path) -> None:
@@ -398,6 +400,12 @@ def test_progress_events_are_json_lines(lab: dict[str, Any], image: str, tmp_pat
     assert last["bytes"] == last["total"] == 8 * MiB and last["offset"] == 8 * MiB
     for key in ("bytes_shipped", "bytes_changed", "seconds"):
         assert key in events[-1]
+    # Every phase of the run is in the done event (docs/replication.md),
+    # and together they are the run's time, up to their 0.1 ms rounding.
+    phases = events[-1]["phase_ms"]
+    assert list(phases) == ["start", "connect", "open", "plan", "copy", "snap",
+                            "verify", "finish"]
+    assert sum(phases.values()) <= events[-1]["seconds"] * 1000 + 0.05 * len(phases)
     # stderr is key=value logs.
     for line in cp.stderr.splitlines():
         assert line.startswith("ts=") and " level=" in line, line

@@ -43,6 +43,12 @@
  *   VERIFY ─── optional: SHA-256 of both whole snapshots; a mismatch
  *      │       removes the DR snapshot again → SYNC_EVERIFY
  *   DONE ───── progress record removed
+ *
+ * sync_run (sync_engine.c) is this list, one function a phase; a phase
+ * with more to it has its own module: CONNECT sync_site.h (sync_conn.h),
+ * the run lock and the stale DR lock sync_lock.h, PLAN sync_plan.c
+ * (sync_diff.h), COPY sync_copy.h, VERIFY and the per-extent checks
+ * sync_verify.h.
  */
 #ifndef CUTPOINT_SYNC_ENGINE_H
 #define CUTPOINT_SYNC_ENGINE_H
@@ -119,8 +125,10 @@ enum {
     SYNC_PH_PLAN,        /* layout, both diffs, work list, record save */
     SYNC_PH_COPY,        /* workers: read, write, verify every extent */
     SYNC_PH_SNAP,        /* flush and create the DR snapshot */
-    SYNC_PH_VERIFY,      /* --verify-full hashes */
-    SYNC_PH_FINISH,      /* progress record removed */
+    SYNC_PH_VERIFY,      /* --verify-full hashes (also when the target
+                            was at DR already), --verify-only hashes */
+    SYNC_PH_FINISH,      /* progress record removed (also when the
+                            target was at DR already) */
     SYNC_PH_COUNT
 };
 

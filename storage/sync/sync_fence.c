@@ -2,23 +2,11 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "sync_engine.h"
-
-static void
-seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#include "sync_util.h"
 
 int
 sync_fence_parse(const char *s, uint64_t *out)
@@ -50,17 +38,17 @@ sync_fence_judge(const char *image, const char *value, uint64_t epoch,
         return 0;
     if (sync_fence_parse(value, &e) < 0) {
         /* A value we cannot read may be a newer epoch: do not write. */
-        seterr(err, errlen, "fenced: dr image %s has an unreadable %s "
-               "'%.40s'; refusing to write into it", image, SYNC_FENCE_KEY,
-               value);
+        sync_seterr(err, errlen, "fenced: dr image %s has an unreadable %s "
+                    "'%.40s'; refusing to write into it", image, SYNC_FENCE_KEY,
+                    value);
         return SYNC_EFENCED;
     }
     *image_epoch = e;
     if (e >= epoch) {
-        seterr(err, errlen, "fenced: dr image %s is the live copy since "
-               "fencing epoch %" PRIu64 "; this copy runs under epoch %"
-               PRIu64 ", so its source is not the active site (an old "
-               "primary): refusing to write into it", image, e, epoch);
+        sync_seterr(err, errlen, "fenced: dr image %s is the live copy since "
+                    "fencing epoch %" PRIu64 "; this copy runs under epoch %"
+                    PRIu64 ", so its source is not the active site (an old "
+                    "primary): refusing to write into it", image, e, epoch);
         return SYNC_EFENCED;
     }
     return 0;
@@ -85,8 +73,8 @@ sync_fence_check(rbd_image_t img, const char *image, uint64_t epoch,
                                 err, errlen);
     }
     if (rc < 0) {
-        seterr(err, errlen, "dr: read %s of image %s: %s", SYNC_FENCE_KEY,
-               image, strerror(-rc));
+        sync_seterr(err, errlen, "dr: read %s of image %s: %s", SYNC_FENCE_KEY,
+                    image, strerror(-rc));
         return SYNC_ERR;
     }
     value[sizeof(value) - 1] = '\0';

@@ -1,22 +1,11 @@
 #include "sync_identity.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 
-static void
-seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#include "sync_util.h"
 
 int
 sync_identity_token_ok(const char *s)
@@ -38,23 +27,23 @@ sync_identity_same(const struct sync_identity *was,
                    const struct sync_identity *now, char *why, size_t whylen)
 {
     if (was->id[0] == '\0' || was->marker[0] == '\0') {
-        seterr(why, whylen, "the record has no dr image identity");
+        sync_seterr(why, whylen, "the record has no dr image identity");
         return 0;
     }
     if (now->id[0] == '\0' || now->marker[0] == '\0') {
-        seterr(why, whylen, "the dr image carries no %s",
-               now->id[0] == '\0' ? "id" : "creation marker");
+        sync_seterr(why, whylen, "the dr image carries no %s",
+                    now->id[0] == '\0' ? "id" : "creation marker");
         return 0;
     }
     if (strcmp(was->id, now->id) != 0) {
-        seterr(why, whylen, "the dr image id changed (%s -> %s): the image "
-               "was removed and recreated", was->id, now->id);
+        sync_seterr(why, whylen, "the dr image id changed (%s -> %s): the "
+                    "image was removed and recreated", was->id, now->id);
         return 0;
     }
     if (strcmp(was->marker, now->marker) != 0) {
-        seterr(why, whylen, "the dr image creation marker changed "
-               "(%s -> %s): the image was replaced", was->marker,
-               now->marker);
+        sync_seterr(why, whylen, "the dr image creation marker changed "
+                    "(%s -> %s): the image was replaced", was->marker,
+                    now->marker);
         return 0;
     }
     return 1;
@@ -67,11 +56,11 @@ read_id(rbd_image_t img, struct sync_identity *out, char *err, size_t errlen)
 
     if (rc < 0) {
         out->id[0] = '\0';
-        seterr(err, errlen, "dr: image id: %s", strerror(-rc));
+        sync_seterr(err, errlen, "dr: image id: %s", strerror(-rc));
         return -1;
     }
     if (!sync_identity_token_ok(out->id)) {
-        seterr(err, errlen, "dr: unexpected image id '%.40s'", out->id);
+        sync_seterr(err, errlen, "dr: unexpected image id '%.40s'", out->id);
         out->id[0] = '\0';
         return -1;
     }
@@ -94,8 +83,8 @@ sync_identity_read(rbd_image_t img, struct sync_identity *out, char *err,
         return 0;
     }
     if (rc < 0 && rc != -ERANGE) {
-        seterr(err, errlen, "dr: read %s: %s", SYNC_IDENTITY_KEY,
-               strerror(-rc));
+        sync_seterr(err, errlen, "dr: read %s: %s", SYNC_IDENTITY_KEY,
+                    strerror(-rc));
         return -1;
     }
     /* A value we did not write (too long, odd bytes) is no marker of
@@ -123,7 +112,7 @@ sync_identity_mark(rbd_image_t img, struct sync_identity *out, char *err,
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            seterr(err, errlen, "getrandom: %s", strerror(errno));
+            sync_seterr(err, errlen, "getrandom: %s", strerror(errno));
             return -1;
         }
         got += (size_t)r;
@@ -135,8 +124,8 @@ sync_identity_mark(rbd_image_t img, struct sync_identity *out, char *err,
     out->marker[2 * sizeof(raw)] = '\0';
     rc = rbd_metadata_set(img, SYNC_IDENTITY_KEY, out->marker);
     if (rc < 0) {
-        seterr(err, errlen, "dr: write %s: %s", SYNC_IDENTITY_KEY,
-               strerror(-rc));
+        sync_seterr(err, errlen, "dr: write %s: %s", SYNC_IDENTITY_KEY,
+                    strerror(-rc));
         out->marker[0] = '\0';
         return -1;
     }

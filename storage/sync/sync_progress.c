@@ -3,24 +3,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
 
-static void
-seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#include "sync_util.h"
 
 static int
 name_ok(const char *s)
@@ -38,8 +27,8 @@ copy_name(char *dst, const char *src, const char *what, char *err,
     size_t n = strlen(src);
 
     if (n >= SYNC_PROGRESS_NAME_MAX || !name_ok(src)) {
-        seterr(err, errlen, "invalid %s name (too long or control byte)",
-               what);
+        sync_seterr(err, errlen, "invalid %s name (too long or control byte)",
+                    what);
         return -1;
     }
     memcpy(dst, src, n + 1);
@@ -72,14 +61,14 @@ sync_progress_encode(const struct sync_progress *p, char *buf, size_t buflen,
     if (!name_ok(p->pool) || !name_ok(p->image) || !name_ok(p->base) ||
         !name_ok(p->target) || !name_ok(p->owner) ||
         p->target[0] == '\0' || p->image[0] == '\0') {
-        seterr(err, errlen, "record has an empty or invalid name");
+        sync_seterr(err, errlen, "record has an empty or invalid name");
         return -1;
     }
     /* A record that does not say which image it describes could never
      * be resumed from: refuse to write one. */
     if (!sync_identity_token_ok(p->dr.id) ||
         !sync_identity_token_ok(p->dr.marker)) {
-        seterr(err, errlen, "record has no valid dr image identity");
+        sync_seterr(err, errlen, "record has no valid dr image identity");
         return -1;
     }
     n = snprintf(buf, buflen,
@@ -92,13 +81,13 @@ sync_progress_encode(const struct sync_progress *p, char *buf, size_t buflen,
                  p->dr.id, p->dr.marker, p->size,
                  p->done_offset, p->bytes, p->extents);
     if (n < 0 || (size_t)n >= buflen) {
-        seterr(err, errlen, "record does not fit in %zu bytes", buflen);
+        sync_seterr(err, errlen, "record does not fit in %zu bytes", buflen);
         return -1;
     }
     crc = crc32(0L, (const Bytef *)buf, (uInt)n);
     m = snprintf(buf + n, buflen - n, "crc32=%08lx\n", crc);
     if (m < 0 || (size_t)m >= buflen - n) {
-        seterr(err, errlen, "record does not fit in %zu bytes", buflen);
+        sync_seterr(err, errlen, "record does not fit in %zu bytes", buflen);
         return -1;
     }
     return n + m;
@@ -114,23 +103,26 @@ take_line(const char *buf, size_t len, size_t *pos, const char *key,
 
     if (len - start < klen + 1 || memcmp(buf + start, key, klen) != 0 ||
         buf[start + klen] != '=') {
-        seterr(err, errlen, "progress record: expected key '%s' at byte %zu",
-               key, start);
+        sync_seterr(err, errlen, "progress record: expected key '%s' at byte "
+                    "%zu", key, start);
         return -1;
     }
     start += klen + 1;
     nl = memchr(buf + start, '\n', len - start);
     if (nl == NULL) {
-        seterr(err, errlen, "progress record: line '%s' not terminated", key);
+        sync_seterr(err, errlen, "progress record: line '%s' not terminated",
+                    key);
         return -1;
     }
     if ((size_t)(nl - (buf + start)) >= vallen) {
-        seterr(err, errlen, "progress record: value of '%s' too long", key);
+        sync_seterr(err, errlen, "progress record: value of '%s' too long",
+                    key);
         return -1;
     }
     for (i = start; i < (size_t)(nl - buf); i++) {
         if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f) {
-            seterr(err, errlen, "progress record: control byte in '%s'", key);
+            sync_seterr(err, errlen, "progress record: control byte in '%s'",
+                        key);
             return -1;
         }
     }
@@ -149,13 +141,13 @@ parse_u64(const char *s, uint64_t *out, const char *key, char *err,
 
     /* Digits only: strtoull would accept signs and leading spaces. */
     if (s[0] < '0' || s[0] > '9' || (s[0] == '0' && s[1] != '\0')) {
-        seterr(err, errlen, "progress record: bad number in '%s'", key);
+        sync_seterr(err, errlen, "progress record: bad number in '%s'", key);
         return -1;
     }
     errno = 0;
     v = strtoull(s, &end, 10);
     if (errno != 0 || *end != '\0') {
-        seterr(err, errlen, "progress record: bad number in '%s'", key);
+        sync_seterr(err, errlen, "progress record: bad number in '%s'", key);
         return -1;
     }
     *out = v;
@@ -177,7 +169,8 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
 
     memset(p, 0, sizeof(*p));
     if (len > SYNC_PROGRESS_MAX) {
-        seterr(err, errlen, "progress record: %zu bytes is too large", len);
+        sync_seterr(err, errlen, "progress record: %zu bytes is too large",
+                    len);
         return -1;
     }
     /* Both magics have the same length; only the version digit differs. */
@@ -188,7 +181,7 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
                memcmp(buf, SYNC_PROGRESS_MAGIC_V1, mlen) == 0) {
         p->version = 1;
     } else {
-        seterr(err, errlen, "progress record: bad magic or version");
+        sync_seterr(err, errlen, "progress record: bad magic or version");
         return -1;
     }
     pos = mlen + 1;
@@ -211,8 +204,8 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
             return -1;
         if (!sync_identity_token_ok(p->dr.id) ||
             !sync_identity_token_ok(p->dr.marker)) {
-            seterr(err, errlen, "progress record: invalid image_id or "
-                   "marker");
+            sync_seterr(err, errlen, "progress record: invalid image_id or "
+                        "marker");
             return -1;
         }
     }
@@ -231,27 +224,28 @@ sync_progress_decode(const char *buf, size_t len, struct sync_progress *p,
                   errlen) < 0)
         return -1;
     if (pos != len) {
-        seterr(err, errlen, "progress record: %zu trailing bytes", len - pos);
+        sync_seterr(err, errlen, "progress record: %zu trailing bytes",
+                    len - pos);
         return -1;
     }
     errno = 0;
     want_crc = strtoul(val, &end, 16);
     if (strlen(val) != 8 || *end != '\0' || errno != 0) {
-        seterr(err, errlen, "progress record: malformed crc32");
+        sync_seterr(err, errlen, "progress record: malformed crc32");
         return -1;
     }
     crc = crc32(0L, (const Bytef *)buf, (uInt)crc_at);
     if (crc != want_crc) {
-        seterr(err, errlen, "progress record: crc32 mismatch (%08lx != %08lx)",
-               crc, want_crc);
+        sync_seterr(err, errlen, "progress record: crc32 mismatch (%08lx != "
+                    "%08lx)", crc, want_crc);
         return -1;
     }
     if (p->image[0] == '\0' || p->target[0] == '\0') {
-        seterr(err, errlen, "progress record: empty image or target");
+        sync_seterr(err, errlen, "progress record: empty image or target");
         return -1;
     }
     if (p->done_offset > p->size) {
-        seterr(err, errlen, "progress record: done_offset beyond size");
+        sync_seterr(err, errlen, "progress record: done_offset beyond size");
         return -1;
     }
     return 0;
@@ -273,13 +267,13 @@ sync_progress_resumable(const struct sync_progress *have,
                         size_t whylen)
 {
     if (!sync_progress_matches(have, want)) {
-        seterr(why, whylen, "the record is of another copy (%s@%s from "
-               "'%s')", have->image, have->target, have->base);
+        sync_seterr(why, whylen, "the record is of another copy (%s@%s from "
+                    "'%s')", have->image, have->target, have->base);
         return 0;
     }
     if (have->version < SYNC_PROGRESS_VERSION) {
-        seterr(why, whylen, "the record is version %d, which does not "
-               "name the dr image it was written into", have->version);
+        sync_seterr(why, whylen, "the record is version %d, which does not "
+                    "name the dr image it was written into", have->version);
         return 0;
     }
     return sync_identity_same(&have->dr, &want->dr, why, whylen);
@@ -355,7 +349,8 @@ fsync_dir_of(const char *path, char *err, size_t errlen)
     }
     fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || fsync(fd) < 0) {
-        seterr(err, errlen, "fsync directory %s: %s", dir, strerror(errno));
+        sync_seterr(err, errlen, "fsync directory %s: %s", dir,
+                    strerror(errno));
         goto cleanup;
     }
     ret = 0;
@@ -378,7 +373,7 @@ sync_progress_save(const char *path, const struct sync_progress *p,
     if (n < 0)
         return -1;
     if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp)) {
-        seterr(err, errlen, "progress path too long");
+        sync_seterr(err, errlen, "progress path too long");
         return -1;
     }
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -417,8 +412,8 @@ sync_progress_save(const char *path, const struct sync_progress *p,
     ret = 0;
 cleanup:
     if (op != NULL) {
-        seterr(err, errlen, "save progress %s: %s: %s", tmp, op,
-               strerror(errno));
+        sync_seterr(err, errlen, "save progress %s: %s: %s", tmp, op,
+                    strerror(errno));
         unlink(tmp);
     }
     if (fd >= 0)
@@ -438,7 +433,7 @@ sync_progress_load(const char *path, struct sync_progress *p, char *err,
     if (fd < 0) {
         if (errno == ENOENT)
             return SYNC_PROGRESS_ENOENT;
-        seterr(err, errlen, "open %s: %s", path, strerror(errno));
+        sync_seterr(err, errlen, "open %s: %s", path, strerror(errno));
         return -1;
     }
     for (;;) {
@@ -447,14 +442,14 @@ sync_progress_load(const char *path, struct sync_progress *p, char *err,
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            seterr(err, errlen, "read %s: %s", path, strerror(errno));
+            sync_seterr(err, errlen, "read %s: %s", path, strerror(errno));
             goto cleanup;
         }
         if (r == 0)
             break;
         len += (size_t)r;
         if (len == sizeof(buf)) {
-            seterr(err, errlen, "%s: progress record too large", path);
+            sync_seterr(err, errlen, "%s: progress record too large", path);
             goto cleanup;
         }
     }
@@ -470,7 +465,7 @@ sync_progress_remove(const char *path, char *err, size_t errlen)
     if (unlink(path) < 0) {
         if (errno == ENOENT)
             return 0;
-        seterr(err, errlen, "unlink %s: %s", path, strerror(errno));
+        sync_seterr(err, errlen, "unlink %s: %s", path, strerror(errno));
         return -1;
     }
     return fsync_dir_of(path, err, errlen);
