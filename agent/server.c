@@ -1,11 +1,8 @@
 /* server: see server.h. */
 #include "server.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +15,7 @@
 
 #include "authz.h"
 #include "dispatch.h"
+#include "listener.h"
 #include "log.h"
 #include "mono.h"
 #include "peer.h"
@@ -27,14 +25,6 @@
 #include "tls.h"
 
 #define MAX_CONNS CFG_MAX_CONNECTIONS
-/* TCP keepalive: an idle peer that stops answering (host gone, packets
- * dropped) is seen dead after KEEPIDLE + KEEPCNT * KEEPINTVL = 8 s, and
- * one that stops acknowledging our data after USER_TIMEOUT_MS; both below
- * the 10 s the coordinator's failure detection counts on. */
-#define KEEPIDLE_S 2
-#define KEEPINTVL_S 2
-#define KEEPCNT 3
-#define USER_TIMEOUT_MS 8000
 
 enum conn_state { CONN_HANDSHAKE, CONN_OPEN, CONN_CLOSING };
 
@@ -57,11 +47,11 @@ struct conn {
 struct server {
     struct agent *a;
     SSL_CTX *ctx;
-    int lfd, efd;
+    struct listener listen;
+    int efd;
     struct conn *conns[MAX_CONNS];
     int nconns;
     uint64_t next_id;
-    double accept_paused_until;     /* 0, or when to listen again */
     struct pool pool;
     struct authz authz;
     struct replyq replies;
@@ -427,60 +417,31 @@ conn_event(struct server *s, struct conn *c, uint32_t events)
 }
 
 static void
-keepalive(int fd)
-{
-    int on = 1, idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
-    unsigned ut = USER_TIMEOUT_MS;
-
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
-}
-
-static void
 accept_all(struct server *s)
 {
-    for (;;) {
-        struct sockaddr_in sa;
-        socklen_t sl = sizeof(sa);
-        struct epoll_event ev;
-        struct conn *c;
-        int fd = accept4(s->lfd, (struct sockaddr *)&sa, &sl,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC), one = 1, slot;
+    char peer[64];
+    int fd;
 
-        if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE) {
-                /* The pending connection stays queued and the listening
-                 * socket readable: without a pause the loop would spin. */
-                log_warn("event=accept_failed");
-                s->accept_paused_until = mono_ms() + 100;
-                struct epoll_event off = {.events = 0, .data.ptr = &s->lfd};
-                epoll_ctl(s->efd, EPOLL_CTL_MOD, s->lfd, &off);
-            }
-            return;
-        }
+    while ((fd = listener_accept(&s->listen, peer, sizeof(peer))) >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP};
+        struct conn *c;
+        int slot;
+
         for (slot = 0; slot < MAX_CONNS && s->conns[slot]; slot++)
             ;
         c = slot < MAX_CONNS && s->nconns < s->a->cfg.max_connections ?
             calloc(1, sizeof(*c)) : NULL;
         if (!c) {
-            log_warnx("event=conn_refused peer=%s:%d why=too_many_connections "
-                      "max_connections=%d", inet_ntoa(sa.sin_addr),
-                      ntohs(sa.sin_port), s->a->cfg.max_connections);
+            log_warnx("event=conn_refused peer=%s why=too_many_connections "
+                      "max_connections=%d", peer, s->a->cfg.max_connections);
             close(fd);
             continue;
         }
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        keepalive(fd);
         c->id = ++s->next_id;
         c->fd = fd;
         c->accepted_at = mono_ms();
-        snprintf(c->peer, sizeof(c->peer), "%s:%d",
-                 inet_ntoa(sa.sin_addr), ntohs(sa.sin_port));
-        c->ssl = SSL_new(s->ctx);
-        if (!c->ssl) {
+        snprintf(c->peer, sizeof(c->peer), "%s", peer);
+        if (!(c->ssl = SSL_new(s->ctx))) {
             close(fd);
             free(c);
             continue;
@@ -488,7 +449,6 @@ accept_all(struct server *s)
         SSL_set_fd(c->ssl, fd);
         s->conns[slot] = c;
         s->nconns++;
-        ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.ptr = c;
         epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev);
     }
@@ -518,11 +478,10 @@ int
 server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
            size_t errlen)
 {
-    struct server s = {.a = a, .lfd = -1, .efd = -1,
+    struct server s = {.a = a, .listen = {.fd = -1}, .efd = -1,
                        .replies = {.evfd = -1}};
-    struct sockaddr_in sa = {.sin_family = AF_INET};
     struct epoll_event ev, evs[64];
-    int one = 1, ret = -1, pool_up = 0, authz_up = 0;
+    int ret = -1, pool_up = 0, authz_up = 0;
 
     if (!(s.ctx = tls_ctx_new(&a->cfg, err, errlen)))
         goto cleanup;
@@ -535,30 +494,17 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
         goto cleanup;
     }
     pool_up = 1;
-    if (inet_pton(AF_INET, a->cfg.listen_addr, &sa.sin_addr) != 1) {
-        snprintf(err, errlen, "listen address %s is not an IPv4 address",
-                 a->cfg.listen_addr);
-        goto cleanup;
-    }
-    sa.sin_port = htons((uint16_t)a->cfg.listen_port);
-    s.lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    setsockopt(s.lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (s.lfd < 0 || bind(s.lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-        listen(s.lfd, 128) < 0) {
-        snprintf(err, errlen, "listen %s:%d: %s", a->cfg.listen_addr,
-                 a->cfg.listen_port, strerror(errno));
-        goto cleanup;
-    }
     s.efd = epoll_create1(EPOLL_CLOEXEC);
     if (s.efd < 0 || replyq_init(&s.replies) < 0) {
         snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
         goto cleanup;
     }
     ev.events = EPOLLIN;
-    ev.data.ptr = &s.lfd;
-    epoll_ctl(s.efd, EPOLL_CTL_ADD, s.lfd, &ev);
     ev.data.ptr = &s.replies;
     epoll_ctl(s.efd, EPOLL_CTL_ADD, s.replies.evfd, &ev);
+    if (listener_open(&s.listen, s.efd, a->cfg.listen_addr,
+                      a->cfg.listen_port, err, errlen) < 0)
+        goto cleanup;
     log_info("event=listening addr=%s port=%d host=%s vms=%d revoked=%zu "
              "max_connections=%d workers=%d", a->cfg.listen_addr,
              a->cfg.listen_port, a->cfg.host, a->nvms, s.authz.revoked.n,
@@ -569,7 +515,7 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
 
         authz_poll(&s.authz);
         for (int i = 0; i < n; i++) {
-            if (evs[i].data.ptr == &s.lfd)
+            if (evs[i].data.ptr == &s.listen)
                 accept_all(&s);
             else if (evs[i].data.ptr == &s.replies)
                 drain_replies(&s);
@@ -583,12 +529,7 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
             if (s.conns[i] && s.conns[i]->state == CONN_HANDSHAKE &&
                 now - s.conns[i]->accepted_at > a->cfg.handshake_timeout_ms)
                 conn_close(&s, s.conns[i], "handshake_timeout");
-        if (s.accept_paused_until && now >= s.accept_paused_until) {
-            s.accept_paused_until = 0;
-            ev.events = EPOLLIN;
-            ev.data.ptr = &s.lfd;
-            epoll_ctl(s.efd, EPOLL_CTL_MOD, s.lfd, &ev);
-        }
+        listener_tick(&s.listen, now);
     }
     ret = 0;
 cleanup:
@@ -600,8 +541,7 @@ cleanup:
         if (s.conns[i])
             conn_close(&s, s.conns[i], "shutdown");
     replyq_destroy(&s.replies);
-    if (s.lfd >= 0)
-        close(s.lfd);
+    listener_close(&s.listen);
     if (s.efd >= 0)
         close(s.efd);
     SSL_CTX_free(s.ctx);
