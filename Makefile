@@ -26,9 +26,11 @@ demo: setup
 fuzz: setup
 	scripts/fuzz.sh $${FUZZ_SECONDS:-60}
 
-# docs/cli.md from the commands' --help (api/tests/test_cli_docs.py checks it).
+# docs/cli.md from the commands' --help, and docs/api.md's route table from
+# the OpenAPI document (api/tests/test_cli_docs.py and test_api_docs.py check them).
 docs: setup
 	scripts/cli-docs.sh
+	.venv/bin/python scripts/api-docs.py
 
 # ruff, then the package floors (import-linter contracts in setup.cfg).
 lint: setup

@@ -14,6 +14,7 @@ from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
 from cutpoint.api.errors import Unavailable
 from cutpoint.api.metrics import make_registry
+from cutpoint.api.openapi_roles import declare_roles
 from cutpoint.api.routes import (
     audit,
     groups,
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None,
     v1 = APIRouter(prefix="/v1")
     for r in (sites, hosts, inventory, groups, snapshots, orphans, jobs, audit, tokens,
               webhooks):
+        declare_roles(r.router)
         v1.include_router(r.router)
     from cutpoint.api.routes import (  # DR
         drills,
@@ -67,6 +69,7 @@ def create_app(settings: Settings | None = None,
         restore,
     )
     for r in (replication, drills, failover, reprotect, restore):
+        declare_roles(r.router)
         v1.include_router(r.router)
     app.include_router(v1)
 

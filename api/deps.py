@@ -80,6 +80,8 @@ def require(role: Role) -> Callable[[ApiToken], ApiToken]:
             raise Forbidden(f"role {token.role.value} may not do this; {role.value} needed",
                             code="role_insufficient", extra={"required_role": role.value})
         return token
+    # Read by roles_in_openapi: the OpenAPI document names each operation's role.
+    _check.required_role = role  # type: ignore[attr-defined]
     return _check
 
 

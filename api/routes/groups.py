@@ -38,6 +38,7 @@ GroupRef = Annotated[str, Path(max_length=64, description="Group id or name")]
 @router.get("", response_model=Page[GroupPublic])
 def list_groups(session: SessionDep, _: Viewer, limit: Limit = 50, cursor: Cursor = None) \
         -> Page[GroupPublic]:
+    """Every consistency group, by name."""
     rows, nxt = paginate(session, select(Group), Group.id, limit, cursor)
     return Page(items=[groups.public(session, g) for g in rows], next_cursor=nxt)
 
@@ -45,6 +46,7 @@ def list_groups(session: SessionDep, _: Viewer, limit: Limit = 50, cursor: Curso
 @router.post("", status_code=201, response_model=GroupPublic)
 def create_group(data: GroupCreate, session: SessionDep, _: Admin, response: Response) \
         -> GroupPublic:
+    """Create a group `{name, description?, policy?}`; members are added afterwards."""
     g = groups.create(session, data)
     response.headers["ETag"] = groups.group_etag(g)
     response.headers["Location"] = f"/v1/groups/{g.id}"
@@ -53,6 +55,7 @@ def create_group(data: GroupCreate, session: SessionDep, _: Admin, response: Res
 
 @router.get("/{group}", response_model=GroupPublic)
 def get_group(group: GroupRef, session: SessionDep, _: Viewer, response: Response) -> GroupPublic:
+    """One group with its members, policy and state."""
     g = groups.resolve(session, group)
     response.headers["ETag"] = groups.group_etag(g)
     return groups.public(session, g)
@@ -61,6 +64,7 @@ def get_group(group: GroupRef, session: SessionDep, _: Viewer, response: Respons
 @router.patch("/{group}", response_model=GroupPublic)
 def update_group(group: GroupRef, data: GroupUpdate, session: SessionDep, _: Admin,
                  response: Response, if_match: IfMatch = None) -> GroupPublic:
+    """Change a group; `enabled: false` pauses its schedule."""
     g = groups.update(session, groups.resolve(session, group), data, if_match)
     response.headers["ETag"] = groups.group_etag(g)
     return groups.public(session, g)
@@ -68,6 +72,8 @@ def update_group(group: GroupRef, data: GroupUpdate, session: SessionDep, _: Adm
 
 @router.delete("/{group}", status_code=204)
 def delete_group(group: GroupRef, session: SessionDep, _: Admin, if_match: IfMatch = None) -> Response:
+    """Delete a group and its schedule (refused while a snapshot is in flight:
+    `snapshot_in_flight`); nothing at Ceph is touched.  The CLI asks first."""
     groups.delete(session, groups.resolve(session, group), if_match)
     return Response(status_code=204)
 
@@ -75,6 +81,7 @@ def delete_group(group: GroupRef, session: SessionDep, _: Admin, if_match: IfMat
 @router.get("/{group}/policy", response_model=PolicyPublic)
 def get_policy(group: GroupRef, session: SessionDep, _: Viewer, response: Response) \
         -> PolicyPublic:
+    """The group's snapshot policy (interval, RPO target, retention, quiesce)."""
     g = groups.resolve(session, group)
     response.headers["ETag"] = groups.policy_etag(g.policy)
     return groups.policy_public(g.policy)
@@ -83,6 +90,7 @@ def get_policy(group: GroupRef, session: SessionDep, _: Viewer, response: Respon
 @router.patch("/{group}/policy", response_model=PolicyPublic)
 def update_policy(group: GroupRef, data: PolicyUpdate, session: SessionDep, _: Admin,
                   response: Response, if_match: IfMatch = None) -> PolicyPublic:
+    """Change the group's snapshot policy; the schedule follows at once."""
     p = groups.set_policy(session, groups.resolve(session, group), data, if_match)
     response.headers["ETag"] = groups.policy_etag(p)
     return groups.policy_public(p)
@@ -90,12 +98,14 @@ def update_policy(group: GroupRef, data: PolicyUpdate, session: SessionDep, _: A
 
 @router.post("/{group}/members", status_code=201, response_model=MemberPublic)
 def add_member(group: GroupRef, data: MemberAdd, session: SessionDep, _: Admin) -> MemberPublic:
+    """Add `{"vm": "name", "host"?}` (all its disks, now and later) or `{"disk": "vm/node"}`."""
     g = groups.resolve(session, group)
     return groups.member_public(session, groups.add_member(session, g, data))
 
 
 @router.delete("/{group}/members/{member_id}", status_code=204)
 def remove_member(group: GroupRef, member_id: IdPath, session: SessionDep, _: Admin) -> Response:
+    """Remove one member; its past snapshots stay."""
     groups.remove_member(session, groups.resolve(session, group), member_id)
     return Response(status_code=204)
 
@@ -115,6 +125,7 @@ def take_snapshot(group: GroupRef, session: SessionDep, token: Operator, setting
 @router.get("/{group}/snapshots", response_model=Page[SnapshotPublic])
 def list_snapshots(group: GroupRef, session: SessionDep, _: Viewer, limit: Limit = 50,
                    cursor: Cursor = None) -> Page[SnapshotPublic]:
+    """The group's snapshots, newest first, with state and timings."""
     g = groups.resolve(session, group)
     rows, nxt = paginate(session, select(GroupSnapshot).where(GroupSnapshot.group_id == g.id),
                          GroupSnapshot.id, limit, cursor, newest_first=True)
@@ -124,12 +135,14 @@ def list_snapshots(group: GroupRef, session: SessionDep, _: Viewer, limit: Limit
 @router.get("/{group}/rpo", response_model=RpoStatus)
 def rpo_status(group: GroupRef, session: SessionDep, settings: SettingsDep, _: Viewer) \
         -> RpoStatus:
+    """Achieved RPO, target, compliant, next due and last miss."""
     return rpo.status(session, groups.resolve(session, group), settings.capture_head_start_s)
 
 
 @router.get("/{group}/rpo/misses", response_model=Page[RpoMissPublic])
 def rpo_misses(group: GroupRef, session: SessionDep, _: Viewer, limit: Limit = 50,
                cursor: Cursor = None) -> Page[RpoMissPublic]:
+    """Every recorded RPO miss with its reason."""
     g = groups.resolve(session, group)
     rows, nxt = paginate(session, select(RpoMiss).where(RpoMiss.group_id == g.id), RpoMiss.id,
                          limit, cursor, newest_first=True)

@@ -26,12 +26,19 @@ router = APIRouter(prefix="/hosts", tags=["hosts"])
 @router.get("", response_model=Page[HostPublic])
 def list_hosts(session: SessionDep, _: Viewer, limit: Limit = 50, cursor: Cursor = None) \
         -> Page[HostPublic]:
+    """Every registered host with `reachable`, `last_seen_at`, `last_error` and `agent_version`."""
     rows, nxt = paginate(session, select(Host), Host.id, limit, cursor)
     return Page(items=[hosts.public(h) for h in rows], next_cursor=nxt)
 
 
 @router.post("", status_code=201, response_model=HostPublic)
 def create_host(data: HostCreate, session: SessionDep, _: Admin, response: Response) -> HostPublic:
+    """Register a host `{name, site, address, port=7443, cert_fingerprint}`.
+
+    `cert_fingerprint` (SHA-256 of the agent's DER certificate, hex) is required and checked on
+    every connection to that agent: any other certificate, even one the CA signed, is refused
+    (`fingerprint_mismatch`) before a request is sent.  `cutpoint host add --cert AGENT.pem`
+    computes it."""
     host = hosts.create(session, data)
     response.headers["ETag"] = hosts.host_etag(host)
     response.headers["Location"] = f"/v1/hosts/{host.id}"
@@ -40,6 +47,7 @@ def create_host(data: HostCreate, session: SessionDep, _: Admin, response: Respo
 
 @router.get("/{host_id}", response_model=HostPublic)
 def get_host(host_id: IdPath, session: SessionDep, _: Viewer, response: Response) -> HostPublic:
+    """One host with `reachable`, `last_seen_at`, `last_error` and `agent_version`."""
     host = get_or_404(session, Host, host_id, "host")
     response.headers["ETag"] = hosts.host_etag(host)
     return hosts.public(host)
@@ -48,6 +56,7 @@ def get_host(host_id: IdPath, session: SessionDep, _: Viewer, response: Response
 @router.patch("/{host_id}", response_model=HostPublic)
 def update_host(host_id: IdPath, data: HostUpdate, session: SessionDep, _: Admin,
                 response: Response, if_match: IfMatch = None) -> HostPublic:
+    """Change a host; the pin can be replaced, not removed."""
     host = hosts.update(session, host_id, data, if_match)
     response.headers["ETag"] = hosts.host_etag(host)
     return hosts.public(host)
@@ -55,6 +64,7 @@ def update_host(host_id: IdPath, data: HostUpdate, session: SessionDep, _: Admin
 
 @router.delete("/{host_id}", status_code=204)
 def delete_host(host_id: IdPath, session: SessionDep, _: Admin, if_match: IfMatch = None) -> Response:
+    """Forget a host (refused while one of its disks is in a group: `host_in_use`)."""
     hosts.delete(session, host_id, if_match)
     return Response(status_code=204)
 

@@ -54,6 +54,7 @@ def list_jobs(session: SessionDep, _: Viewer, limit: Limit = 50,
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(job_id: Annotated[str, Path(max_length=36)], session: SessionDep, _: Viewer) \
         -> JobPublic:
+    """One job: kind, state, progress, result or error."""
     return jobs.public(get_or_404(session, Job, job_id, "job"))
 
 

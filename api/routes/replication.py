@@ -47,6 +47,7 @@ def group_replication(group: GroupRef, session: SessionDep, _: Viewer,
 @router.get("/snapshots/{snapshot_id}/replication", response_model=ReplicationPublic)
 def snapshot_replication(snapshot_id: IdPath, session: SessionDep, _: Viewer) \
         -> ReplicationPublic:
+    """Replication state of one group snapshot, per member image."""
     s = get_or_404(session, GroupSnapshot, snapshot_id, "snapshot")
     return ReplicationPublic.model_validate(replication.summary(session, s))
 
@@ -67,6 +68,7 @@ def replicate_snapshot(snapshot_id: IdPath, session: SessionDep, token: Operator
 
 @router.get("/groups/{group}/dr-policy", response_model=DrPolicyPublic)
 def get_dr_policy(group: GroupRef, session: SessionDep, _: Viewer) -> DrPolicyPublic:
+    """The group's retention at the DR site."""
     p = replication.dr_policy(session, groups.resolve(session, group))
     return DrPolicyPublic(keep_last=p.keep_last, keep_within=p.keep_within_seconds)
 

@@ -24,7 +24,9 @@ def start_reprotect(group: GroupRef, session: SessionDep, token: Admin,
     The group's members become the VMs running at the active site, a group
     snapshot of them is replicated to the site they left (deltas from the
     newest recovery point both hold; a full copy only when there is none,
-    and the result says so), and the schedule is switched back on."""
+    and the result says so), and the schedule is switched back on.  409
+    `not_failed_over`, `already_protected`, or `no_counterpart` (with `vms`:
+    the active site's inventory does not list them)."""
     g = groups.resolve(session, group)
     job = reprotect.request(session, g, "reprotect", token.name)
     queue.enqueue(session, settings, job)
@@ -41,7 +43,9 @@ def start_failback(group: GroupRef, data: FailbackRequest, session: SessionDep,
     """Fail a re-protected group back to its original primary, then re-protect it.
 
     A planned failover in the other direction (its own `failover` job, with
-    the RTO), followed by re-protect in the original direction."""
+    the RTO), followed by re-protect in the original direction.  409
+    `not_reprotected` until the original primary holds a recent copy; the
+    failover's precondition problems otherwise."""
     g = groups.resolve(session, group)
     job = reprotect.request(session, g, "failback", token.name, settings, data.workload)
     queue.enqueue(session, settings, job)

@@ -42,8 +42,9 @@ def restore_in_place(group: GroupRef, data: RestoreInPlaceRequest, session: Sess
     """Roll every member image of the group back to a snapshot, at one site.
 
     What was written since the snapshot is lost.  Refused while any member
-    VM runs at that site (the problem names them), while an agent of the
-    site does not answer, or while an image is open."""
+    VM runs at that site (409 `vms_running`, with `vms`), while an agent of
+    the site does not answer (503 `agents_unreachable`, with `hosts`), or
+    while an image is open (409 `image_in_use`, with `items`)."""
     g = groups.resolve(session, group)
     job = restore.request(session, settings, g, restore.IN_PLACE, data.snapshot, data.site,
                           None, None, token.name)

@@ -36,6 +36,7 @@ CHECK_FAILED = {
 @router.get("", response_model=Page[SitePublic])
 def list_sites(session: SessionDep, _: Viewer, limit: Limit = 50, cursor: Cursor = None) \
         -> Page[SitePublic]:
+    """Every site (failure domain) and its Ceph access, secrets by reference only."""
     rows, nxt = paginate(session, select(Site), Site.id, limit, cursor)
     return Page(items=[sites.public(r) for r in rows], next_cursor=nxt)
 
@@ -52,6 +53,7 @@ def create_site(data: SiteCreate, session: SessionDep, _: Admin, response: Respo
 
 @router.get("/{site_id}", response_model=SitePublic)
 def get_site(site_id: IdPath, session: SessionDep, _: Viewer, response: Response) -> SitePublic:
+    """One site with its Ceph access and its last check."""
     site = get_or_404(session, Site, site_id, "site")
     response.headers["ETag"] = sites.site_etag(site)
     return sites.public(site)
@@ -77,5 +79,6 @@ def check_site(site_id: IdPath, session: SessionDep, _: Operator) -> SiteCheckPu
 
 @router.delete("/{site_id}", status_code=204)
 def delete_site(site_id: IdPath, session: SessionDep, _: Admin, if_match: IfMatch = None) -> Response:
+    """Forget a site (refused while it still has hosts: `site_in_use`)."""
     sites.delete(session, site_id, if_match)
     return Response(status_code=204)

@@ -12,6 +12,7 @@ router = APIRouter(prefix="/snapshots", tags=["snapshots"])
 
 @router.get("/{snapshot_id}", response_model=SnapshotDetail)
 def get_snapshot(snapshot_id: IdPath, session: SessionDep, _: Viewer) -> SnapshotDetail:
+    """One group snapshot with its member snapshots."""
     s = get_or_404(session, GroupSnapshot, snapshot_id, "snapshot")
     g = session.get(Group, s.group_id)
     return snapshots.detail(s, g.name if g else "?")

@@ -15,6 +15,7 @@ router = APIRouter(prefix="/tokens", tags=["tokens"])
 @router.get("", response_model=Page[TokenPublic])
 def list_tokens(session: SessionDep, _: Admin, limit: Limit = 50, cursor: Cursor = None) \
         -> Page[TokenPublic]:
+    """Every API token's name, role and dates; never the token."""
     rows, nxt = paginate(session, select(ApiToken), ApiToken.id, limit, cursor)
     return Page(items=[TokenPublic.model_validate(r) for r in rows], next_cursor=nxt)
 
@@ -31,4 +32,5 @@ def create_token(data: TokenCreate, session: SessionDep, settings: SettingsDep, 
 
 @router.delete("/{token_id}", response_model=TokenPublic)
 def revoke_token(token_id: IdPath, session: SessionDep, _: Admin) -> TokenPublic:
+    """Revoke a token; it is refused from the next call on."""
     return TokenPublic.model_validate(tokens.revoke(session, token_id))

@@ -24,6 +24,7 @@ WebhookRef = Annotated[str, Path(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9
 @router.get("", response_model=Page[WebhookPublic])
 def list_webhooks(session: SessionDep, _: Viewer, limit: Limit = 50, cursor: Cursor = None) \
         -> Page[WebhookPublic]:
+    """Every webhook subscription."""
     rows, nxt = paginate(session, select(Webhook), Webhook.id, limit, cursor)
     return Page(items=[WebhookPublic.model_validate(r) for r in rows], next_cursor=nxt)
 
@@ -44,6 +45,7 @@ def list_events(_: Viewer) -> list[str]:
 
 @router.delete("/{webhook}", status_code=204)
 def delete_webhook(webhook: WebhookRef, session: SessionDep, _: Admin) -> Response:
+    """Delete a subscription (by name or id) and its delivery record."""
     webhooks.delete(session, webhooks.resolve(session, webhook))
     return Response(status_code=204)
 
