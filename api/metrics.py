@@ -8,13 +8,15 @@ replica reports the same numbers whatever worker did the work:
 - cutpoint_rpo_misses_total (counter by group, reason)
 - cutpoint_job_failures_total (counter by kind, code)
 - cutpoint_agent_reachable (gauge per host: 1, 0, or absent if never tried)
-Per-process HTTP metrics come from the middleware in app.py.
+The DR, drill and job-queue families are in metrics_dr.py.  Per-process
+HTTP metrics come from the middleware in app.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from cutpoint.api.metrics_dr import drill_metrics, job_metrics, replication_metrics
 from cutpoint.api.models import (
     Group,
     GroupSnapshot,
@@ -141,6 +143,10 @@ class DbCollector(Collector):
             if h.reachable is not None:
                 reach.add_metric([h.name, h.site.name], 1.0 if h.reachable else 0.0)
         yield reach
+
+        yield from replication_metrics(s)
+        yield from drill_metrics(s)
+        yield from job_metrics(s)
 
 
 def make_registry(session_factory: Callable[[], Session]) -> tuple[CollectorRegistry, Counter,

@@ -26,6 +26,7 @@ from cutpoint.api.models import (
     SnapState,
     utcnow,
 )
+from test_metrics_dr import seed_dr
 
 MON = Path(__file__).resolve().parents[1] / "monitoring"
 WORKER_METRICS = {"cutpoint_task_runs_total", "cutpoint_task_seconds_bucket",
@@ -51,6 +52,7 @@ def _seed(session_factory: Any) -> None:
         s.flush()
         s.add(Host(name="h", site_id=site.id, address="10.0.0.1", reachable=True))
         s.commit()
+    seed_dr(session_factory)  # the DR, drill and job families
 
 
 def test_api_metrics_pass_promtool(api: Any, session_factory: Any) -> None:
