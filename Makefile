@@ -1,6 +1,6 @@
 # The two commands: `make demo` and `make test`.  Both run the idempotent
 # setup first (Debian packages, .venv, C build).
-.PHONY: all setup build test test-slow demo fuzz lint docs clean
+.PHONY: all setup build test test-slow demo fuzz lint docs package clean
 
 all: build
 
@@ -31,6 +31,10 @@ fuzz: setup
 docs: setup
 	scripts/cli-docs.sh
 	.venv/bin/python scripts/api-docs.py
+
+# The control plane's wheel and the host agent's .deb, in out/packages/.
+package: setup
+	scripts/package.sh
 
 # ruff, then the package floors (import-linter contracts in setup.cfg).
 lint: setup

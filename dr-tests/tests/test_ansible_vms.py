@@ -190,6 +190,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         pytest.skip("needs root and qemu-system-x86_64")
     if not (ROOT / "build" / "agent" / "cutpointd").is_file():
         pytest.fail("build/agent/cutpointd is not built (ninja -C build)")
+    # the host role installs the agent from the .deb this makes
+    subprocess.run([str(ROOT / "scripts" / "package.sh")], check=True, timeout=600)
     from cutpoint.lab import debian_image
     lockf = open(LOCK, "w")  # noqa: SIM115 - held for the module's whole run
     fcntl.flock(lockf, fcntl.LOCK_EX)
