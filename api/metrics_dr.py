@@ -3,6 +3,10 @@ database at scrape time like the rest of /metrics (metrics.py):
 
 - cutpoint_dr_achieved_rpo_seconds (gauge by group, site): now minus the cut
   of the newest DR recovery point: the data lost if the primary died now
+- cutpoint_dr_rpo_peak_seconds (histogram by group, site): for each DR
+  recovery point after the first, the achieved RPO at DR just before it was
+  verified (its verification minus the newest cut at DR before it): the worst
+  loss window each interval had, so p99 of it is the DR RPO p99
 - cutpoint_replication_last_verified_timestamp_seconds (gauge by group, site)
 - cutpoint_replication_lag_seconds (gauge by group, site): cut to verified at
   DR, for the newest recovery point
@@ -42,6 +46,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 JOB_BUCKETS_S = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
+DR_RPO_BUCKETS_S = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 def _utc(t: dt.datetime) -> dt.datetime:
@@ -85,6 +90,7 @@ def replication_metrics(s: Session) -> Iterator[Metric]:
         if secs:
             rate.add_metric(key, float(shipped or 0) / float(secs))
     yield from (rpo, verified, lag, rate)
+    yield _dr_rpo_peaks(s)
 
     shipped_total = CounterMetricFamily("cutpoint_replication_shipped_bytes",
                                         "Bytes cutpoint-sync shipped to DR", labels=labels)
@@ -102,6 +108,33 @@ def replication_metrics(s: Session) -> Iterator[Metric]:
         failures.add_metric([name, site], float(nfailed or 0))
     yield shipped_total
     yield failures
+
+
+def _dr_rpo_peaks(s: Session) -> Metric:
+    hist = HistogramMetricFamily("cutpoint_dr_rpo_peak_seconds",
+                                 "Achieved RPO at DR just before each recovery point was "
+                                 "verified", labels=["group", "site"])
+    for g in s.scalars(select(Group)).all():
+        target = g.policy.replication_target if g.policy is not None else None
+        if target is None:
+            continue
+        points = s.execute(select(GroupSnapshot.cut_at, GroupSnapshot.dr_verified_at).where(
+            GroupSnapshot.group_id == g.id, GroupSnapshot.dr_verified_at.is_not(None),
+            GroupSnapshot.cut_at.is_not(None)).order_by(GroupSnapshot.dr_verified_at)).all()
+        # In verification order; the newest cut at DR so far, since an older
+        # snapshot can be verified after a newer one.
+        peaks: list[float] = []
+        newest = None
+        for cut, verified in points:
+            if newest is not None:
+                peaks.append((_utc(verified) - newest).total_seconds())
+            newest = _utc(cut) if newest is None else max(newest, _utc(cut))
+        if not peaks:
+            continue
+        buckets = [(str(float(b)), sum(1 for x in peaks if x <= b)) for b in DR_RPO_BUCKETS_S]
+        buckets.append(("+Inf", len(peaks)))
+        hist.add_metric([g.name, target.name], buckets, sum(peaks))
+    return hist
 
 
 def drill_metrics(s: Session) -> Iterator[Metric]:

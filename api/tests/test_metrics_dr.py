@@ -85,6 +85,13 @@ def test_dr_drill_and_job_metrics(api: Any, session_factory: Any) -> None:
     assert _value(text, "cutpoint_replication_throughput_bytes_per_second" + key) == 2500.0
     assert _value(text, "cutpoint_replication_shipped_bytes_total" + key) == 11050.0
     assert _value(text, "cutpoint_replication_failures_total" + key) == 1.0
+    # one interval: the newest point verified at cut+40, the previous cut at cut-600
+    assert _value(text, "cutpoint_dr_rpo_peak_seconds_count" + key) == 1.0
+    assert _value(text, "cutpoint_dr_rpo_peak_seconds_sum" + key) == 640.0
+    assert _value(text, 'cutpoint_dr_rpo_peak_seconds_bucket{group="d",le="600.0",site="d-dr"}') \
+        == 0.0
+    assert _value(text, 'cutpoint_dr_rpo_peak_seconds_bucket{group="d",le="1800.0",site="d-dr"}') \
+        == 1.0
     assert _value(text, 'cutpoint_drill_last_passed{group="d"}') == 0.0
     assert _value(text, 'cutpoint_drill_rto_seconds{group="d"}') == 12.5
     assert utcnow().timestamp() - _value(
