@@ -41,8 +41,11 @@ class LibvirtHost:
 
     def start(self, timeout: float = 30) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
-        for sub in MOUNTS:
+        for sub, target in MOUNTS.items():
             (self.dir / sub).mkdir(parents=True)
+            # On a machine where libvirtd never ran (a fresh one without
+            # systemd), /run/libvirt does not exist yet: the bind needs it.
+            Path(target).mkdir(parents=True, exist_ok=True)
         (self.dir / "libvirtd.conf").write_text(f'host_uuid = "{uuid.uuid4()}"\n')
         binds = " && ".join(f"mount --bind {self.dir / k} {v}" for k, v in MOUNTS.items())
         subprocess.run(
