@@ -14,6 +14,12 @@
 #include "log.h"
 #include "mono.h"
 
+/* A stop is not inside any pause, so it gets the time a QEMU may need to
+ * exit rather than qmp_timeout_ms (the cut's deadline): virDomainDestroy
+ * sends SIGTERM and waits up to 10 s before SIGKILL, and a loaded host can
+ * take seconds for either; measured over 2 s under CI load. */
+#define STOP_TIMEOUT_MS 15000
+
 /* Error messages are bounded buffers and are cut on purpose when long. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
@@ -161,7 +167,7 @@ cmd_vm_stop(struct agent *a, json_t *args, const char **code, char *msg,
     (void)err_result;
     if (!(v = agent_find_vm(a, name)))
         FAIL("UNKNOWN_VM", "unknown vm %s", name);
-    if (vm_poweroff(v, a->cfg.qmp_timeout_ms, &qe) < 0)
+    if (vm_poweroff(v, STOP_TIMEOUT_MS, &qe) < 0)
         FAIL(vm_err_code(&qe), "%s", qe.msg);
     close_images(a, v);
     log_info("event=vm_stop vm=%s", name);
