@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from cutpoint.api.console.auth import LoginRequired
 from cutpoint.api.errors import CEPH_STATUS, ApiError
@@ -94,12 +94,17 @@ def error_page(request: Request, status: int, code: str, detail: str) -> Respons
 
 
 def to_login(request: Request, reason: str) -> Response:
+    htmx = bool(request.headers.get("HX-Request"))
+    # Back to the page afterwards: an htmx poll's page is the one it names
+    # in HX-Current-URL, not the fragment's.
+    back = urlsplit(request.headers.get("HX-Current-URL", "")).path if htmx \
+        else request.url.path if request.method == "GET" else ""
     target = "/console/login"
     if reason:
         target += "?expired=1"
-    elif request.method == "GET" and request.url.path.startswith("/console/"):
-        target += "?next=" + quote(request.url.path, safe="/")
-    if request.headers.get("HX-Request"):
+    elif back.startswith("/console/") and back != "/console/login":
+        target += "?next=" + quote(back, safe="/")
+    if htmx:
         return Response(status_code=401, headers={"HX-Redirect": target})
     return RedirectResponse(target, status_code=303)
 

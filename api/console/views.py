@@ -171,7 +171,7 @@ def job_list(s: Session) -> list[dict[str, Any]]:
 def group_names(s: Session, ids: set[int]) -> dict[int, str]:
     if not ids:
         return {}
-    return dict(s.execute(select(Group.id, Group.name).where(Group.id.in_(ids))).tuples().all())
+    return {i: n for i, n in s.execute(select(Group.id, Group.name).where(Group.id.in_(ids)))}
 
 
 def job_page(s: Session, j: Job) -> dict[str, Any]:
