@@ -86,8 +86,10 @@ class Browser:
                   timeout, f"the page after clicking {css}")
 
     def sign_in(self, token: str) -> None:
-        """Through the sign-in form, as an operator would."""
-        self.open("/console/login")
+        """Through the sign-in form, as an operator would (the one shown, or
+        a fresh one)."""
+        if not self.has("#login-form"):
+            self.open("/console/login")
         self.find("#token").send_keys(token)
         self.submit("#login-submit")
 

@@ -221,8 +221,20 @@ def test_sign_in_shows_rpo_at_each_site_and_signs_out(console: Console, chrome: 
     b.wait(lambda: b.has("#login-form"), 15, "the sign-in page")
     assert not any(c["name"] == "cp_console" for c in b.d.get_cookies())
     b.open("/console/groups/app")
-    assert b.path.startswith("/console/login"), b.path
+    assert b.path == "/console/login?next=/console/groups/app", b.path
     b.shot("signed-out")
+
+    # Revoking the token ends its session at the next request.
+    b.sign_in(console.toks["viewer"])
+    assert b.path == "/console/groups/app", b.path  # back where it was going
+    with console.sf() as s:
+        tok = tokens.lookup(s, console.toks["viewer"], SECRET)
+        assert tok is not None
+        tokens.revoke(s, tok.id)
+    b.open("/console/jobs")
+    assert b.path == "/console/login?expired=1", b.path
+    assert "unknown or revoked" in b.text("#login-error")
+    b.shot("revoked")
 
 
 def test_group_page_recovery_points_and_viewer_refusals(console: Console,
