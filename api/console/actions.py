@@ -48,9 +48,15 @@ def login(request: Request, session: SessionDep, settings: SettingsDep,
     """Check the pasted token as the REST API would, then open the session."""
     auth.check_login_nonce(request, nonce)
     token = token.strip()
-    if not token:
-        raise Unauthorized("paste an API token", code="token_missing")
-    auth.check_token(request, session, settings, token)  # 401 token_invalid
+    try:
+        if not token:
+            raise Unauthorized("paste an API token", code="token_missing")
+        auth.check_token(request, session, settings, token)
+    except ApiError as exc:
+        # The form again, with the refusal, to try another token.
+        return page(request, "login.html", {
+            "nonce": nonce, "next": safe_next(next), "error": exc.detail,
+            "status": exc.status, "code": exc.code}, exc.status)
     resp = _see(safe_next(next))
     auth.start(request, resp, token)
     return resp

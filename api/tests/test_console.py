@@ -193,6 +193,7 @@ def test_sign_in_shows_rpo_at_each_site_and_signs_out(console: Console, chrome: 
     assert b.refusal() == (401, "token_invalid")
     b.shot("wrong-token")
     assert not any(c["name"] == "cp_console" for c in b.d.get_cookies())
+    assert b.has("#login-form")  # the form again, to try another token
 
     b.sign_in(console.toks["viewer"])
     b.wait(lambda: b.has("#groups"), 15, "the groups page")
@@ -396,8 +397,9 @@ def test_failover_needs_admin_and_the_typed_name(console: Console, chrome: Brows
 
 
 def test_fragments_and_schema(console: Console) -> None:
-    """Without a session an htmx poll gets 401 and where to sign in; the
-    console is no part of the OpenAPI document; pages carry their CSP."""
+    """Without a session an htmx poll gets 401 and where to sign in; a
+    sign-in without the form's nonce is refused; the console is no part of
+    the OpenAPI document; pages carry their CSP."""
     with httpx.Client(base_url=console.base) as c:
         r = c.get(f"/console/jobs/{console.drills['passed']}/status",
                   headers={"HX-Request": "true"})
@@ -411,6 +413,10 @@ def test_fragments_and_schema(console: Console) -> None:
         assert r.headers["x-frame-options"] == "DENY"
         paths = c.get("/v1/openapi.json").json()["paths"]
         assert paths and not [p for p in paths if p.startswith("/console")]
+        # A sign-in posted from elsewhere (no nonce cookie of this browser) is refused.
+        r = c.post("/console/login", data={"token": console.toks["admin"], "nonce": "x" * 32})
+        assert r.status_code == 403 and 'data-code="csrf_mismatch"' in r.text
+        assert "cp_console=" not in r.headers.get("set-cookie", "")
         js = c.get("/console/static/htmx.min.js")
         assert js.status_code == 200 and b"htmx" in js.content[:2000]
     with console.sf() as s:
