@@ -46,7 +46,7 @@ class LoginRequired(Exception):
 
 
 @dataclass
-class Operator:
+class ConsoleUser:
     """The console's user: the token's row plus what the pages need."""
 
     token: ApiToken
@@ -80,7 +80,7 @@ def check_token(request: Request, session: SessionDep, settings: SettingsDep,
     return current_token(request, session, settings, cred)
 
 
-def current(request: Request, session: SessionDep, settings: SettingsDep) -> Operator:
+def current(request: Request, session: SessionDep, settings: SettingsDep) -> ConsoleUser:
     tok = request.cookies.get(COOKIE)
     if not tok:
         raise LoginRequired("")
@@ -89,15 +89,15 @@ def current(request: Request, session: SessionDep, settings: SettingsDep) -> Ope
     except ApiError as exc:
         raise LoginRequired("your session's token is unknown or revoked; "
                             "sign in again") from exc
-    user = Operator(row, csrf_for(tok, settings.token_secret.get_secret_value()))
+    user = ConsoleUser(row, csrf_for(tok, settings.token_secret.get_secret_value()))
     request.state.console_user = user  # the pages' header, error pages included
     return user
 
 
-User = Annotated[Operator, Depends(current)]
+User = Annotated[ConsoleUser, Depends(current)]
 
 
-def check_csrf(user: Operator, sent: str) -> None:
+def check_csrf(user: ConsoleUser, sent: str) -> None:
     if not sent or not hmac.compare_digest(sent, user.csrf):
         raise Forbidden("the form's CSRF token does not match this session; reload the page",
                         code="csrf_mismatch")
