@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
-from cutpoint.api import errors, logs
+from cutpoint.api import console, errors, logs
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
 from cutpoint.api.errors import Unavailable
@@ -72,6 +72,8 @@ def create_app(settings: Settings | None = None,
         declare_roles(r.router)
         v1.include_router(r.router)
     app.include_router(v1)
+    # The web console (/console): HTML over the same services, tokens and roles.
+    console.mount(app)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -73,3 +73,34 @@ if [ ! -f build/build.ninja ]; then
 fi
 ninja -C build >/dev/null
 log "C build: up to date ($(ls build/agent/cutpointd 2>/dev/null || echo 'no agent yet'))"
+
+# 4. The web console's one third-party asset, htmx, from npm's registry:
+#    pinned by version and by the SHA-256 of the registry's tarball, cached
+#    outside the repository, and unpacked into a git-ignored path that the
+#    console serves (api/console/static/).  Never committed.
+HTMX_VERSION=2.0.8
+HTMX_SHA256=51351b2ac4b3bc065692a4dd1349a82f90bf7c526134937ccb25d3932c8ce954
+htmx_cache=${CUTPOINT_ASSET_CACHE:-/var/cache/cutpoint/npm}/htmx.org-$HTMX_VERSION.tgz
+htmx_dst=api/console/static/htmx.min.js
+htmx_stamp=api/console/static/.htmx.sha256
+if [ "$(cat $htmx_stamp 2>/dev/null)" != "$HTMX_SHA256" ] || [ ! -f $htmx_dst ]; then
+    if ! echo "$HTMX_SHA256  $htmx_cache" | sha256sum -c --status 2>/dev/null; then
+        log "fetching htmx.org $HTMX_VERSION from registry.npmjs.org"
+        mkdir -p "$(dirname "$htmx_cache")"
+        curl -fsSL --retry 3 -o "$htmx_cache.part" \
+            "https://registry.npmjs.org/htmx.org/-/htmx.org-$HTMX_VERSION.tgz"
+        if ! echo "$HTMX_SHA256  $htmx_cache.part" | sha256sum -c --status; then
+            rm -f "$htmx_cache.part"
+            echo "setup: htmx.org-$HTMX_VERSION.tgz does not match its pinned SHA-256" >&2
+            exit 1
+        fi
+        mv "$htmx_cache.part" "$htmx_cache"
+    fi
+    mkdir -p "$(dirname $htmx_dst)"
+    tar -xzf "$htmx_cache" -O package/dist/htmx.min.js > $htmx_dst.part
+    mv $htmx_dst.part $htmx_dst
+    echo "$HTMX_SHA256" > $htmx_stamp
+    log "web console: htmx $HTMX_VERSION in $htmx_dst"
+else
+    log "web console: htmx $HTMX_VERSION present"
+fi
