@@ -128,14 +128,21 @@ def orphan_sweep(ctx: Ctx) -> dict[str, Any] | None:
 
 @cutpoint_task("webhook_tick", job=False)
 def webhook_tick(ctx: Ctx) -> dict[str, Any] | None:
-    """Send the webhook deliveries that are due (services/webhook_delivery.py);
-    one sender at a time, so no delivery goes out twice."""
+    """Record `cert.expiring` for certificates newly within the warning
+    window, then send the webhook deliveries that are due
+    (services/webhook_delivery.py); one sender at a time, so no delivery
+    goes out twice."""
     from cutpoint.api.services import webhook_delivery
 
     lock = ctx.redis.lock("cutpoint:lock:webhooks", timeout=600, thread_local=False)
     if not lock.acquire(blocking=False):
         raise Skip("another webhook sender is running")
     try:
+        from cutpoint.api.services import webhooks
+
+        with ctx.sf() as s:
+            if webhooks.cert_expiring(s):
+                s.commit()
         sent = webhook_delivery.deliver_due(ctx.sf)
     finally:
         lock.release()

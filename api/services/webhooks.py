@@ -9,21 +9,27 @@ and only if what it reports is.  The worker sends them
 - `rpo.recovered`: the first recovery point after a miss;
 - `replication.failed`: a replicate job failed;
 - `drill.finished`: a drill job ended (its verdict);
-- `failover.finished`, `failback.finished`: the job ended (its state, RTO).
+- `failover.finished`, `failback.finished`: the job ended (its state, RTO);
+- `cert.expiring`: an agent's certificate, as it presented it at the last
+  inventory pull, expires within CERT_WARN_DAYS (`cert_expiring`, sent by
+  the webhook tick once per subscription and certificate).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from cutpoint.api.errors import ApiError
-from cutpoint.api.models import Webhook, WebhookDelivery, utcnow
+from cutpoint.api.models import Host, Webhook, WebhookDelivery, utcnow
 from cutpoint.api.services.common import add_unique, get_or_404
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 EVENTS = ("rpo.breached", "rpo.recovered", "replication.failed", "drill.finished", "failover.finished",
-          "failback.finished")
+          "failback.finished", "cert.expiring")
+# As the CutpointAgentCertExpiring alert (api/monitoring/alerts.yml).
+CERT_WARN_DAYS = 14
 # The job kinds whose end is an event, and when: (event, on failure only).
 JOB_EVENTS = {"replicate": ("replication.failed", True), "drill": ("drill.finished", False),
               "failover": ("failover.finished", False),
@@ -65,6 +71,40 @@ def emit(session: Session, event: str, payload: dict[str, Any]) -> int:
             session.add(WebhookDelivery(webhook_id=w.id, event=event, payload=body))
             n += 1
     return n
+
+
+def cert_expiring(session: Session, now: dt.datetime | None = None) -> int:
+    """`cert.expiring` for every host whose agent certificate expires within
+    CERT_WARN_DAYS, to each subscription that wants it and was not yet told
+    of that certificate (host and expiry); no commit.  Returns how many
+    deliveries it added."""
+    now = now or utcnow()
+    horizon = now + dt.timedelta(days=CERT_WARN_DAYS)
+    hosts = [h for h in session.scalars(select(Host).where(Host.cert_not_after.is_not(None)))
+             if h.cert_not_after is not None and _utc(h.cert_not_after) <= horizon]
+    wanting = [w for w in session.scalars(select(Webhook)) if "cert.expiring" in (w.events or [])]
+    if not hosts or not wanting:
+        return 0
+    told = {(d.webhook_id, d.payload.get("host"), d.payload.get("not_after"))
+            for d in session.scalars(select(WebhookDelivery).where(
+                WebhookDelivery.event == "cert.expiring"))}
+    n = 0
+    for h in hosts:
+        assert h.cert_not_after is not None
+        expiry = _utc(h.cert_not_after)
+        not_after = expiry.isoformat()
+        body = {"event": "cert.expiring", "at": now.isoformat(), "host": h.name,
+                "site": h.site.name, "not_after": not_after,
+                "days_left": round((expiry - now).total_seconds() / 86400, 1)}
+        for w in wanting:
+            if (w.id, h.name, not_after) not in told:
+                session.add(WebhookDelivery(webhook_id=w.id, event="cert.expiring", payload=body))
+                n += 1
+    return n
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def for_job(kind: str, state: str) -> str | None:

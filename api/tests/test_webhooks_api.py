@@ -91,3 +91,37 @@ def test_the_first_recovery_point_after_a_miss_is_rpo_recovered(api: Any,
         rows = list(s.scalars(select(WebhookDelivery)))
     assert [r.payload["recovery_point"] for r in rows] == ["p3"], [r.payload for r in rows]
     assert rows[0].event == "rpo.recovered" and rows[0].payload["group"] == "rec"
+
+
+def test_cert_expiring_once_per_subscription_and_certificate(api: Any,
+                                                             session_factory: Any) -> None:
+    from cutpoint.api.models import Host, Site
+
+    for name, events in (("certs", ["cert.expiring"]), ("other", ["drill.finished"])):
+        assert api.post("/v1/webhooks", json={
+            "name": name, "url": "https://hooks.example/cp", "events": events,
+            "secret_file": "/etc/cutpoint/hook.secret"}).status_code == 201
+    now = utcnow()
+    with session_factory() as s:
+        site = Site(name="ce")
+        s.add(site)
+        s.flush()
+        s.add_all([Host(name="soon", site_id=site.id, address="10.0.0.7",
+                        cert_not_after=now + dt.timedelta(days=5)),
+                   Host(name="later", site_id=site.id, address="10.0.0.8",
+                        cert_not_after=now + dt.timedelta(days=30))])
+        s.commit()
+        assert webhooks.cert_expiring(s, now) == 1
+        s.commit()
+        assert webhooks.cert_expiring(s, now + dt.timedelta(hours=1)) == 0  # told already
+        rows = list(s.scalars(select(WebhookDelivery).where(
+            WebhookDelivery.event == "cert.expiring")))
+        assert [(r.payload["host"], r.payload["days_left"]) for r in rows] == [("soon", 5.0)]
+        # a renewed certificate that expires soon again is a new event
+        h = s.scalar(select(Host).where(Host.name == "soon"))
+        assert h is not None
+        h.cert_not_after = now + dt.timedelta(days=6)
+        s.commit()
+        assert webhooks.cert_expiring(s, now) == 1
+        # and "later" once it is within the window
+        assert webhooks.cert_expiring(s, now + dt.timedelta(days=20)) == 1
