@@ -11,16 +11,24 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from cutpoint.checkers import writer as wr
 from test_writer_host import (  # dr-tests/tests/test_writer_host.py
+    WRITER,
     disk_args,
     done_line,
-    make_disks,
     free_ports,
+    make_disks,
     run,
     wait_for_records,
-    writer_bin,  # noqa: F401  the `writer_bin` fixture
 )
+
+
+@pytest.fixture(scope="module")
+def writer_bin() -> Path:
+    if not WRITER.exists():
+        pytest.fail(f"{WRITER} is not built: run `ninja -C build`")
+    return WRITER
 
 
 def start_line(out: str, what: str = "start") -> dict[str, str]:
