@@ -60,12 +60,12 @@ class Step:
 class Walk:
     """Runs `cutpoint` commands against the server, recording each."""
 
-    def __init__(self, env: dict[str, str], echo: bool) -> None:
+    def __init__(self, env: dict[str, str], echo: bool, steps: list[Step]) -> None:
         # A fixed width: rich sizes its tables to the terminal, and the
         # output goes into a document.
         self.env = {**env, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
         self.echo = echo
-        self.steps: list[Step] = []
+        self.steps = steps
 
     def run(self, title: str, *args: str, expect: int = 0, note: str = "") -> Step:
         r = subprocess.run([EXE, *args], env=self.env, capture_output=True, text=True,
@@ -103,11 +103,14 @@ def run(out: Path | None, json_out: Path | None) -> int:
 
     started = datetime.now(UTC)
     steps: list[Step] = []
+    broke = ""
     with lock.lab_lock(wait=True, log=print):
-        subprocess.run([LAB_EXE, "up", "--hosts", "2", "--vms-per-host", "1", "--disks", "2",
-                        "--workload", "writer"], check=True)
         try:
-            steps = _steps()
+            subprocess.run([LAB_EXE, "up", "--hosts", "2", "--vms-per-host", "1", "--disks",
+                            "2", "--workload", "writer"], check=True)
+            _steps(steps)
+        except (subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:
+            broke = f"dr-walkthrough: stopped after {len(steps)} steps: {exc!r}"
         finally:
             subprocess.run([LAB_EXE, "down"], check=False)
     bad = [s for s in steps if s.rc != s.expect]
@@ -122,10 +125,12 @@ def run(out: Path | None, json_out: Path | None) -> int:
     for s in bad:
         print(f"dr-walkthrough: `cutpoint {' '.join(s.argv)}` exited {s.rc}, "
               f"expected {s.expect}")
-    return 1 if bad or not steps else 0
+    if broke:
+        print(broke)
+    return 1 if bad or broke or not steps else 0
 
 
-def _steps() -> list[Step]:
+def _steps(steps: list[Step]) -> None:
     from cutpoint.lab.agents import start_agents, stop_agents
     from cutpoint.lab.drillboot import stop_guests, stop_standbys
     from cutpoint.lab.sites import cli_args
@@ -136,7 +141,7 @@ def _steps() -> list[Step]:
     start_agents(status, certs, primary_start=True)
     state = Path(tempfile.mkdtemp(prefix="cutpoint-walkthrough-"))
     server, env = start_server(state, certs, show=False)
-    w = Walk(env, echo=True)
+    w = Walk(env, echo=True, steps=steps)
     guests: list[dict[str, Any]] = []
     try:
         _protect(w, status, certs, cli_args)
@@ -158,7 +163,6 @@ def _steps() -> list[Step]:
         stop_guests(guests)
         stop_standbys(status)
         stop_agents(status)
-    return w.steps
 
 
 def _protect(w: Walk, status: dict[str, Any], certs: Path, cli_args: Any) -> None:
