@@ -147,7 +147,8 @@ def _steps(steps: list[Step]) -> None:
         _protect(w, status, certs, cli_args)
         _drill(w)
         fo = w.run("Fail over to DR (planned: the primaries are stopped first)",
-                   "dr", "failover", GROUP, "--workload", "writer", "--yes")
+                   "dr", "failover", GROUP, "--mode", "planned", "--workload", "writer",
+                   "--yes")
         if fo.rc == 0:
             guests = _guests(w)
             w.run("Re-protect: replicate from DR back to the primary",
