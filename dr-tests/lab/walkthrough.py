@@ -101,10 +101,10 @@ def run(out: Path | None, json_out: Path | None) -> int:
         signal.signal(sig, _interrupted)
     from cutpoint.lab import lock
 
-    started = datetime.now(UTC)
     steps: list[Step] = []
     broke = ""
     with lock.lab_lock(wait=True, log=print):
+        started = datetime.now(UTC)  # once the lab is ours: the run's own time
         try:
             subprocess.run([LAB_EXE, "up", "--hosts", "2", "--vms-per-host", "1", "--disks",
                             "2", "--workload", "writer"], check=True)
