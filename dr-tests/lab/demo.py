@@ -51,6 +51,38 @@ def cp(*args: str, env: dict[str, str] | None = None, check: bool = True,
     return r.stdout if capture else ""
 
 
+def start_server(state: Path, certs: Path, port: int = 18470,
+                 show: bool = True) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """`cutpoint server --embedded` with the lab's booter, its state under
+    `state`; returns it once ready, and the environment (CUTPOINT_URL,
+    CUTPOINT_TOKEN: the admin token it wrote) for `cutpoint` commands.
+    Unless `show`, its log goes to `state`/server.log, not our output."""
+    token_file = state / "admin.token"
+    if show:
+        print(f"$ CUTPOINT_BOOTER=lab cutpoint server --embedded --state-dir {state / 'server'} "
+              f"--port {port} --agent-certs {certs} --admin-token-file {token_file}")
+    with open(os.devnull if show else state / "server.log", "ab") as log:
+        server = subprocess.Popen(
+            [EXE, "server", "--embedded", "--state-dir", str(state / "server"),
+             "--port", str(port), "--agent-certs", str(certs),
+             "--admin-token-file", str(token_file)], start_new_session=True,
+            env={**os.environ, "CUTPOINT_BOOTER": "lab"},
+            stdout=None if show else log, stderr=None if show else log)
+    env = {**os.environ, "CUTPOINT_URL": f"http://127.0.0.1:{port}"}
+    for _ in range(120):
+        if token_file.exists():
+            try:
+                import httpx
+
+                if httpx.get(env["CUTPOINT_URL"] + "/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    env["CUTPOINT_TOKEN"] = token_file.read_text().strip()
+    return server, env
+
+
 def dr_steps(env: dict[str, str]) -> None:
     """Every committed snapshot is replicated to site dr; end with a
     replicated recovery point, a drill at DR that passes, and its report."""
@@ -116,27 +148,7 @@ def run(seconds: int, rpo: int) -> int:
                 print(f"agent {rec['host']} at {rec['address']}:{rec['port']} pid {rec['pid']}")
             say("cutpoint server --embedded (API + worker + beat, SQLite, its own Redis), "
                 "with the lab's booter")
-            port = 18470
-            token_file = state / "admin.token"
-            print(f"$ CUTPOINT_BOOTER=lab cutpoint server --embedded --state-dir {state / 'server'} --port {port} "
-                  f"--agent-certs {certs} --admin-token-file {token_file}")
-            server = subprocess.Popen(
-                [EXE, "server", "--embedded", "--state-dir", str(state / "server"),
-                 "--port", str(port), "--agent-certs", str(certs),
-                 "--admin-token-file", str(token_file)], start_new_session=True,
-                env={**os.environ, "CUTPOINT_BOOTER": "lab"})
-            env = {**os.environ, "CUTPOINT_URL": f"http://127.0.0.1:{port}"}
-            for _ in range(120):
-                if token_file.exists():
-                    try:
-                        import httpx
-
-                        if httpx.get(env["CUTPOINT_URL"] + "/readyz").status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                time.sleep(0.5)
-            env["CUTPOINT_TOKEN"] = token_file.read_text().strip()
+            server, env = start_server(state, certs)
             say("register the sites with their Ceph access (client.cutpoint, not admin; "
                 "the API runs the site check first) and the hosts (each pulls its "
                 "agent's inventory)")

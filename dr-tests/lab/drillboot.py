@@ -6,7 +6,8 @@ lab's tests, demo and drills run the control plane with CUTPOINT_BOOTER=lab.
 failover  through the DR host's agent like the product's AgentBooter
           (`vm.start` of the standby the agent defines, cutpoint.lab.standby),
           after writing the request's workload into each standby's spec
-          (the guest command line); ready = the guest's init printed its
+          (the guest command line; the writer with `--resume`, so it
+          continues its run: `failover_args`); ready = the guest's init printed its
           ready line on the console (QEMU still alive), which is later than
           the agent's `running` and means the workload started
 drill     the agents cannot boot clones (they start only the VMs they
@@ -164,9 +165,10 @@ class LabBooter:
         # Failover boots DR's standbys; a failback, the primary's own VMs.
         site = "dr" if req.site is None or req.site.name == "dr" else req.site.name
         specs = {}
+        args = failover_args(status, req.workload)
         for vm in req.vms:
             try:
-                standby.set_workload(status, vm.name, req.workload, site=site)
+                standby.set_workload(status, vm.name, req.workload, args, site=site)
                 specs[vm.name] = standby.load(status, vm.name, site)
             except (LabError, OSError, ValueError) as exc:
                 raise BootError(f"{vm.name}: no standby at DR: {exc}") from exc
@@ -253,6 +255,17 @@ class LabBooter:
         if on_event:
             on_event("isolate", {"status": "ok", "bridge": bridge, "netns": ns,
                                  "ports": members, "uplink": None, "bridge_addresses": []})
+
+
+def failover_args(status: dict[str, Any], workload: str) -> str:
+    """The workload arguments of a VM that a failover (or failback) boots:
+    the lab's own (`--workload-args`), and for the writer `--resume`, since
+    the VM goes on where its disks' recovery point left off: the writer
+    continues the run they hold, so its checker sees one run throughout."""
+    args = [a for a in (status.get("config", {}).get("workload_args") or "").split(",") if a]
+    if workload == "writer" and "--resume" not in args:
+        args.append("--resume")
+    return ",".join(args)
 
 
 def stop_guests(guests: list[dict[str, Any]], grace_s: float = 10) -> None:

@@ -50,7 +50,8 @@ def test_lab_up_rejects_bad_input(args: list[str], env: dict[str, str], needle: 
 def test_cutpoint_lab_has_the_test_beds_commands() -> None:
     r = cli("--help")
     assert r.returncode == 0, r.stderr
-    for cmd in ("up", "status", "down", "group-file", "build-image", "bench", "check", "demo"):
+    for cmd in ("up", "status", "down", "group-file", "build-image", "bench", "check", "demo",
+                "dr-walkthrough"):
         assert f" {cmd} " in r.stdout, (cmd, r.stdout)
     r = cli("bench", "--help")
     for cmd in ("replication", "pause", "snapsize", "overhead", "quiesce", "control-plane",

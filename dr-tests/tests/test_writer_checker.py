@@ -271,3 +271,35 @@ def test_group_snapshot_members_from_the_transaction_log(tmp_path: Path) -> None
         wr.specs_for_group_snapshot("t3", url, status)
     with pytest.raises(ValueError, match="not a disk of the lab"):
         wr.specs_for_group_snapshot("t1", url, {"sites": {}, "vms": []})
+
+
+def continued(first: int, n: int = N) -> list[bytearray]:
+    """synth()'s run, continued after a failover as `--resume` does: the
+    writer's next slots, but the sequence numbers from `first` on."""
+    disks = synth(n=N)
+    for k in range(N, N + n):
+        seq = first + (k - N)
+        d, slot = k % NDISKS, k // NDISKS
+        disks[d][slot * 512:(slot + 1) * 512] = wr.encode_record(
+            seq, epoch=slot, vm=1, disk=d, run=RUN)
+    return disks
+
+
+def test_a_run_continued_after_a_failover_passes(tmp_path: Path) -> None:
+    v = wr.check_files(write(tmp_path, continued(N + 1)))
+    assert v.ok, v.summary()
+    assert (v.p, v.records, list(v.runs)) == (2 * N, 2 * N, [RUN])
+
+
+def test_a_continuation_from_a_stale_seq_is_a_duplicate(tmp_path: Path) -> None:
+    """It started again from an older point than the disks hold."""
+    v = wr.check_files(write(tmp_path, continued(N - 4)))
+    assert not v.ok
+    assert (v.duplicates, v.gaps, v.torn, v.corrupt) == (5, [], 0, 0)
+
+
+def test_a_continuation_that_skips_seqs_is_a_gap(tmp_path: Path) -> None:
+    """It started after records the disks do not hold (a lost tail)."""
+    v = wr.check_files(write(tmp_path, continued(N + 3)))
+    assert not v.ok
+    assert (v.gaps, v.duplicates, v.torn, v.corrupt) == ([(N + 1, N + 2)], 0, 0, 0)

@@ -7,13 +7,14 @@ next to this one; keep this file a table of contents.
     cutpoint-lab bench ...       every benchmark (print a table, write JSON)
     cutpoint-lab check ...       the workload checkers
     cutpoint-lab demo            the control-plane demo of `make demo`
+    cutpoint-lab dr-walkthrough  docs/dr.md's DR walkthrough, every step run
 """
 
 from __future__ import annotations
 
 import typer
 from cutpoint.api.version import VERSION
-from cutpoint.lab import demo
+from cutpoint.lab import demo, walkthrough
 from cutpoint.lab.cli import bench, check, lab
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ lab.register(app)
 app.add_typer(bench.app, name="bench")
 app.add_typer(check.app, name="check")
 app.command("demo")(demo.demo)
+app.command("dr-walkthrough")(walkthrough.walkthrough)
 
 
 def _version(value: bool) -> None:

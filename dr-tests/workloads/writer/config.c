@@ -24,6 +24,7 @@ const char config_usage[] =
     "  --run ID             run id (default: from the clock)\n"
     "  --buffered           do not use O_DIRECT (for tmpfs files)\n"
     "  --zero               zero the disks before writing\n"
+    "  --resume             continue the run on the disks (after a failover)\n"
     "  --version, --help\n"
     "Environment: CP_VM CP_IP CP_PEERS CP_DISKS CP_ARGS (comma-separated "
     "flags).\n";
@@ -177,7 +178,7 @@ static const struct flag flags[] = {
     {"ring-index", true}, {"port", true}, {"single", false},
     {"count", true}, {"delay-us", true}, {"progress", true},
     {"connect-timeout", true}, {"run", true}, {"buffered", false},
-    {"zero", false}, {"help", false}, {"version", false},
+    {"zero", false}, {"resume", false}, {"help", false}, {"version", false},
 };
 
 static int apply(struct config *cfg, const char *name, const char *val,
@@ -232,6 +233,8 @@ static int apply(struct config *cfg, const char *name, const char *val,
         cfg->buffered = true;
     } else if (strcmp(name, "zero") == 0) {
         cfg->zero = true;
+    } else if (strcmp(name, "resume") == 0) {
+        cfg->resume = true;
     } else if (strcmp(name, "help") == 0) {
         cfg->help = true;
     } else if (strcmp(name, "version") == 0) {
@@ -353,6 +356,11 @@ int config_finish(struct config *cfg, char *err, size_t errlen)
         return 0;
     if (cfg->ndisks == 0) {
         set_err(err, errlen, "no disks: give --disk or CP_DISKS");
+        return -1;
+    }
+    if (cfg->resume && (cfg->zero || cfg->run)) {
+        set_err(err, errlen, "--resume continues the run on the disks: "
+                "it takes neither --zero nor --run");
         return -1;
     }
     if (!config_distributed(cfg))

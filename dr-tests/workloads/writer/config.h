@@ -46,6 +46,7 @@ struct config {
     bool buffered;              /* no O_DIRECT (tmpfs cannot do it) */
     bool single;                /* single-VM mode even if peers are given */
     bool zero;                  /* zero the disks before writing */
+    bool resume;                /* continue the run found on the disks */
     bool help;
     bool version;
 };

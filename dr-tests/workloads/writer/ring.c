@@ -60,7 +60,7 @@ int ring_msg_decode(const unsigned char *buf, struct ring_msg *m)
     m->type = (uint32_t)get_le(buf + 4, 4);
     m->run = get_le(buf + 8, 8);
     m->seq = get_le(buf + 16, 8);
-    if (m->type != RING_TOKEN && m->type != RING_STOP)
+    if (m->type < RING_TOKEN || m->type > RING_COUNT)
         return -1;
     return 0;
 }

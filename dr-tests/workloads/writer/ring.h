@@ -17,6 +17,16 @@
  *   TOKEN(seq) --write record seq--> TOKEN(seq+1) to next
  *   count reached or disk full: STOP to next; wait until STOP comes back
  *   STOP from prev (not ours): forward STOP, exit
+ *
+ * With --resume (resume.h) a census goes round once before the token, so
+ * that the ring agrees on where the run found on its disks goes on:
+ *
+ *   node 0:  CENSUS(run, seq = its highest seq) --> every node: same run
+ *            or none, seq = max --> back at node 0
+ *            COUNT(run, seq = its records) --> every node adds its own,
+ *            takes the run --> back at node 0: records == highest seq, or
+ *            node 0 exits with the error (the ring closes behind it)
+ *            TOKEN(seq = highest + 1) as above
  */
 #ifndef CP_WRITER_RING_H
 #define CP_WRITER_RING_H
@@ -31,6 +41,8 @@
 enum ring_type {
     RING_TOKEN = 1,
     RING_STOP = 2,
+    RING_CENSUS = 3,
+    RING_COUNT = 4,
 };
 
 struct ring_msg {

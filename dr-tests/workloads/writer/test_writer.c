@@ -75,6 +75,13 @@ static void test_ring_msg(void **state)
     assert_int_equal(ring_msg_decode(buf, &out), 0);
     assert_int_equal(out.type, RING_STOP);
     assert_true(out.run == 42 && out.seq == 1000);
+    buf[4] = RING_COUNT;                 /* --resume's census */
+    assert_int_equal(ring_msg_decode(buf, &out), 0);
+    assert_int_equal(out.type, RING_COUNT);
+    buf[4] = RING_COUNT + 1;             /* the first unknown type */
+    assert_int_equal(ring_msg_decode(buf, &out), -1);
+    buf[4] = 0;
+    assert_int_equal(ring_msg_decode(buf, &out), -1);
     buf[4] = 9;                          /* unknown type */
     assert_int_equal(ring_msg_decode(buf, &out), -1);
 }

@@ -11,7 +11,9 @@
  * A writer's k-th record (k from 0) goes to disk k mod ndisks at slot
  * k / ndisks, which is also its epoch: one epoch is a round over all disks.
  * Any crash-consistent image of the disks therefore holds exactly the
- * records 1..p for some p; docs/writer.md explains why.
+ * records 1..p for some p; docs/writer.md explains why.  With --resume the
+ * writer continues the run such an image holds (resume.h): same run id,
+ * seq p+1 on, each disk's next slot.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -23,6 +25,7 @@
 #include "config.h"
 #include "disks.h"
 #include "record.h"
+#include "resume.h"
 #include "ring.h"
 
 #ifndef CUTPOINT_VERSION
@@ -36,7 +39,8 @@ struct writer {
     struct disks disks;
     struct ring ring;
     uint64_t run;
-    uint64_t written;       /* records this writer wrote */
+    struct resume_state found;  /* --resume: this writer's records on disk */
+    uint64_t written;       /* records this writer wrote (this process) */
     uint64_t last_seq;      /* highest seq this writer wrote or saw */
     double started;
     double last_progress;
@@ -89,8 +93,9 @@ static void progress(struct writer *w, bool force)
 static int write_next(struct writer *w, uint64_t seq, char *err)
 {
     struct record rec;
-    int disk = (int)(w->written % (uint64_t)w->disks.n);
-    uint64_t slot = w->written / (uint64_t)w->disks.n;
+    uint64_t k = w->found.records + w->written;  /* this writer's k-th */
+    int disk = (int)(k % (uint64_t)w->disks.n);
+    uint64_t slot = k / (uint64_t)w->disks.n;
     double t;
 
     if (slot >= w->disks.slots)
@@ -125,7 +130,7 @@ static void done(struct writer *w, const char *reason)
 
 static int run_single(struct writer *w, char *err)
 {
-    for (uint64_t seq = 1;; seq++) {
+    for (uint64_t seq = w->found.last_seq + 1;; seq++) {
         int rc;
 
         if (w->cfg.count && seq > w->cfg.count) {
@@ -160,18 +165,89 @@ static int stop_ring(struct writer *w, uint64_t seq, const char *reason,
     return 0;
 }
 
+/* Receive a census message of type `type`; anything else is an error. */
+static int census_recv(struct writer *w, struct ring_msg *m, uint32_t type,
+                       char *err)
+{
+    if (ring_recv(&w->ring, m, err, ERRLEN) < 0)
+        return -1;
+    if (m->type != type) {
+        snprintf(err, ERRLEN, "ring census: message type %u, expected %u "
+                 "(does every writer of the ring have --resume?)",
+                 m->type, type);
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * --resume in a ring: agree on the run and its next seq (ring.h).  On
+ * return node 0's *first is the seq its token starts with.  0 / -1.
+ */
+static int ring_census(struct writer *w, uint64_t *first, char *err)
+{
+    struct ring_msg m;
+    uint64_t own = w->found.run;
+
+    if (w->ring.index == 0) {
+        m = (struct ring_msg){ RING_CENSUS, own, w->found.last_seq };
+        if (ring_send(&w->ring, &m, err, ERRLEN) < 0 ||
+            census_recv(w, &m, RING_CENSUS, err) < 0)
+            return -1;
+        uint64_t run = m.run, highest = m.seq;
+
+        m = (struct ring_msg){ RING_COUNT, run, w->found.records };
+        if (ring_send(&w->ring, &m, err, ERRLEN) < 0 ||
+            census_recv(w, &m, RING_COUNT, err) < 0)
+            return -1;
+        if (m.seq != highest) {
+            snprintf(err, ERRLEN, "resume: the ring's disks hold %llu "
+                     "records but the highest seq is %llu: records are "
+                     "missing, not a crash-consistent copy",
+                     (unsigned long long)m.seq, (unsigned long long)highest);
+            return -1;
+        }
+        if (run)
+            w->run = run;
+        *first = highest + 1;
+        printf("cp-writer: ring resumes run=%llu at seq=%llu\n",
+               (unsigned long long)w->run, (unsigned long long)*first);
+        return 0;
+    }
+    if (census_recv(w, &m, RING_CENSUS, err) < 0)
+        return -1;
+    if (own && m.run && own != m.run) {
+        snprintf(err, ERRLEN, "resume: this writer's disks hold run %llu, "
+                 "another writer's run %llu", (unsigned long long)own,
+                 (unsigned long long)m.run);
+        return -1;
+    }
+    m.run = m.run ? m.run : own;
+    m.seq = m.seq > w->found.last_seq ? m.seq : w->found.last_seq;
+    if (ring_send(&w->ring, &m, err, ERRLEN) < 0 ||
+        census_recv(w, &m, RING_COUNT, err) < 0)
+        return -1;
+    m.seq += w->found.records;
+    if (m.run)
+        w->run = m.run;
+    return ring_send(&w->ring, &m, err, ERRLEN);
+}
+
 static int run_ring(struct writer *w, char *err)
 {
     struct ring_msg m;
     bool holding = w->ring.index == 0;
+    uint64_t first = 1;
 
     printf("cp-writer: ring connected, position %d of %d%s\n",
            w->ring.index, w->ring.n,
            w->ring.index == 0 ? "" : " (run id comes with the token)");
+    if (w->cfg.resume && ring_census(w, &first, err) < 0)
+        return -1;
     if (holding) {
         m.type = RING_TOKEN;
         m.run = w->run;
-        m.seq = 1;
+        m.seq = first;
     }
     for (;;) {
         int rc;
@@ -187,7 +263,13 @@ static int run_ring(struct writer *w, char *err)
             done(w, "stopped");
             return 0;
         }
-        if (w->ring.index != 0 && w->written == 0)
+        if (m.type != RING_TOKEN) {
+            snprintf(err, ERRLEN, "ring: message type %u, expected the token "
+                     "(does every writer of the ring have --resume?)",
+                     m.type);
+            return -1;
+        }
+        if (w->ring.index != 0 && w->written == 0 && w->found.records == 0)
             w->run = m.run;     /* everyone takes the initiator's run id */
         if (m.run != w->run) {
             snprintf(err, ERRLEN, "token of run %llu, expected %llu",
@@ -239,10 +321,25 @@ int main(int argc, char **argv)
     if (w.cfg.zero && disks_zero(&w.disks, err, sizeof(err)) < 0)
         goto cleanup;
     w.run = w.cfg.run ? w.cfg.run : default_run();
+    if (w.cfg.resume) {
+        if (resume_scan(&w.disks, w.cfg.vm, &w.found, err, sizeof(err)) < 0)
+            goto cleanup;
+        if (!config_distributed(&w.cfg) &&
+            resume_check_single(&w.found, err, sizeof(err)) < 0)
+            goto cleanup;
+        if (w.found.run)
+            w.run = w.found.run;
+        w.last_seq = w.found.last_seq;
+    }
     printf("cp-writer: start mode=%s vm=%u disks=%d slots=%llu run=%llu "
            "direct=%s\n", config_distributed(&w.cfg) ? "distributed" : "single",
            w.cfg.vm, w.disks.n, (unsigned long long)w.disks.slots,
            (unsigned long long)w.run, w.disks.direct[0] ? "yes" : "no");
+    if (w.cfg.resume)
+        printf("cp-writer: resume vm=%u run=%llu records=%llu last_seq=%llu\n",
+               w.cfg.vm, (unsigned long long)w.found.run,
+               (unsigned long long)w.found.records,
+               (unsigned long long)w.found.last_seq);
     w.started = w.last_progress = now_s();
     if (config_distributed(&w.cfg)) {
         if (ring_connect(&w.ring, &w.cfg, err, sizeof(err)) < 0)
