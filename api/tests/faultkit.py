@@ -210,3 +210,41 @@ def agent_txns(lab: dict[str, Any], settings: Any, site: str = "primary") -> dic
             return (await ac.call("stats", {}, timeout=10)).get("txns")
 
     return {h["name"]: asyncio.run(one(h)) for h in lab["hosts"] if h["site"] == site}
+
+
+def expired_cert(certs: Path, out: Path, name: str, role: str) -> tuple[Path, Path]:
+    """A certificate for `name` with role `role`, signed by the CA in `certs`
+    (ca.pem, ca.key) with the issue script's names and usages, but whose
+    validity ended yesterday: (cert, key), written under `out`."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca = x509.load_pem_x509_certificate((certs / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=3))
+            .not_valid_after(now - dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName(name),
+                x509.UniformResourceIdentifier(f"spiffe://cutpoint/{role}")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    pem, kpem = out / f"expired-{name}.pem", out / f"expired-{name}.key"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    kpem.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    kpem.chmod(0o600)
+    return pem, kpem

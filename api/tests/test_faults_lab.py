@@ -182,3 +182,67 @@ async def test_blackhole_during_commit(lab: dict[str, Any], agents: list[dict[st
     assert snaps_of(lab, txn) == []
     assert_pause_bound(pauses(agents, txn), LEASE_MS)
     del vm
+
+
+# -- a certificate that is wrong but valid ----------------------------------------
+def _agent_rec(agents: list[dict[str, Any]], host: str) -> dict[str, Any]:
+    return next(a for a in agents if a["host"] == host)
+
+
+async def test_another_hosts_certificate_cannot_prepare(
+        lab: dict[str, Any], agents: list[dict[str, Any]], spec: GroupSpec,
+        pool: AgentPool) -> None:
+    """The second host's agent certificate (signed by the same CA, pinned
+    nowhere it matters) calls PREPARE on the first host's agent: FORBIDDEN,
+    naming the role it needs; nothing is paused."""
+    from cutpoint.agentclient import AgentClient, AgentReplyError, client_context
+
+    certs = Path(lab["state_dir"]) / "certs"
+    first, second = spec.agents[0], spec.agents[1]
+    ctx = client_context(certs / "ca.pem", certs / f"{second.name}.pem",
+                         certs / f"{second.name}.key")
+    rec = _agent_rec(agents, first.name)
+    before = await pool.get(first.address, first.port, name=first.name).stats()
+    async with AgentClient(first.address, first.port, ssl_context=ctx) as c:
+        with pytest.raises(AgentReplyError) as ei:
+            await c.prepare(_txn("othercert"), [v.name for v in first.vms], LEASE_MS)
+    print(f"\n{second.name}'s certificate on {first.name}: {ei.value.code}: {ei.value.message}")
+    assert ei.value.code == "FORBIDDEN"
+    assert "needs the role coordinator" in ei.value.message and "role is agent" in ei.value.message
+    after = await pool.get(first.address, first.port, name=first.name).stats()
+    assert after["txns"] == before["txns"]
+    assert set((await vm_states(pool, spec)).values()) == {"running"}
+    assert f"cn={second.name} role=agent cmd=prepare why=role" in \
+        Path(rec["log"]).read_text(errors="replace")
+
+
+async def test_expired_certificate_is_refused(lab: dict[str, Any], agents: list[dict[str, Any]],
+                                              spec: GroupSpec, pool: AgentPool,
+                                              tmp_path: Path) -> None:
+    """A coordinator certificate from the right CA, with the right role, but
+    expired: the handshake is refused (the agent logs why) and no request
+    runs; the same call with the valid coordinator certificate works."""
+    from cutpoint.agentclient import AgentClient, AgentError, client_context
+    from faultkit import expired_cert
+
+    certs = Path(lab["state_dir"]) / "certs"
+    first = spec.agents[0]
+    rec = _agent_rec(agents, first.name)
+    pem, key = expired_cert(certs, tmp_path, "coordinator", "coordinator")
+    ctx = client_context(certs / "ca.pem", pem, key)
+    log_from = Path(rec["log"]).stat().st_size
+    before = await pool.get(first.address, first.port, name=first.name).stats()
+    with pytest.raises(AgentError) as ei:
+        async with AgentClient(first.address, first.port, ssl_context=ctx,
+                               call_timeout=10) as c:
+            await c.prepare(_txn("expired"), [v.name for v in first.vms], LEASE_MS)
+    text = Path(rec["log"]).read_text(errors="replace")[log_from:]
+    refused = [ln for ln in text.splitlines() if "event=tls_refused" in ln]
+    print(f"\nexpired coordinator certificate: {ei.value.code}: {ei.value.message}; "
+          f"agent: {refused}")
+    assert ei.value.code != "FORBIDDEN"   # refused at the handshake, not per command
+    assert any('verify="certificate has expired"' in ln for ln in refused), text[-2000:]
+    after = await pool.get(first.address, first.port, name=first.name).stats()
+    # Only our own second `stats` ran in between: the PREPARE never did.
+    assert after["txns"] == before["txns"] and after["requests"] == before["requests"] + 1
+    assert set((await vm_states(pool, spec)).values()) == {"running"}
