@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.fault,
 
 LEASE_MS = 3000  # the policy of test_api_lab.register and labflow.register
 RATE_MBPS = 16   # per cutpoint-sync run: a copy slow enough to be caught mid-way
+OP_TIMEOUT_S = 5  # the DR site's Ceph op timeout in the hung-OSD cell
 
 
 @pytest.fixture
@@ -168,55 +169,84 @@ def test_redis_killed_mid_snapshot(lab: dict[str, Any], plane: Plane, client: Te
              in ("succeeded", "failed"), 60, "the job's state", plane)
 
 
-# -- the worker, mid-replication ----------------------------------------------------
+# -- replication copy ---------------------------------------------------------------
+def _copying(c: TestClient, lab: dict[str, Any], plane: Plane,
+             dr_op_timeout_s: int | None = None) -> tuple[int, list[str]]:
+    """The group on the plane (labflow.register: both sites, DR host), fresh
+    data on every primary disk so the copy has bytes to move whatever an
+    earlier test of the session replicated, a committed group snapshot, and
+    its replication under way: (snapshot id, member image names).
+    `dr_op_timeout_s`: the DR site's Ceph op timeout, set before the copy."""
+    from cutpoint.bench.replication import MiB, pattern, write_extents
+    from labflow import finish, register  # api/tests/labflow.py
+
+    plane.start("worker")
+    register(c, lab, plane)
+    if dr_op_timeout_s is not None:
+        dr = next(x for x in c.get("/v1/sites").json()["items"] if x["name"] == "dr")
+        r = c.patch(f"/v1/sites/{dr['id']}", json={"ceph": {"op_timeout_s": dr_op_timeout_s},
+                                                   "check": False})
+        assert r.status_code == 200, r.text
+    primary = lab["sites"]["primary"]
+    images = []
+    for vm in lab["vms"]:
+        for d in vm["disks"] if vm["site"] == "primary" else []:
+            images.append(d["image"])
+            write_extents(primary, d["image"], d["size_mb"] * MiB,
+                          [(0, pattern(7000 + len(images), 16 * MiB))])
+    job = c.post("/v1/groups/app/snapshots").json()
+    done = finish(c, job["id"], "group snapshot", plane, 90)
+    assert done["state"] == "succeeded", done
+    sid = int(done["snapshot_id"])
+
+    def copying() -> bool:
+        r = c.get(f"/v1/snapshots/{sid}/replication").json()
+        assert not r["recovery_point"], f"copied before it could be interrupted: {r}"
+        return bool(r["state"] == "copying" and r["bytes_shipped"] > 0)
+    wait_for(copying, 120, "the copy under way", plane, every=0.2)
+    return sid, images
+
+
+def _not_offered(c: TestClient, sid: int) -> dict[str, Any]:
+    """The snapshot's replication, asserting it is not a recovery point,
+    neither on the snapshot nor as the group's newest."""
+    r = dict(c.get(f"/v1/snapshots/{sid}/replication").json())
+    assert not r["recovery_point"], r
+    newest = c.get("/v1/groups/app/replication").json()["newest_recovery_point"]
+    assert newest != r["txn"], newest
+    return r
+
+
+def _identical(lab: dict[str, Any], images: list[str], txn: str) -> None:
+    """Every DR member snapshot equals the primary's (`rbd export` SHA-256,
+    independent of cutpoint-sync's own verification)."""
+    from cutpoint.bench.replication import snap_sha256
+
+    for image in images:
+        assert snap_sha256(lab["sites"]["dr"], image, f"cp.app.{txn}") == \
+            snap_sha256(lab["sites"]["primary"], image, f"cp.app.{txn}"), image
+
+
 def test_worker_kill9_mid_replication(lab: dict[str, Any], plane: Plane,
                                       client: TestClient) -> None:
     """kill -9 of the worker (its whole process group: the copy too) while
     a committed snapshot is copied to DR: the snapshot is not offered as a
     recovery point while its copy is partial; a new worker (the job
-    redelivered, or re-sent by beat) finishes it, and then it is one, with
-    every DR member snapshot equal to the primary's (`rbd export` SHA-256)."""
-    from cutpoint.bench.replication import MiB, pattern, snap_sha256, write_extents
-    from labflow import finish, register  # api/tests/labflow.py
-
+    redelivered, or re-sent by beat) finishes it, and then it is one, equal
+    to the primary's."""
     c = client
-    plane.start("worker")
-    register(c, lab, plane)
-    primary = lab["sites"]["primary"]
-    disks = [(d["image"], d["size_mb"] * MiB) for vm in lab["vms"]
-             if vm["site"] == "primary" for d in vm["disks"]]
-    # Fresh data on every disk, so the copy has bytes to move whatever an
-    # earlier test of the session replicated.
-    for n, (image, size) in enumerate(disks):
-        write_extents(primary, image, size, [(0, pattern(7000 + n, 16 * MiB))])
-    job = c.post("/v1/groups/app/snapshots").json()
-    done = finish(c, job["id"], "group snapshot", plane, 90)
-    assert done["state"] == "succeeded", done
-    sid = done["snapshot_id"]
-
-    def rep() -> dict[str, Any]:
-        return dict(c.get(f"/v1/snapshots/{sid}/replication").json())
-
-    def copying() -> bool:
-        r = rep()
-        assert not r["recovery_point"], f"copied before it could be interrupted: {r}"
-        return r["state"] == "copying" and r["bytes_shipped"] > 0
-    wait_for(copying, 120, "the copy under way", plane, every=0.2)
+    sid, images = _copying(c, lab, plane)
     plane.kill9("worker")
-    mid = rep()
-    print(f"\nworker killed mid-copy: {mid['state']}, {mid['bytes_shipped']} bytes shipped, "
-          f"recovery point {mid['recovery_point']}")
-    # Partial: not offered, neither on the snapshot nor as the group's newest.
+    mid = _not_offered(c, sid)
+    print(f"\nworker killed mid-copy: {mid['state']}, {mid['bytes_shipped']} bytes shipped")
     time.sleep(3)
-    assert not rep()["recovery_point"]
-    newest = c.get("/v1/groups/app/replication").json()["newest_recovery_point"]
-    assert newest != rep()["txn"], newest
+    _not_offered(c, sid)
     plane.start("worker")
     plane.start("beat")
     t0 = time.monotonic()
 
     def verified() -> dict[str, Any] | None:
-        r = rep()
+        r = c.get(f"/v1/snapshots/{sid}/replication").json()
         return r if r["recovery_point"] else None
     after = wait_for(verified, 300, "the copy finished by a new worker", plane, every=1)
     print(f"recovery point {time.monotonic() - t0:.1f} s after the restart: "
@@ -226,7 +256,41 @@ def test_worker_kill9_mid_replication(lab: dict[str, Any], plane: Plane,
         jobs = list(s.scalars(select(Job).where(Job.kind == "replicate",
                                                 Job.snapshot_id == sid)))
     assert len(jobs) == 1, [(j.id, j.state) for j in jobs]
-    name = f"cp.app.{after['txn']}"
-    for image, _size in disks:
-        assert snap_sha256(lab["sites"]["dr"], image, name) == \
-            snap_sha256(primary, image, name), image
+    _identical(lab, images, after["txn"])
+
+
+def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
+                                     client: TestClient) -> None:
+    """The DR site's OSD stops answering (SIGSTOP) mid-copy: the replication
+    fails within the site's op timeout with an error that says so, the
+    snapshot is not offered as a recovery point; with the OSD back, a
+    replicate request completes it, equal to the primary's."""
+    from faultkit import hung
+
+    c = client
+    sid, images = _copying(c, lab, plane, dr_op_timeout_s=OP_TIMEOUT_S)
+    osd = int((Path(lab["sites"]["dr"]["data_dir"]) / "run" / "osd.0.pid").read_text())
+    t0 = time.monotonic()
+    with hung(osd):
+        def ended() -> dict[str, Any] | None:
+            r = c.get(f"/v1/snapshots/{sid}/replication").json()
+            return r if r["state"] in ("failed", "verified") else None
+        rep = wait_for(ended, 240, "the copy to fail with the DR OSD hung", plane, every=1)
+        took = time.monotonic() - t0
+    with plane.sf() as s:
+        job = s.scalar(select(Job).where(Job.kind == "replicate", Job.snapshot_id == sid))
+        assert job is not None
+        err = (job.state.value, job.error_code, job.error)
+    print(f"\nDR OSD hung mid-copy: {rep['state']} after {took:.1f} s; job {err}")
+    assert rep["state"] == "failed", rep
+    _not_offered(c, sid)
+    assert err[0] == "failed" and err[2], err
+    r = c.post(f"/v1/snapshots/{sid}/replicate")
+    assert r.status_code == 202, r.text
+
+    def verified() -> dict[str, Any] | None:
+        x = c.get(f"/v1/snapshots/{sid}/replication").json()
+        assert x["state"] != "failed" or x["attempts"] <= rep["attempts"], x
+        return x if x["recovery_point"] else None
+    after = wait_for(verified, 300, "the copy completed with the OSD back", plane, every=1)
+    _identical(lab, images, after["txn"])
