@@ -234,6 +234,8 @@ def expired_cert(certs: Path, out: Path, name: str, role: str) -> tuple[Path, Pa
             .not_valid_before(now - dt.timedelta(days=3))
             .not_valid_after(now - dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(True, False, False, False, False, False, False,
+                                         False, False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
