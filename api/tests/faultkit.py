@@ -182,7 +182,10 @@ async def vm_states(pool: AgentPool, spec: GroupSpec) -> dict[str, str]:
     """VM name -> state, as each agent of the group lists it (QMP query-status)."""
     out = {}
     for a in spec.agents:
-        inv = await pool.get(a.address, a.port, name=a.name).inventory(timeout=10)
+        # The same client the coordinator's run takes (pool key, pin, name).
+        c = pool.get(a.address, a.port, name=a.name, server_name=a.server_name,
+                     cert_sha256=a.cert_sha256)
+        inv = await c.inventory(timeout=10)
         out.update({v["name"]: v["state"] for v in inv["vms"]})
     return out
 
