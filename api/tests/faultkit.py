@@ -107,10 +107,12 @@ def redis_pid(r: dict[str, Any]) -> int:
 
 
 def kill9_redis(r: dict[str, Any]) -> None:
+    from cutpoint.lab.proc import pid_alive
+
     pid = redis_pid(r)
     os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
-    while Path(f"/proc/{pid}").exists():
+    while pid_alive(pid):
         assert time.monotonic() - t0 < 10, "redis-server outlived kill -9"
         time.sleep(0.01)
 
