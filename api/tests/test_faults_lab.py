@@ -86,18 +86,24 @@ async def test_hung_qemu_during_prepare(lab: dict[str, Any], agents: list[dict[s
                                         tmp_path: Path) -> None:
     """SIGSTOP of one VM's QEMU while the group prepares: the txn aborts
     naming that host's prepare, and the other VM is not paused beyond its
-    lease; the hung VM runs again once its QEMU does."""
+    lease.  The QEMU stays stopped past its agent's own `stop` deadline (the
+    lease); when it wakes it runs the `stop` still queued on its socket, and
+    the agent's resume retry brings it back."""
     host, vm = _second(spec, lab)
     others = {v.name for a in spec.agents for v in a.vms} - {vm["name"]}
     txn = _txn("hungqemu")
     log = TxLog(f"sqlite:///{tmp_path}/c.db")
     with hung(vm["pid"]):
+        t0 = time.monotonic()
         res = await take_group_snapshot(spec, log, txn=txn, pool=pool)
         got = wait_pauses(agents, txn, others, 10)
-        t_cont = time.monotonic()
-    ran = await wait_running(pool, spec, 30)
-    print(f"\nhung QEMU: {res.state}: {res.reason}; pauses {got}; "
-          f"{vm['name']} running {(time.monotonic() - t_cont):.1f} s after SIGCONT ({ran:.1f})")
+        await asyncio.sleep(max(0.0, LEASE_MS / 1000 + 1 - (time.monotonic() - t0)))
+    t_cont = time.monotonic()
+    late = wait_pauses(agents, txn, {vm["name"]}, 30)
+    await wait_running(pool, spec, 30)
+    print(f"\nhung QEMU: {res.state}: {res.reason}; pauses {got}; after SIGCONT "
+          f"{[p for p in late if p['vm'] == vm['name']]}, all running "
+          f"{time.monotonic() - t_cont:.1f} s after it")
     assert res.state == "aborted", res
     assert f"prepare on {host}" in (res.reason or "") and "TIMEOUT" in (res.reason or "")
     assert_pause_bound([p for p in got if p["vm"] in others], LEASE_MS)
