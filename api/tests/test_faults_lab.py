@@ -87,8 +87,7 @@ async def test_hung_qemu_during_prepare(lab: dict[str, Any], agents: list[dict[s
     """SIGSTOP of one VM's QEMU while the group prepares: the txn aborts
     naming that host's prepare, and the other VM is not paused beyond its
     lease.  The QEMU stays stopped past its agent's own `stop` deadline (the
-    lease); when it wakes it runs the `stop` still queued on its socket, and
-    the agent's resume retry brings it back."""
+    lease); once it wakes, every VM runs and keeps running."""
     host, vm = _second(spec, lab)
     others = {v.name for a in spec.agents for v in a.vms} - {vm["name"]}
     txn = _txn("hungqemu")
@@ -99,11 +98,14 @@ async def test_hung_qemu_during_prepare(lab: dict[str, Any], agents: list[dict[s
         got = wait_pauses(agents, txn, others, 10)
         await asyncio.sleep(max(0.0, LEASE_MS / 1000 + 1 - (time.monotonic() - t0)))
     t_cont = time.monotonic()
-    late = wait_pauses(agents, txn, {vm["name"]}, 30)
     await wait_running(pool, spec, 30)
-    print(f"\nhung QEMU: {res.state}: {res.reason}; pauses {got}; after SIGCONT "
-          f"{[p for p in late if p['vm'] == vm['name']]}, all running "
-          f"{time.monotonic() - t_cont:.1f} s after it")
+    ran = time.monotonic() - t_cont
+    # and it stays running: a `stop` that QEMU ran late is undone
+    await asyncio.sleep(3)
+    await wait_running(pool, spec, 30)
+    late = [p for p in pauses(agents, txn) if p["vm"] == vm["name"]]
+    print(f"\nhung QEMU: {res.state}: {res.reason}; pauses {got}; all running "
+          f"{ran:.1f} s after SIGCONT; resumes of the hung VM: {late}")
     assert res.state == "aborted", res
     assert f"prepare on {host}" in (res.reason or "") and "TIMEOUT" in (res.reason or "")
     assert_pause_bound([p for p in got if p["vm"] in others], LEASE_MS)
