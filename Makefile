@@ -1,6 +1,6 @@
 # The two commands: `make demo` and `make test`.  Both run the idempotent
 # setup first (Debian packages, .venv, C build).
-.PHONY: all setup build test test-slow demo fuzz lint docs package clean
+.PHONY: all setup build test test-slow faults demo fuzz lint docs package clean
 
 all: build
 
@@ -17,6 +17,11 @@ test-slow: setup
 
 drills: setup
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow -s dr-tests/tests/test_postgres_drill.py dr-tests/tests/test_cassandra_drill.py
+
+# The fault matrix of docs/reliability.md: one injected fault per test, on
+# one shared lab (marker `fault`; the other suites leave these out).
+faults: setup
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=0 -m fault -s api/tests/test_faults_lab.py api/tests/test_faults_plane_lab.py
 
 test-ansible: setup ; .venv/bin/pytest -m slow -s -v dr-tests/tests/test_ansible_vms.py
 

@@ -14,11 +14,11 @@ SUITES=(
   "c-asan|scripts/build-asan.sh && meson test -C build-asan --print-errorlogs"
   "fuzz|scripts/fuzz.sh 60"
   "py-unit|$PYTEST -m 'not lab and not slow' api coordinator agent/client dr-tests"
-  "lab|$PYTEST -m 'lab and not slow' dr-tests/tests"
+  "lab|$PYTEST -m 'lab and not slow and not fault' dr-tests/tests"
   "api-schemathesis|python api/tests/tools/run_schemathesis.py --max-examples 20"
-  "api-lab|$PYTEST -m 'lab and not slow' api/tests"
-  "coordinator-lab|$PYTEST -m 'lab and not slow' coordinator/tests"
-  "agent-lab|$PYTEST -m 'lab and not slow' agent/tests && scripts/build-asan.sh && CUTPOINTD=build-asan/agent/cutpointd $PYTEST -m 'lab and not slow' agent/tests/test_agent_local.py"
+  "api-lab|$PYTEST -m 'lab and not slow and not fault' api/tests"
+  "coordinator-lab|$PYTEST -m 'lab and not slow and not fault' coordinator/tests"
+  "agent-lab|$PYTEST -m 'lab and not slow and not fault' agent/tests && scripts/build-asan.sh && CUTPOINTD=build-asan/agent/cutpointd $PYTEST -m 'lab and not slow and not fault' agent/tests/test_agent_local.py"
 )
 if [ "${CUTPOINT_SLOW:-0}" = 1 ]; then
   SUITES=(

@@ -175,7 +175,11 @@ def sync_argv(src: CephSite, dst: CephSite, m: MemberCopy, *,
     argv = [sync_binary(), *site_args("src", src, m.pool, state_dir),
             *site_args("dst", dst, m.pool, state_dir),
             "--image", m.image, "--snap", m.snap, "--state-dir", state_dir,
-            "--progress-ms", "500", "--epoch", str(epoch)]
+            "--progress-ms", "500", "--epoch", str(epoch),
+            # The sites' own bound on one Ceph request (the engine has one
+            # for both connections): without it the engine's 60 s default
+            # held a group's replication far longer behind a hung DR OSD.
+            "--op-timeout", str(max(src.op_timeout_s, dst.op_timeout_s))]
     if m.base:
         argv += ["--base", m.base]
     if verify_full:

@@ -40,6 +40,16 @@ def test_the_engine_gets_each_sites_access_and_mapped_pool(tmp_path: Path) -> No
         ("img", "cp.g.2", "cp.g.1")
 
 
+def test_the_engine_gets_the_sites_op_timeout() -> None:
+    """A hung OSD fails a copy within the sites' own op timeout (the larger
+    of the two: one bound covers both connections)."""
+    src = CephSite("primary", pools={"rbd": "rbd"}, ceph_conf="/etc/ceph/p.conf",
+                   op_timeout_s=5)
+    dst = CephSite("dr", pools={"rbd": "rbd"}, ceph_conf="/etc/ceph/d.conf", op_timeout_s=7)
+    argv = sync_argv(src, dst, MemberCopy("img", "cp.g.2", None, pool="rbd"))
+    assert opt(argv, "--op-timeout") == "7"
+
+
 def test_a_site_that_cannot_work_stops_the_group_before_any_copy(tmp_path: Path) -> None:
     ok = CephSite("primary", pools={"rbd": "rbd"}, ceph_conf="/etc/ceph/p.conf")
     both = CephSite("dr", pools={"rbd": "rbd"}, ceph_conf="/etc/ceph/d.conf",

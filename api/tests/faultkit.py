@@ -1,0 +1,257 @@
+"""Fault injection and outcome reading for the fault matrix (test_faults_lab.py).
+
+Each injector does one thing to one real part of the lab and undoes it on
+the way out, whatever happened in between:
+
+- `hung(pid)`: SIGSTOP of a process (a QEMU, a Ceph daemon), SIGCONT after;
+- `blackhole(lab, host)`: iptables DROP, inside the lab host's network
+  namespace, of every packet to or from the agent's port: the coordinator's
+  open connection stays open and silent, as across a dead switch;
+- `private_redis(tmp)`: a Redis of the test's own, so that kill -9 of it
+  touches no other test's broker.
+
+The readers say what happened, from the parts themselves: the agents' own
+log (`event=resumed ... paused_ms=`, measured by the agent from `stop` to
+the return of `cont`), `rbd snap ls` at the site, the agents' inventory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cutpoint.agentclient import AgentPool
+from cutpoint.coordinator import GroupSpec
+
+AGENT_PORT = 7443
+# The invariant the matrix checks in every cell: no VM stays paused longer
+# than its lease plus this much (stop, cont and the lease timer's own slack).
+PAUSE_SLACK_MS = 100
+
+
+# -- injectors -----------------------------------------------------------------
+@contextlib.contextmanager
+def hung(pid: int) -> Iterator[None]:
+    """The process stops answering (SIGSTOP) until the block ends (SIGCONT)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _iptables(netns: str, op: str, port: int) -> None:
+    for chain, side in (("INPUT", "--dport"), ("OUTPUT", "--sport")):
+        subprocess.run(["ip", "netns", "exec", netns, "iptables", op, chain, "-p", "tcp",
+                        side, str(port), "-j", "DROP"], check=True, capture_output=True,
+                       timeout=30)
+
+
+class Blackhole:
+    """DROP of the agent port's traffic in one host namespace; `lift()` ends it."""
+
+    def __init__(self, netns: str, port: int = AGENT_PORT) -> None:
+        self.netns, self.port, self.on = netns, port, False
+
+    def drop(self) -> None:
+        _iptables(self.netns, "-I", self.port)
+        self.on = True
+
+    def lift(self) -> None:
+        if self.on:
+            _iptables(self.netns, "-D", self.port)
+            self.on = False
+
+
+@contextlib.contextmanager
+def blackhole(lab: dict[str, Any], host: str, *, now: bool = True) -> Iterator[Blackhole]:
+    """A Blackhole on lab host `host` (dropping at once unless `now` is
+    False: then the test calls `drop()` at the step it aims at); lifted at
+    the end of the block in any case."""
+    h = next(x for x in lab["hosts"] if x["name"] == host)
+    bh = Blackhole(h["netns"])
+    try:
+        if now:
+            bh.drop()
+        yield bh
+    finally:
+        bh.lift()
+
+
+@contextlib.contextmanager
+def private_redis(tmp: Path) -> Iterator[dict[str, Any]]:
+    """A Redis on a free loopback port for one test: {"port", "pid", "state"}.
+    `kill9(r)` kills it; `restart(r)` brings it back on the same port."""
+    from cutpoint.api import services_local
+
+    state = tmp / "redis-svc"
+    ep = services_local.start(state, postgres=False)
+    r = {"port": int(ep.redis_port or 0), "state": state}
+    try:
+        yield r
+    finally:
+        services_local.stop(state)
+
+
+def redis_pid(r: dict[str, Any]) -> int:
+    return int((Path(r["state"]) / "redis" / "redis.pid").read_text().strip())
+
+
+def kill9_redis(r: dict[str, Any]) -> None:
+    from cutpoint.lab.proc import pid_alive
+
+    pid = redis_pid(r)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while pid_alive(pid):
+        assert time.monotonic() - t0 < 10, "redis-server outlived kill -9"
+        time.sleep(0.01)
+
+
+def restart_redis(r: dict[str, Any]) -> None:
+    from cutpoint.api import services_local
+
+    services_local.start(r["state"], postgres=False, redis_port=r["port"])
+
+
+# -- readers -------------------------------------------------------------------
+_RESUMED = re.compile(r"event=resumed vm=(\S+) txn=(\S+) why=(\S+) .*paused_ms=([0-9.]+)")
+
+
+def pauses(agents: list[dict[str, Any]], txn: str) -> list[dict[str, Any]]:
+    """Every resume of `txn` the agents logged: {vm, why, paused_ms, host}."""
+    out = []
+    for rec in agents:
+        text = Path(rec["log"]).read_text(errors="replace")
+        for m in _RESUMED.finditer(text):
+            if m.group(2) == txn:
+                out.append({"vm": m.group(1), "why": m.group(3),
+                            "paused_ms": float(m.group(4)), "host": rec["host"]})
+    return out
+
+
+def wait_pauses(agents: list[dict[str, Any]], txn: str, vms: set[str],
+                timeout: float) -> list[dict[str, Any]]:
+    """pauses() once every VM of `vms` has a resume of `txn` logged."""
+    t0 = time.monotonic()
+    while True:
+        got = pauses(agents, txn)
+        if vms <= {p["vm"] for p in got}:
+            return got
+        assert time.monotonic() - t0 < timeout, \
+            f"no resume of {sorted(vms - {p['vm'] for p in got})} logged for {txn}: {got}"
+        time.sleep(0.05)
+
+
+def assert_pause_bound(got: list[dict[str, Any]], lease_ms: int) -> None:
+    over = [p for p in got if p["paused_ms"] > lease_ms + PAUSE_SLACK_MS]
+    assert not over, f"paused beyond lease {lease_ms} + {PAUSE_SLACK_MS} ms: {over}"
+
+
+def site_snaps(lab: dict[str, Any], site: str = "primary") -> dict[str, list[str]]:
+    """image spec -> snapshot names, for every VM disk at `site`, from Ceph."""
+    from cutpoint.lab.ceph import rbd_cmd
+
+    s = lab["sites"][site]
+    out = {}
+    for vm in lab["vms"]:
+        if vm["site"] != site:
+            continue
+        for d in vm["disks"]:
+            spec = f"{d['pool']}/{d['image']}"
+            r = subprocess.run(rbd_cmd(s, "snap", "ls", "--format", "json", spec),
+                               capture_output=True, text=True, check=True, timeout=60)
+            out[spec] = [x["name"] for x in json.loads(r.stdout or "[]")]
+    return out
+
+
+def snaps_of(lab: dict[str, Any], txn: str) -> list[str]:
+    """`image@snapshot` of every member snapshot named after `txn` at the primary."""
+    return [f"{img}@{n}" for img, names in site_snaps(lab).items() for n in names
+            if n.endswith(f".{txn}")]
+
+
+async def vm_states(pool: AgentPool, spec: GroupSpec) -> dict[str, str]:
+    """VM name -> state, as each agent of the group lists it (QMP query-status)."""
+    out = {}
+    for a in spec.agents:
+        # The same client the coordinator's run takes (pool key, pin, name).
+        c = pool.get(a.address, a.port, name=a.name, server_name=a.server_name,
+                     cert_sha256=a.cert_sha256)
+        inv = await c.inventory(timeout=10)
+        out.update({v["name"]: v["state"] for v in inv["vms"]})
+    return out
+
+
+async def wait_running(pool: AgentPool, spec: GroupSpec, timeout: float) -> float:
+    """Seconds until every VM of the group runs; fails after `timeout`."""
+    t0 = time.monotonic()
+    while True:
+        states = await vm_states(pool, spec)
+        if set(states.values()) == {"running"}:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < timeout, f"VMs not running: {states}"
+        await asyncio.sleep(0.05)
+
+
+def agent_txns(lab: dict[str, Any], settings: Any, site: str = "primary") -> dict[str, Any]:
+    """Host -> the `txns` counter of its agent's `stats`: how many
+    transactions it has seen (a PREPARE that paused anything counts)."""
+    from cutpoint.agentclient import AgentClient, client_context
+
+    ctx = client_context(settings.agent_ca, settings.agent_cert, settings.agent_key)
+
+    async def one(h: dict[str, Any]) -> Any:
+        async with AgentClient(h["address"], AGENT_PORT, ssl_context=ctx) as ac:
+            return (await ac.call("stats", {}, timeout=10)).get("txns")
+
+    return {h["name"]: asyncio.run(one(h)) for h in lab["hosts"] if h["site"] == site}
+
+
+def expired_cert(certs: Path, out: Path, name: str, role: str) -> tuple[Path, Path]:
+    """A certificate for `name` with role `role`, signed by the CA in `certs`
+    (ca.pem, ca.key) with the issue script's names and usages, but whose
+    validity ended yesterday: (cert, key), written under `out`."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca = x509.load_pem_x509_certificate((certs / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=3))
+            .not_valid_after(now - dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(True, False, False, False, False, False, False,
+                                         False, False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName(name),
+                x509.UniformResourceIdentifier(f"spiffe://cutpoint/{role}")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    pem, kpem = out / f"expired-{name}.pem", out / f"expired-{name}.key"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    kpem.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    kpem.chmod(0o600)
+    return pem, kpem
