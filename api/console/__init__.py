@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 def mount(app: FastAPI) -> None:
     """Serve the console under /console (outside the OpenAPI document)."""
-    from cutpoint.api.console import actions, assets, pages
+    from cutpoint.api.console import actions, assets, pages, pages_inventory
 
-    for r in (pages.router, actions.router, assets.router):
+    for r in (pages.router, pages_inventory.router, actions.router, assets.router):
         app.include_router(r)

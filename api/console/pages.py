@@ -1,5 +1,6 @@
 """The console's pages (GET): groups with their RPO at each site, a group
-(recovery points per site, replication lag, drills, actions by role), jobs
+(recovery points per site, replication lag, drills, actions by role; its
+RPO and points polled by htmx), jobs
 with live progress (htmx polls a fragment), a drill report, and the
 failover form.  Each reads through the services the REST routes use; every
 page needs a session (auth.User), with the viewer role as on GET /v1/...
@@ -62,6 +63,15 @@ def group_detail(request: Request, group: GroupRef, session: SessionDep,
     user.need(Role.viewer)
     g = groups.resolve(session, group)
     return page(request, "group.html", {"g": views.group_page(session, settings, g)})
+
+
+@router.get("/groups/{group}/live")
+def group_live(request: Request, group: GroupRef, session: SessionDep,
+               user: auth.User) -> Response:
+    """RPO at each site and the recovery points, which the group page polls."""
+    user.need(Role.viewer)
+    return page(request, "_group_live.html",
+                {"g": views.group_live(session, groups.resolve(session, group))})
 
 
 @router.get("/groups/{group}/failover")

@@ -77,7 +77,20 @@ def epoch_stamp(t: float | None) -> str:
     return "-" if t is None else stamp(dt.datetime.fromtimestamp(float(t), dt.UTC))
 
 
+def size(n: int | None) -> str:
+    """Bytes in binary units, as rbd prints them: 512 B, 64 MiB, 1.5 GiB."""
+    if n is None:
+        return "-"
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{int(v)} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+        v /= 1024
+    return f"{n} B"  # not reached
+
+
 templates.env.filters["duration"] = duration
+templates.env.filters["size"] = size
 templates.env.filters["stamp"] = stamp
 templates.env.filters["epoch_stamp"] = epoch_stamp
 templates.env.filters["pct"] = lambda p: f"{100 * float(p or 0):.0f}"

@@ -137,14 +137,23 @@ def group_page(s: Session, settings: Settings, g: Group) -> dict[str, Any]:
     recent = [job_row(j) for j in s.scalars(
         select(Job).where(Job.group_id == g.id, Job.kind != "drill")
         .order_by(Job.created_at.desc(), Job.id.desc()).limit(10))]
-    members = sorted({m.vm.name if m.vm else (m.disk.key if m.disk else "?")
-                      for m in g.members})
+    members = sorted(({"name": m.vm.name, "vm_id": m.vm.id} if m.vm else
+                      {"name": m.disk.key if m.disk else "?",
+                       "vm_id": m.disk.vm_id if m.disk else None} for m in g.members),
+                     key=lambda m: str(m["name"]))
     return {"name": g.name, "description": g.description, "enabled": g.enabled,
             "policy": g.policy, "members": members,
             "target": g.policy.replication_target.name
             if g.policy and g.policy.replication_target else None,
             "sites": site_rpo(s, g, now), "status": status, "active_site": active_site(s, g),
             "points": recovery_points(s, g), "drills": drills, "jobs": recent}
+
+
+def group_live(s: Session, g: Group) -> dict[str, Any]:
+    """What the group page polls: RPO at each site and the recovery points."""
+    return {"name": g.name, "sites": site_rpo(s, g, utcnow()), "points": recovery_points(s, g),
+            "target": g.policy.replication_target.name
+            if g.policy and g.policy.replication_target else None}
 
 
 def dr_points(s: Session, g: Group) -> list[dict[str, Any]]:

@@ -431,3 +431,81 @@ def test_fragments_and_schema(console: Console) -> None:
     with console.sf() as s:
         assert s.scalar(select(func.count()).select_from(Job)) == 2  # the seeded drills
 
+
+
+def test_group_page_polls_its_rpo_and_points(console: Console, chrome: Browser) -> None:
+    """A snapshot committed while the group page is open appears on it, and the
+    DR standing changes, without a reload (htmx polls /live)."""
+    b = chrome
+    b.sign_in(console.toks["viewer"])
+    b.wait(lambda: b.has("#groups"), 15, "the groups page")
+    b.open("/console/groups/app")
+    assert b.find("#group-live").get_attribute("hx-get") == "/console/groups/app/live"
+    assert [r.get_attribute("data-txn") for r in b.all("#points tbody tr")] == ["t2", "t1"]
+    marker = b.d.execute_script("window.__same_page = 3; return window.__same_page")
+    with console.sf() as s:
+        g = s.scalar(select(Group).where(Group.name == "app"))
+        assert g is not None
+        now = utcnow()
+        s.add(GroupSnapshot(group_id=g.id, txn="t3", state=SnapState.committed, cut_at=now,
+                            requested_at=now, finished_at=now, dr_verified_at=now))
+        s.commit()
+    b.wait(lambda: b.has("#points tbody tr[data-txn='t3']"), 20, "the new point, polled")
+    assert b.d.execute_script("return window.__same_page") == marker  # no reload
+    assert b.find("#points tbody tr").get_attribute("data-txn") == "t3"  # newest first
+    # t3 is verified at DR now: DR's achieved RPO is seconds, within the 60 s target.
+    dr = _rows(b, "#site-rpo tbody tr")["dr"]
+    assert dr.find_element("css selector", "[data-standing]").get_attribute(
+        "data-standing") == "ok", dr.text
+    b.shot("group-polled")
+
+
+def test_hosts_and_vms_pages(console: Console, chrome: Browser) -> None:
+    """Hosts with their agent's standing and certificate expiry; a host's VMs;
+    a VM with its identity, disks, group and newest snapshot."""
+    with console.sf() as s:
+        h = s.scalar(select(Host).where(Host.name == "primary-h1"))
+        assert h is not None
+        h.reachable, h.last_error = False, "connect: connection refused"
+        h.cert_not_after = utcnow() + dt.timedelta(days=5)
+        for d in s.scalars(select(Disk)):
+            d.size_bytes = 64 << 20
+        s.commit()
+    b = chrome
+    b.sign_in(console.toks["viewer"])
+    b.wait(lambda: b.has("#groups"), 15, "the groups page")
+    b.find("#nav-hosts").click()
+    b.wait(lambda: b.has("#hosts"), 15, "the hosts page")
+    row = b.find("#hosts tr[data-host='primary-h1']")
+    assert row.get_attribute("data-agent") == "unreachable"
+    assert row.get_attribute("data-cert") == "expiring"
+    assert "in 5 d" in row.find_element("css selector", ".cert").text
+    assert "connection refused" in row.text and "not pinned" in row.text
+    b.shot("hosts")
+
+    row.find_element("css selector", "a.host-vms").click()
+    b.wait(lambda: b.has("#vms"), 15, "the host's VMs")
+    assert b.path == "/console/vms?host=primary-h1"
+    (vm,) = b.all("#vms tbody tr")
+    assert vm.get_attribute("data-vm") == "primary-h1-vm1" and "app" in vm.text
+    assert "t2" in vm.text  # its newest committed snapshot
+    b.shot("vms")
+    vm.find_element("css selector", "a.vm-link").click()
+    b.wait(lambda: b.has("#vm-disks"), 15, "the VM page")
+    assert b.text("#vm-name") == "primary-h1-vm1"
+    disks = {r.get_attribute("data-disk"): r for r in b.all("#vm-disks tbody tr")}
+    assert sorted(disks) == ["disk0", "disk1"]
+    assert disks["disk0"].find_element("css selector", ".source").text == (
+        "rbd/primary-h1-vm1-disk0")
+    assert "64 MiB" in disks["disk0"].text and "app" in disks["disk0"].text
+    assert "t2" in b.text("#vm-last-snapshot")
+    b.shot("vm")
+
+    # The group page links its member to this page; an unknown VM is a 404.
+    b.open("/console/groups/app")
+    assert b.find("a.member-link").get_attribute("href").startswith(
+        f"{console.base}/console/vms/")
+    b.open("/console/vms/999999")
+    assert b.refusal() == (404, "vm_not_found")
+    b.open("/console/vms?site=nowhere")
+    assert b.has("#no-vms")
