@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     # and audit entries, older than this many days go; how often it runs.
     history_keep_days: float = Field(default=90.0, ge=1)
     history_prune_interval_s: float = Field(default=3600.0, gt=0)
+    # The newest this many drill jobs of each group (their reports, served by
+    # GET /v1/drills/{id}/report) are kept whatever their age.
+    drill_reports_kept: int = Field(default=20, ge=1, le=10000)
     # How often the worker sends the webhook deliveries that are due.
     webhook_tick_s: float = Field(default=2.0, gt=0, le=3600)
     # A group lock outlives a killed worker by at most this long.

@@ -157,7 +157,8 @@ def history_prune_tick(ctx: Ctx) -> dict[str, Any] | None:
     from cutpoint.api.services import history
 
     with ctx.sf() as s:
-        return history.prune(s, ctx.settings.history_keep_days).as_dict()
+        return history.prune(s, ctx.settings.history_keep_days,
+                             keep_drills=ctx.settings.drill_reports_kept).as_dict()
 
 
 @cutpoint_task("retention_tick", job=False)

@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from cutpoint.api.console import auth, views
-from cutpoint.api.console.render import ConsoleRoute, page
+from cutpoint.api.console.render import HEADERS, ConsoleRoute, page
 from cutpoint.api.deps import SessionDep, SettingsDep
 from cutpoint.api.errors import NotFound
 from cutpoint.api.models import Job, Role
-from cutpoint.api.services import groups
+from cutpoint.api.services import drill_reports, groups
 from cutpoint.api.services.common import get_or_404
 from fastapi import APIRouter, Path, Query, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 GroupRef = Annotated[str, Path(max_length=64)]
@@ -128,3 +128,11 @@ def drill_report(request: Request, job_id: JobRef, session: SessionDep,
     if job.kind != "drill":
         raise NotFound(f"job {job_id} is a {job.kind} job, not a drill", code="not_a_drill")
     return page(request, "drill.html", views.drill_report(session, job))
+
+
+@router.get("/drills/{job_id}/report.html")
+def drill_report_page(job_id: JobRef, session: SessionDep, user: auth.User) -> Response:
+    """The auditor's one-page report (as GET /v1/drills/{id}/report?format=html)."""
+    user.need(Role.viewer)
+    ev = drill_reports.evidence(session, drill_reports.drill_job(session, job_id))
+    return HTMLResponse(drill_reports.as_html(ev), headers=HEADERS)

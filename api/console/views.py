@@ -30,6 +30,7 @@ from cutpoint.api.models import (
     utcnow,
 )
 from cutpoint.api.services import jobs, replication, rpo, snapshots
+from cutpoint.coordinator.dr import drill_timeline
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -199,5 +200,7 @@ def drill_report(s: Session, j: Job) -> dict[str, Any]:
                                               else "none"),
             "checks": list(rep.get("checks") or []),
             "timeline": list(rep.get("timeline") or []),
+            # Markup built by drill_timeline.svg, which escapes every value.
+            "timeline_svg": drill_timeline.svg(drill_timeline.vm_rows(rep)) if rep else "",
             "guests": list(rep.get("guests") or []),
             "cleanup": rep.get("cleanup") or {}}

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from cutpoint.api.deps import Operator, SessionDep, SettingsDep
+from cutpoint.api.deps import Operator, SessionDep, SettingsDep, Viewer
 from cutpoint.api.schemas.dr import DrillRequest
+from cutpoint.api.schemas.drill_report import DrillReport
 from cutpoint.api.schemas.jobs import JobPublic
-from cutpoint.api.services import drills, groups, jobs, queue
-from fastapi import APIRouter, Path, Response
+from cutpoint.api.services import drill_reports, drills, groups, jobs, queue
+from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi.responses import HTMLResponse
 
 router = APIRouter(tags=["drills"])
 GroupRef = Annotated[str, Path(max_length=64, description="Group id or name")]
@@ -29,3 +31,26 @@ def start_drill(group: GroupRef, data: DrillRequest, session: SessionDep, token:
     queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)
+
+
+@router.get("/drills/{job_id}/report", response_model=DrillReport,
+            responses={200: {"content": {"text/html": {"schema": {"type": "string"}}},
+                             "description": "The report, as JSON or as one HTML page"},
+                       404: {"description": "No such job, or it is not a drill"},
+                       409: {"description": "The drill has not ended yet"}})
+def drill_report(job_id: Annotated[str, Path(max_length=36, description="The drill's job id")],
+                 session: SessionDep, token: Viewer,
+                 format: Annotated[Literal["json", "html"] | None, Query(
+                     description="html or json; without it, the Accept header decides "
+                                 "(JSON unless text/html is asked for)")] = None,
+                 accept: Annotated[str | None, Header(max_length=1024)] = None,
+                 ) -> DrillReport | HTMLResponse:
+    """A drill's evidence: the recovery point and its age when the drill was asked for,
+    the RTO (request to the last VM ready), a timeline with one row per VM, each
+    check's result and output, and the cleanup."""
+    report = drill_reports.evidence(session, drill_reports.drill_job(session, job_id))
+    wants_html = format == "html" or (format is None and accept is not None
+                                      and "text/html" in accept)
+    if wants_html:
+        return HTMLResponse(drill_reports.as_html(report), headers=drill_reports.HTML_HEADERS)
+    return report

@@ -1,5 +1,7 @@
 """History pruning: finished jobs (with their events) and audit entries
-older than `history_keep_days` are deleted, in batches.
+older than `history_keep_days` are deleted, in batches.  The newest
+`drill_reports_kept` drill jobs of each group are kept whatever their age:
+their result is the drill's report, an auditor's evidence.
 
 Jobs still queued or running are never touched, whatever their age.  Failed
 jobs are counted into `pruned_job_failures` in the same transaction as
@@ -53,13 +55,29 @@ def _count_failures(s: Session, ids: list[str]) -> None:
             row.count += n
 
 
-def prune(s: Session, keep_days: float, now: dt.datetime | None = None) -> PruneResult:
-    """Delete what finished (jobs) or happened (audit) before now - keep_days."""
+def kept_drills(s: Session, keep: int) -> set[str]:
+    """The newest `keep` drill jobs of each group."""
+    kept: set[str] = set()
+    per_group: dict[int | None, int] = {}
+    for jid, gid in s.execute(select(Job.id, Job.group_id).where(Job.kind == "drill")
+                              .order_by(Job.group_id, Job.created_at.desc(), Job.id.desc())):
+        if per_group.get(gid, 0) < keep:
+            per_group[gid] = per_group.get(gid, 0) + 1
+            kept.add(jid)
+    return kept
+
+
+def prune(s: Session, keep_days: float, now: dt.datetime | None = None,
+          keep_drills: int = 20) -> PruneResult:
+    """Delete what finished (jobs) or happened (audit) before now - keep_days,
+    except the newest `keep_drills` drills of each group."""
     cutoff = (now or utcnow()) - dt.timedelta(days=keep_days)
     res = PruneResult(cutoff=cutoff.isoformat())
+    spared = kept_drills(s, keep_drills)
     while True:
-        ids = list(s.scalars(select(Job.id).where(Job.state.in_(FINISHED),
-                                                  Job.finished_at < cutoff).limit(BATCH)))
+        ids = [i for i in s.scalars(select(Job.id).where(
+            Job.state.in_(FINISHED), Job.finished_at < cutoff, Job.id.not_in(spared))
+            .limit(BATCH))]
         if not ids:
             break
         _count_failures(s, ids)

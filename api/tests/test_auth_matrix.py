@@ -46,6 +46,7 @@ REQUIRED = {
     ("GET", "/v1/groups/{group}/dr-policy"): "viewer",
     ("PUT", "/v1/groups/{group}/dr-policy"): "admin",
     ("POST", "/v1/groups/{group}/drills"): "operator",
+    ("GET", "/v1/drills/{job_id}/report"): "viewer",
     ("POST", "/v1/groups/{group}/failover"): "admin",
     ("POST", "/v1/groups/{group}/re-protect"): "admin",
     ("POST", "/v1/groups/{group}/failback"): "admin",

@@ -353,7 +353,13 @@ def test_drill_reports(console: Console, chrome: Browser) -> None:
         "start", "boot", "check", "verdict"]
     assert b.text("#boot-s") == "7.2 s" and b.text("#drill-point") == "cp.app.t1"
     assert b.find("#cleanup").get_attribute("data-ok") == "true"
+    assert [g.get_attribute("data-vm") for g in b.all("#timeline-svg g.vm-row")] == [
+        "primary-h1-vm1"]
     b.shot("drill-passed")
+    b.find("#report-page").click()  # the auditor's page, under the console's session
+    b.wait(lambda: b.has("#facts"), 15, "the one-page report")
+    assert b.text("#verdict") == "PASSED" and b.has("#timeline svg g.vm-row")
+    b.shot("drill-report-page")
 
     b.open(f"/console/drills/{console.drills['failed']}")
     assert b.find("#verdict").get_attribute("data-verdict") == "failed"
