@@ -51,3 +51,27 @@ def test_bad_format_is_rejected_before_any_work(tmp_path: Path) -> None:
 
 def test_cached_returns_none_for_an_empty_cache(tmp_path: Path) -> None:
     assert di.cached("debian-pg", cache_root=tmp_path) is None
+
+
+def _dist(req: str) -> str:
+    """The distribution name of a requirement line: `celery[redis]>=5.3` -> celery."""
+    import re
+
+    return re.split(r"[\[<>=!~ ;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_host_image_pre_installs_every_runtime_dependency() -> None:
+    """The control VM installs cutpoint with --no-index from a wheelhouse of
+    the cutpoint wheel alone: every install_requires of setup.cfg must be
+    pre-installed by the host image, else `make test-ansible` fails at the
+    pip step (as it did when the console added jinja2)."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    needed = {_dist(r) for r in cfg["options"]["install_requires"].splitlines()
+              if r.strip() and not r.strip().startswith("#")}
+    req = di.recipe_dir("debian-host") / "requirements.txt"
+    baked = {_dist(r) for r in req.read_text().splitlines()
+             if r.strip() and not r.startswith("#")}
+    assert needed and needed <= baked, f"missing from {req}: {sorted(needed - baked)}"
