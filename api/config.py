@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     # The newest this many drill jobs of each group (their reports, served by
     # GET /v1/drills/{id}/report) are kept whatever their age.
     drill_reports_kept: int = Field(default=20, ge=1, le=10000)
+    # How often beat looks for groups whose drill schedule is due.
+    drill_tick_s: float = Field(default=60.0, gt=0)
     # How often the worker sends the webhook deliveries that are due.
     webhook_tick_s: float = Field(default=2.0, gt=0, le=3600)
     # A group lock outlives a killed worker by at most this long.

@@ -268,6 +268,9 @@ class Policy(Base):
     replication_target_id: Mapped[int | None] = mapped_column(
         ForeignKey("sites.id", ondelete="SET NULL"), default=None)
     quiesce: Mapped[Quiesce] = mapped_column(_enum(Quiesce, "quiesce"), default=Quiesce.crash)
+    # A drill of the newest DR recovery point this often (services/drill_schedule.py);
+    # None: drills only when asked for.
+    drill_every_seconds: Mapped[int | None] = mapped_column(Integer, default=None)
     version: Mapped[int] = mapped_column(Integer, default=1)
     group: Mapped[Group] = relationship(back_populates="policy")
     replication_target: Mapped[Site | None] = relationship(lazy="joined")
@@ -277,6 +280,8 @@ class Policy(Base):
         CheckConstraint("keep_within_seconds >= 0", name="keep_within_min"),
         CheckConstraint("pause_budget_ms > 0", name="budget_positive"),
         CheckConstraint("lease_ms > 0", name="lease_positive"),
+        CheckConstraint("drill_every_seconds IS NULL OR drill_every_seconds > 0",
+                        name="drill_every_positive"),
     )
 
 

@@ -161,6 +161,33 @@ def history_prune_tick(ctx: Ctx) -> dict[str, Any] | None:
                              keep_drills=ctx.settings.drill_reports_kept).as_dict()
 
 
+@cutpoint_task("drill_tick", job=False)
+def drill_tick(ctx: Ctx) -> dict[str, Any] | None:
+    """Ask for a drill of each group whose drill schedule is due
+    (services/drill_schedule.py), as POST /v1/groups/{g}/drills would; a group
+    that cannot have one now (no DR recovery point, a booter that cannot boot
+    drills) is logged and stays overdue."""
+    from cutpoint.api.errors import ApiError
+    from cutpoint.api.services import drill_schedule, drills, queue
+
+    asked, refused = [], {}
+    with ctx.sf() as s:
+        for g in drill_schedule.due(s):
+            try:
+                job = drills.request(s, g, "latest", drill_schedule.last_checks(s, g),
+                                     drill_schedule.ACTOR, ctx.settings.booter)
+            except ApiError as exc:
+                s.rollback()
+                refused[g.name] = f"{exc.code}: {exc}"
+                log.warning("event=drill_schedule group=%s result=refused code=%s why=%s",
+                            g.name, exc.code, exc)
+                continue
+            queue.enqueue(s, ctx.settings, job)
+            asked.append(g.name)
+            log.info("event=drill_schedule group=%s result=asked job=%s", g.name, job.id)
+    return {"asked": asked, "refused": refused}
+
+
 @cutpoint_task("retention_tick", job=False)
 def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
     """Queue a retention job for each group that has something to delete."""

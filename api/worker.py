@@ -34,6 +34,8 @@ QUEUES = {
     "orphan_sweep_tick": "cutpoint.default",
     # Database only, in batches.
     "history_prune_tick": "cutpoint.default",
+    # Database only; the drill it asks for runs as a `drill` job.
+    "drill_tick": "cutpoint.default",
     # HTTP to receivers, each call bounded by 10 s: never on the scheduler queue.
     "webhook_tick": "cutpoint.default",
     # DR: long-running, they talk to agents and both Ceph sites.
@@ -89,6 +91,9 @@ def make_celery(settings: Settings) -> Celery:
             "webhook-deliveries": {"task": "cutpoint.webhook_tick",
                                    "schedule": settings.webhook_tick_s,
                                    "options": {"expires": max(2.0, settings.webhook_tick_s * 2)}},
+            "drill-schedule": {"task": "cutpoint.drill_tick",
+                               "schedule": settings.drill_tick_s,
+                               "options": {"expires": settings.drill_tick_s}},
             "history-prune": {"task": "cutpoint.history_prune_tick",
                               "schedule": settings.history_prune_interval_s,
                               "options": {"expires": settings.history_prune_interval_s}},

@@ -136,12 +136,22 @@ def policy(group: str, rpo: int | None = RpoOpt, keep_last: int | None = KeepLas
            lease_ms: int | None = LeaseOpt, target: str | None = TargetOpt,
            quiesce: str | None = QuiesceOpt,
            no_schedule: bool = typer.Option(False, "--no-schedule", help="clear the RPO"),
+           drill_every: int | None = typer.Option(
+               None, "--drill-every", min=60,
+               help="run a drill of the newest DR recovery point this often (seconds; "
+                    "604800 is weekly)"),
+           no_drills: bool = typer.Option(False, "--no-drill-schedule",
+                                          help="clear the drill schedule"),
            url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
     """Show a group's policy, or change the fields given."""
     api = Api(url, token)
     body = _policy_body(rpo, keep_last, keep_within, budget_ms, lease_ms, target, quiesce)
     if no_schedule:
         body["clear_rpo"] = True
+    if drill_every is not None:
+        body["drill_every"] = drill_every
+    if no_drills:
+        body["clear_drill"] = True
     if body:
         etag = run(lambda: api.http.get(f"/v1/groups/{group}/policy")).headers.get("ETag")
         p = run(lambda: api.patch(f"/v1/groups/{group}/policy", json=body,

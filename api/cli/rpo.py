@@ -20,15 +20,24 @@ def status(group: str | None = typer.Argument(None, help="one group (default: al
         print_json(rows if group is None else rows[0])
         return
     t = Table("group", "target s", "achieved s", "compliant", "newest recovery point",
-              "next due", "misses", "last miss")
+              "next due", "misses", "last miss", "drill")
     for r in rows:
         ok = {True: "[green]yes[/green]", False: "[red]NO[/red]", None: "-"}[r["compliant"]]
         lm = r["last_miss"]
         t.add_row(r["group"], str(r["rpo_seconds"] or "-"),
                   "-" if r["achieved_rpo_s"] is None else f"{r['achieved_rpo_s']:.1f}", ok,
                   r["newest_recovery_point"] or "-", r["next_due_at"] or "-", str(r["misses"]),
-                  f"{lm['at']} {lm['reason']}" if lm else "")
+                  f"{lm['at']} {lm['reason']}" if lm else "", _drill(r.get("drill")))
     Console().print(t)
+
+
+def _drill(d: dict[str, object] | None) -> str:
+    """The group's drill standing: its result, and the last success."""
+    if not d:
+        return "-"
+    color = {"passed": "green", "failed": "red", "overdue": "red"}.get(str(d["result"]))
+    res = f"[{color}]{d['result']}[/{color}]" if color else str(d["result"])
+    return res + (f" (last pass {d['last_success_at']})" if d.get("last_success_at") else "")
 
 
 @app.command("misses")

@@ -19,6 +19,11 @@ class PolicyUpdate(Strict):
     replication_target: Name | None = Field(default=None, description="Site name")
     quiesce: Literal["crash", "fs-freeze"] | None = None
     clear_rpo: bool = Field(default=False, description="true removes the schedule")
+    drill_every: int | None = Field(
+        default=None, ge=60, le=31_536_000,
+        description="Run a drill of the newest DR recovery point this often (s), e.g. 604800 "
+        "for weekly; needs a replication target and a booter that can boot drills")
+    clear_drill: bool = Field(default=False, description="true removes the drill schedule")
 
 
 class PolicyPublic(Public):
@@ -29,4 +34,5 @@ class PolicyPublic(Public):
     lease_ms: int
     replication_target: str | None
     quiesce: str
+    drill_every: int | None = None
     version: int

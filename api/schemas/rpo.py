@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Literal
 
 from cutpoint.api.schemas.common import Public
+from pydantic import Field
 
 
 class RpoMissPublic(Public):
@@ -16,6 +18,19 @@ class RpoMissPublic(Public):
     snapshot_id: int | None
 
 
+class DrillStatus(Public):
+    every_s: int | None = Field(description="The policy's drill schedule; null: none.")
+    result: Literal["passed", "failed", "overdue", "running", "none"] = Field(
+        description="running: a drill is queued or running; overdue: a schedule is set and "
+        "no drill passed within its period; else the last finished drill's verdict.")
+    last_job_id: str | None
+    last_finished_at: dt.datetime | None
+    last_success_at: dt.datetime | None
+    running_job_id: str | None
+    next_due_at: dt.datetime | None = Field(
+        description="When the schedule asks for the next drill.")
+
+
 class RpoStatus(Public):
     group: str
     rpo_seconds: int | None
@@ -27,3 +42,4 @@ class RpoStatus(Public):
     in_flight: bool
     misses: int
     last_miss: RpoMissPublic | None
+    drill: DrillStatus | None = None

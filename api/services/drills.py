@@ -74,6 +74,12 @@ def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
     if unknown:
         raise ApiError(f"unknown check(s) {unknown}; known: {drill_checks.known()}",
                        code="unknown_check")
+    from cutpoint.api.services import drill_schedule
+
+    running = drill_schedule.in_progress(s, g)
+    if running is not None:
+        raise Conflict(f"a drill of group {g.name} is already {running.state.value} (job "
+                       f"{running.id}); one drill per group at a time", code="drill_in_progress")
     snap = recovery_point(s, g, ref)
     try:
         can_drill = DRILL in load_booter(booter).purposes

@@ -59,7 +59,8 @@ def policy_public(p: Policy) -> PolicyPublic:
                         keep_within=p.keep_within_seconds, pause_budget_ms=p.pause_budget_ms,
                         lease_ms=p.lease_ms,
                         replication_target=p.replication_target.name if p.replication_target
-                        else None, quiesce=p.quiesce.value, version=p.version)
+                        else None, quiesce=p.quiesce.value, drill_every=p.drill_every_seconds,
+                        version=p.version)
 
 
 def member_public(session: Session, m: GroupMember) -> MemberPublic:
@@ -94,6 +95,10 @@ def _apply_policy(session: Session, p: Policy, data: PolicyUpdate) -> None:
         p.quiesce = Quiesce(data.quiesce)
     if data.replication_target is not None:
         p.replication_target_id = sites.by_name(session, data.replication_target).id
+    if data.clear_drill:
+        p.drill_every_seconds = None
+    elif data.drill_every is not None:
+        p.drill_every_seconds = data.drill_every
     if p.lease_ms <= 1:
         raise ApiError("lease_ms must be above 1", code="bad_policy")
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from cutpoint.api.models import Group, GroupSnapshot, RpoMiss, SnapState, utcnow
 from cutpoint.api.schemas.rpo import RpoMissPublic, RpoStatus
-from cutpoint.api.services import webhooks
+from cutpoint.api.services import drill_schedule, webhooks
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -184,4 +184,5 @@ def status(session: Session, g: Group, margin_s: float, now: dt.datetime | None 
                      compliant=a.compliant, newest_recovery_point=a.newest_cut,
                      next_due_at=a.due_at, replication_lag_s=a.lag_s,
                      in_flight=a.in_flight is not None, misses=int(n),
-                     last_miss=miss_public(last, g.name) if last else None)
+                     last_miss=miss_public(last, g.name) if last else None,
+                     drill=drill_schedule.status(session, g, now))
