@@ -63,6 +63,8 @@ class Vm:
         disk = self.work / f"{self.name}.qcow2"
         _sh("qemu-img", "create", "-q", "-f", "qcow2", "-F", image.root_format,
             "-b", str(image.root), str(disk))
+        # A run killed before its teardown leaves its tap; the lock says no run owns it now.
+        _sh("ip", "link", "del", self.tap, check=False)
         _sh("ip", "tuntap", "add", "dev", self.tap, "mode", "tap")
         _sh("ip", "link", "set", self.tap, "master", BRIDGE, "up")
         mac = f"52:54:00:78:00:{int(self.addr.rsplit('.', 1)[1]):02x}"
