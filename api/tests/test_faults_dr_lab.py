@@ -107,7 +107,8 @@ def test_worker_kill9_mid_failover(lab: dict[str, Any], agents: list[dict[str, A
             assert inventory_states(lab, plane, "dr") == {n: "running" for n in primaries}
         else:
             assert job["error_code"] and job["error"] and res.get("stage"), job
-            assert res.get("next_step"), res
+            # What it says of production is true: the primary VMs were stopped.
+            assert res.get("production_touched") and res.get("next_step"), res
         # Nothing at DR started twice.
         assert all(n == 1 for n in starts.values()), starts
         # The primary VMs: stopped by the fence, and the job says so.
