@@ -109,8 +109,13 @@ def test_worker_kill9_mid_failover(lab: dict[str, Any], agents: list[dict[str, A
             assert job["error_code"] and job["error"] and res.get("stage"), job
             # What it says of production is true: the primary VMs were stopped.
             assert res.get("production_touched") and res.get("next_step"), res
-        # Nothing at DR started twice.
+        # Nothing at DR started twice, and no image rolled back under a DR
+        # VM the first attempt had started.
         assert all(n == 1 for n in starts.values()), starts
+        rolled = [e["detail"].get("rolled_back") for e in _events(c, job_id)
+                  if e["step"] == "rollback"]
+        print(f"rollbacks (images rolled back, per attempt): {rolled}")
+        assert not any(rolled[1:]), rolled
         # The primary VMs: stopped by the fence, and the job says so.
         states = inventory_states(lab, plane)
         fenced = {vm for e in _events(c, job_id) if e["step"] == "fence"
