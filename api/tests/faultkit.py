@@ -122,9 +122,10 @@ def fault_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> 
         yield p
 
 
-@pytest.fixture
-def redis_box(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A cell's own Redis (`private_redis`); import it into the test module."""
+@pytest.fixture(name="redis_box")
+def redis_box_fixture(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """`redis_box`: a cell's own Redis (`private_redis`); a test module that
+    imports this function has the fixture."""
     with private_redis(tmp_path) as r:
         yield r
 

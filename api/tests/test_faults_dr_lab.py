@@ -24,13 +24,16 @@ from typing import Any
 import pytest
 from cutpoint.api.models import FencingEpoch
 from fastapi.testclient import TestClient
-from faultkit import MARKS, fault_plane  # api/tests/faultkit.py
+from faultkit import (  # api/tests/faultkit.py
+    MARKS,
+    fault_plane,
+    redis_box_fixture,  # noqa: F401  (the fixture `redis_box`)
+)
 from labflow import finish, inventory_states, lab_site, register, snapshot_and_replicate
 from plane import Plane, wait_for  # api/tests/plane.py
 from sqlalchemy import select
 
 pytestmark = [*MARKS, pytest.mark.slow]
-pytest_plugins = ["faultkit"]  # its fixtures: redis_box
 
 
 @pytest.fixture

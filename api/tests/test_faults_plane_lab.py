@@ -27,6 +27,7 @@ from faultkit import (  # api/tests/faultkit.py
     fault_plane,
     kill9_redis,
     pauses,
+    redis_box_fixture,  # noqa: F401  (the fixture `redis_box`)
     restart_redis,
     site_snaps,
 )
@@ -34,7 +35,6 @@ from plane import Plane, agent_vm_states, wait_for  # api/tests/plane.py
 from sqlalchemy import select
 
 pytestmark = MARKS
-pytest_plugins = ["faultkit"]  # its fixtures: redis_box
 
 LEASE_MS = 3000  # the policy of test_api_lab.register and labflow.register
 RATE_MBPS = 8    # per cutpoint-sync run: a copy slow enough to be caught mid-way
