@@ -121,6 +121,26 @@ def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str
                      drill_id=drill_id)
 
 
+def _interrupted(sf: Any, settings: Any, job_id: str, spec: Any,
+                 attempt: int) -> dict[str, Any]:
+    from cutpoint.coordinator.dr.boot import load_booter
+    from cutpoint.coordinator.dr.drill import sweep_interrupted
+
+    out = sweep_interrupted(spec, load_booter(settings.booter))
+    c = out["cleanup"]
+    left = {k: v for k, v in c["leftovers"].items() if v}
+    done = ("cleaned up" if c["ok"] else
+            f"cleanup failed: {'; '.join(c['errors']) or 'left'} {left or ''}".rstrip())
+    with sf() as s:
+        j = s.get(Job, job_id)
+        if j is not None:
+            j.message = f"interrupted: {done}"[:255]
+            s.commit()
+    raise DrillFailed("drill_interrupted",
+                      f"drill {out['drill_id']} interrupted: the worker running it was lost "
+                      f"(this is attempt {attempt}); what it started at DR was {done}", out)
+
+
 def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
     from cutpoint.coordinator.dr.boot import load_booter
     from cutpoint.coordinator.dr.drill import run_drill
@@ -134,6 +154,13 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
             raise DrillFailed("not_a_recovery_point", "the recovery point is gone")
         spec = build_spec(s, snap, list(job.params.get("checks") or ["writer"]),
                           job_id.replace("-", "")[:8])
+        attempt = job.attempts
+    if attempt > 1:
+        # An earlier delivery ran this drill and its worker died (a drill
+        # job is redelivered only then): its clones and guests are still at
+        # DR.  Clean them up and record the drill interrupted, rather than
+        # run it again over what it left.
+        return _interrupted(sf, settings, job_id, spec, attempt)
 
     def progress(ev: dict[str, Any]) -> None:
         with sf() as s2:

@@ -413,7 +413,8 @@ class _Run:
                 raise FailoverFailed(exc.code, str(exc)) from exc
             if snap is not None:
                 self.retry_txn = snap.txn
-            return plan, (failover_checks.run(s, self.settings, g, plan, snap) if check else [])
+            return plan, (failover_checks.run(s, self.settings, g, plan, snap, self.job_id)
+                          if check else [])
 
     def _recovery_point_check(self, snap_id: int) -> None:
         """Planned mode: the final snapshot just replicated is verified and at DR.

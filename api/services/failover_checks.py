@@ -190,9 +190,11 @@ def external(settings: Any, inp: Inputs, *, agents: bool = True) -> list[pre.Che
 
 
 def run(s: Session, settings: Any, g: Group, plan: Plan,
-        snap: GroupSnapshot | None) -> list[pre.Check]:
+        snap: GroupSnapshot | None, job_id: str | None = None) -> list[pre.Check]:
     """Every precondition, in order; nothing is written anywhere.  Ends the
-    session's transaction before asking the DR site (see Inputs)."""
+    session's transaction before asking the DR site (see Inputs).  `job_id`:
+    the failover job asking (its own epoch, from an attempt whose worker
+    died, is its to reuse)."""
     from cutpoint.api.services import fencing
 
     g_id = g.id
@@ -201,7 +203,8 @@ def run(s: Session, settings: Any, g: Group, plan: Plan,
     checks = external(settings, inp)
     st = fencing.state(s, g_id)
     checks.append(pre.fencing_epoch_available(
-        st, plan.target, lambda n: fencing.reserve(s, g_id, n, plan.target, plan.source)))
+        st, plan.target, lambda n: fencing.reserve(s, g_id, n, plan.target, plan.source),
+        job_id))
     s.rollback()
     return checks
 

@@ -49,7 +49,8 @@ def state(s: Session, group_id: int) -> FencingState:
         return FencingState(0, None)
     job = s.get(Job, fe.job_id) if fe.job_id else None
     return FencingState(fe.epoch, fe.active_site,
-                        job_state=job.state.value if job is not None else None)
+                        job_state=job.state.value if job is not None else None,
+                        job_id=fe.job_id)
 
 
 def reserve(s: Session, group_id: int, n: int, target: str, fenced: str) -> None:

@@ -1,4 +1,4 @@
-"""Fault injection and outcome reading for the fault matrix (test_faults_lab.py).
+"""Fault injection and outcome reading for the fault matrix (test_faults_*.py).
 
 Each injector does one thing to one real part of the lab and undoes it on
 the way out, whatever happened in between:
@@ -29,8 +29,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cutpoint.agentclient import AgentPool
 from cutpoint.coordinator import GroupSpec
+
+# The lab every cell of the suite shares (one bring-up for `make faults`).
+FAULT_LAB = pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")
+MARKS = [pytest.mark.lab, pytest.mark.fault, FAULT_LAB]
 
 AGENT_PORT = 7443
 # The invariant the matrix checks in every cell: no VM stays paused longer
@@ -100,6 +105,29 @@ def private_redis(tmp: Path) -> Iterator[dict[str, Any]]:
         yield r
     finally:
         services_local.stop(state)
+
+
+@contextlib.contextmanager
+def fault_plane(lab: dict[str, Any], tmp: Path, redis_port: int, **env: str) -> Iterator[Any]:
+    """The control plane of a cell (api/tests/plane.py) on its own Redis:
+    the broker redelivers a job whose worker died after 15 s, agent calls
+    wait 15 s (vm.stop waits for QEMU to exit), and the periodic retention
+    and inventory passes stay out of the way unless `env` says otherwise."""
+    from plane import lab_plane  # api/tests/plane.py
+
+    with lab_plane(lab, tmp, redis_port, **{
+            "CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S": "15", "CUTPOINT_AGENT_TIMEOUT_S": "15",
+            "CUTPOINT_RETENTION_INTERVAL_S": "3600", "CUTPOINT_INVENTORY_INTERVAL_S": "3600",
+            **env}) as p:
+        yield p
+
+
+@pytest.fixture(name="redis_box")
+def redis_box_fixture(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """`redis_box`: a cell's own Redis (`private_redis`); a test module that
+    imports this function has the fixture."""
+    with private_redis(tmp_path) as r:
+        yield r
 
 
 def redis_pid(r: dict[str, Any]) -> int:

@@ -34,6 +34,7 @@ from cutpoint.coordinator import (
     take_group_snapshot,
 )
 from faultkit import (  # api/tests/faultkit.py
+    MARKS,
     assert_pause_bound,
     blackhole,
     hung,
@@ -44,8 +45,7 @@ from faultkit import (  # api/tests/faultkit.py
     wait_running,
 )
 
-pytestmark = [pytest.mark.lab, pytest.mark.fault,
-              pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")]
+pytestmark = MARKS
 
 LEASE_MS = 1000
 BUDGET_MS = 1000

@@ -21,19 +21,20 @@ import pytest
 from cutpoint.api.models import Job
 from fastapi.testclient import TestClient
 from faultkit import (  # api/tests/faultkit.py
+    MARKS,
     agent_txns,
     assert_pause_bound,
+    fault_plane,
     kill9_redis,
     pauses,
-    private_redis,
+    redis_box_fixture,  # noqa: F401  (the fixture `redis_box`)
     restart_redis,
     site_snaps,
 )
-from plane import Plane, agent_vm_states, lab_plane, wait_for  # api/tests/plane.py
+from plane import Plane, agent_vm_states, wait_for  # api/tests/plane.py
 from sqlalchemy import select
 
-pytestmark = [pytest.mark.lab, pytest.mark.fault,
-              pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")]
+pytestmark = MARKS
 
 LEASE_MS = 3000  # the policy of test_api_lab.register and labflow.register
 RATE_MBPS = 8    # per cutpoint-sync run: a copy slow enough to be caught mid-way
@@ -41,20 +42,10 @@ OP_TIMEOUT_S = 5  # the DR site's Ceph op timeout in the hung-OSD cell
 
 
 @pytest.fixture
-def redis_box(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    with private_redis(tmp_path) as r:
-        yield r
-
-
-@pytest.fixture
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           redis_box: dict[str, Any]) -> Iterator[Plane]:
-    with lab_plane(lab, tmp_path, redis_box["port"],
-                   CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="15",
-                   CUTPOINT_AGENT_TIMEOUT_S="15",
-                   CUTPOINT_REPLICATION_RATE_MBPS=str(RATE_MBPS),
-                   CUTPOINT_RETENTION_INTERVAL_S="3600",
-                   CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
+    with fault_plane(lab, tmp_path, redis_box["port"],
+                     CUTPOINT_REPLICATION_RATE_MBPS=str(RATE_MBPS)) as p:
         yield p
 
 

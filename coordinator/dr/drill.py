@@ -17,6 +17,12 @@ Steps, each a timeline event in the report:
                protected it; then look again: anything left (a clone, or
                what the booter reports for the drill's tag) is a leak
 
+What the drill made (clones, protected snapshots, guests) is written to
+`state.json` in its report directory as it goes.  A drill whose worker died
+is not run again: `sweep_interrupted` (same spec, same drill id) stops the
+guests and removes the clones that file names, unprotects what it
+protected, and reports what is left, as `cleanup` would have.
+
 Only clones are written; the replicated images and their snapshots are
 never opened for writing, so replication of the group goes on meanwhile.
 Clones boot with workload `none`: a check reads what the recovery point
@@ -115,6 +121,7 @@ class Drill:
                     disks.append(BootDisk(d.node, name, d.pool))
                 self.clone_vms.append(BootVM(vm.name, tuple(disks)))
         self.request.vms = self.clone_vms
+        self._save_state()
         self.event("clone", "ok", clones=[c.image for c in self.clones])
 
     def boot(self) -> None:
@@ -122,10 +129,41 @@ class Drill:
             self.guests = self.booter.start(self.request, self._booter_event)
         except Exception as exc:
             self.guests = list(getattr(exc, "guests", []))
+            self._save_state()
             raise
+        self._save_state()
         self.event("boot", "started", guests=[g.as_dict() for g in self.guests])
         self.booter.wait_ready(self.request, self.guests, self.spec.boot_timeout_s,
                                self._ready_event)
+
+    def _save_state(self) -> None:
+        """What exists because of this drill, for `sweep_interrupted` if the
+        process running it dies (written before the next step begins)."""
+        st = {"clones": [[c.pool, c.image] for c in self.clones],
+              "protected": [[p.pool, p.image, p.snap] for p in self.protected],
+              "vms": [[v.name, [[d.node, d.image, d.pool] for d in v.disks]]
+                      for v in self.clone_vms],
+              "guests": [{"vm": g.vm, "agent": g.agent, "detail": g.detail}
+                         for g in self.guests]}
+        tmp = self.dir / "state.json.tmp"
+        tmp.write_text(json.dumps(st, default=str))
+        tmp.replace(self.dir / "state.json")
+
+    def _load_state(self) -> bool:
+        """The clones, protections and guests an earlier run of this drill id
+        recorded; False when it recorded none."""
+        p = self.dir / "state.json"
+        if not p.exists():
+            return False
+        st = json.loads(p.read_text())
+        self.clones = [ImageRef(pool, image) for pool, image in st["clones"]]
+        self.protected = [ImageRef(pool, image, snap) for pool, image, snap in st["protected"]]
+        self.clone_vms = [BootVM(name, tuple(BootDisk(n, i, pl) for n, i, pl in disks))
+                          for name, disks in st["vms"]]
+        self.request.vms = self.clone_vms
+        self.guests = [Guest(g["vm"], g.get("agent"), detail=dict(g.get("detail") or {}))
+                       for g in st["guests"]]
+        return True
 
     def _ready_event(self, step: str, detail: dict[str, Any]) -> None:
         if step == "ready":  # the drill's timeline says `boot ok` per VM
@@ -237,6 +275,33 @@ class Drill:
 def run_drill(spec: DrillSpec, booter: Booter,
               on_event: EventHook | None = None) -> dict[str, Any]:
     return Drill(spec, booter, on_event).run()
+
+
+def sweep_interrupted(spec: DrillSpec, booter: Booter,
+                      on_event: EventHook | None = None) -> dict[str, Any]:
+    """Clean up after a run of drill `spec.drill_id` that died mid-way (its
+    process killed): stop the guests and remove the clones its state file
+    names, unprotect what it protected, then look for anything left under
+    the drill's tag.  {"found", "cleanup": {ok, errors, leftovers}, "timeline"}."""
+    d = Drill(spec, booter, on_event)
+    found = d._load_state()
+    if not d.clone_vms:  # died before its clones were recorded: the booter's per-VM names
+        d.request.vms = [BootVM(v.name, ()) for v in spec.vms]
+    d.event("sweep", "started", found=found, clones=[c.image for c in d.clones],
+            guests=[g.vm for g in d.guests])
+    # Clones made before the state file was written (the process died inside
+    # clone()) are found by their tag.
+    try:
+        pools = sorted({dk.pool for v in spec.vms for dk in v.disks})
+        named = {(c.pool, c.image) for c in d.clones}
+        for pool in pools:
+            with CephConnection(spec.site) as ceph:
+                d.clones += [ImageRef(pool, i) for i in ceph.list_images(pool)
+                             if i.startswith(f"{d.tag}-") and (pool, i) not in named]
+    except CephError as exc:
+        d.event("sweep", "failed", error=str(exc))
+    cleanup = d.cleanup()
+    return {"drill_id": d.id, "found": found, "cleanup": cleanup, "timeline": d.timeline}
 
 
 def leftovers(site: CephSite, tag: str, pools: list[str] | None = None) -> dict[str, list[str]]:

@@ -75,11 +75,12 @@ class Check:
 class FencingState:
     """The group's newest fencing epoch: 0 and no site before any failover.
     `job_state`: the state of the failover job that took it (None: unknown);
-    one that failed may be retried under the same epoch."""
+    one that failed may be retried under the same epoch.  `job_id`: that job."""
 
     epoch: int
     active_site: str | None
     job_state: str | None = None
+    job_id: str | None = None
 
 
 def skipped(name: str, why: str) -> Check:
@@ -179,11 +180,18 @@ def dr_agents_ready(booter: Booter, req: BootRequest) -> Check:
 
 
 def fencing_epoch_available(state: FencingState, target: str,
-                            reserve: Callable[[int], None]) -> Check:
+                            reserve: Callable[[int], None], job_id: str | None = None) -> Check:
     """The epoch this failover will run under: the next one, or the current
-    one for a retry of a failover that failed after taking it.  `reserve(n)`
-    tries to write epoch n and undoes it; any exception fails the check."""
+    one for a retry of a failover that failed after taking it, or for the
+    failover job `job_id` itself run again (its worker died after it took
+    the epoch).  `reserve(n)` tries to write epoch n and undoes it; any
+    exception fails the check."""
     def run() -> Check:
+        if (state.active_site == target and job_id is not None and state.job_id == job_id
+                and state.job_state in ("queued", "running")):
+            return Check("", PASS, message=f"resumed: fencing epoch {state.epoch} was taken by "
+                         "an earlier attempt of this job and is reused",
+                         detail={"epoch": state.epoch, "reuse": True})
         if state.active_site == target and state.job_state in ("queued", "running"):
             return Check("", FAIL, "failover_in_progress", f"fencing epoch {state.epoch} "
                          f"(active site {target!r}) belongs to a failover that is still "

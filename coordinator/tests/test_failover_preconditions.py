@@ -52,10 +52,15 @@ def _reserve_ok(n: int) -> None:
     (pre.FencingState(1, "dr", None), ("fail", "already_failed_over", {"epoch": 1})),
     (pre.FencingState(1, "dr", "running"), ("fail", "failover_in_progress", {"epoch": 1})),
     (pre.FencingState(1, "dr", "failed"), ("pass", None, {"epoch": 1, "reuse": True})),
+    # Another job's epoch, still running: refused; this job's own (its
+    # worker died after taking it, the job is run again): reused.
+    (pre.FencingState(1, "dr", "running", "other-job"),
+     ("fail", "failover_in_progress", {"epoch": 1})),
+    (pre.FencingState(1, "dr", "running", "this-job"), ("pass", None, {"epoch": 1, "reuse": True})),
 ])
 def test_the_fencing_epoch(state: pre.FencingState, want: tuple[str, str | None,
                                                                  dict[str, object]]) -> None:
-    c = pre.fencing_epoch_available(state, "dr", _reserve_ok)
+    c = pre.fencing_epoch_available(state, "dr", _reserve_ok, "this-job")
     assert (c.status, c.code, c.detail) == want, c
 
 

@@ -1,0 +1,198 @@
+"""The fault matrix, DR cells (docs/reliability.md, "Fault matrix"): kill -9
+of the worker in the middle of a failover and of a drill.
+
+Same lab as the other cells (faultkit.MARKS); the control plane on a Redis
+of the test's own (faultkit `fault_plane`, `redis_box`), the lab's booter.
+Each cell takes minutes (a full replication, a boot at DR under TCG) and
+the failover cell leaves the primary VMs stopped (the next test gets a
+fresh lab): both are `slow`, out of `make faults`, run by `make test-slow`.
+Each asserts the matrix's outcomes where they apply: the job ends in a
+clear state with its reason, nothing at DR started twice or left running
+half-way, production running (a drill) or stopped with a recorded reason
+(a failover).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cutpoint.api.models import FencingEpoch
+from fastapi.testclient import TestClient
+from faultkit import (  # api/tests/faultkit.py
+    MARKS,
+    fault_plane,
+    redis_box_fixture,  # noqa: F401  (the fixture `redis_box`)
+)
+from labflow import finish, inventory_states, lab_site, register, snapshot_and_replicate
+from plane import Plane, wait_for  # api/tests/plane.py
+from sqlalchemy import select
+
+pytestmark = [*MARKS, pytest.mark.slow]
+
+
+@pytest.fixture
+def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
+          redis_box: dict[str, Any]) -> Iterator[Plane]:
+    with fault_plane(lab, tmp_path, redis_box["port"],
+                     CP_DRILL_DIR=str(tmp_path / "drills")) as p:
+        yield p
+
+
+def _events(c: TestClient, job_id: str) -> list[dict[str, Any]]:
+    return list(c.get(f"/v1/jobs/{job_id}/events").json())
+
+
+def _dr_agent_log(agents: list[dict[str, Any]], lab: dict[str, Any]) -> Path:
+    dr = next(h["name"] for h in lab["hosts"] if h["site"] == "dr")
+    return Path(next(a["log"] for a in agents if a["host"] == dr))
+
+
+def _started(log: Path, offset: int) -> dict[str, int]:
+    """VM -> how many times the DR agent started it (not found running) since `offset`."""
+    out: dict[str, int] = {}
+    for m in re.finditer(r"event=vm_start vm=(\S+) result=started",
+                         log.read_text(errors="replace")[offset:]):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
+def test_worker_kill9_mid_failover(lab: dict[str, Any], agents: list[dict[str, Any]],
+                                   plane: Plane, client: TestClient) -> None:
+    """kill -9 of the worker (its process group) once the unplanned failover
+    has fenced the primary and started booting at DR; a new worker: the job
+    ends once, succeeded or failed with its stage and reason; every DR VM
+    started once, none twice; the primary VMs stopped, the stop recorded;
+    one fencing epoch."""
+    from cutpoint.lab.drillboot import stop_guests, stop_standbys
+
+    c = client
+    plane.start("worker")
+    register(c, lab, plane)
+    point = snapshot_and_replicate(c, plane)
+    primaries = sorted(v["name"] for v in lab["vms"] if v["site"] == "primary")
+    dr_log = _dr_agent_log(agents, lab)
+    off = len(dr_log.read_text(errors="replace"))
+    r = c.post("/v1/groups/app/failover", json={"mode": "unplanned"})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    guests: list[dict[str, Any]] = []
+    try:
+        def booting() -> list[str] | None:
+            steps = [e["step"] for e in _events(c, job_id)]
+            assert "failed" not in steps, steps
+            return steps if "vm_start" in steps else None
+        t0 = time.monotonic()
+        at_kill = wait_for(booting, 300, "the failover booting at DR", plane, every=0.1)
+        plane.kill9("worker")
+        job = c.get(f"/v1/jobs/{job_id}").json()
+        print(f"\nworker killed {time.monotonic() - t0:.1f} s into the failover, job "
+              f"{job['state']} ({job['message']}); steps {at_kill}; "
+              f"DR starts so far {_started(dr_log, off)}")
+        assert job["state"] == "running", job
+        plane.start("worker")
+        t1 = time.monotonic()
+        job = finish(c, job_id, "the failover job after a new worker", plane, 420)
+        res = job["result"] or {}
+        guests = list(res.get("guests") or [])
+        starts = _started(dr_log, off)
+        steps = [e["step"] for e in _events(c, job_id)]
+        print(f"new worker: job {job['state']} {time.monotonic() - t1:.1f} s after, attempts "
+              f"{job['attempts']}, {job['error_code']}: {job['error']}; DR starts {starts}; "
+              f"steps {steps}")
+        if job["state"] == "succeeded":
+            assert res["recovery_point"] == point["txn"], res
+            assert inventory_states(lab, plane, "dr") == {n: "running" for n in primaries}
+        else:
+            assert job["error_code"] and job["error"] and res.get("stage"), job
+            # What it says of production is true: the primary VMs were stopped.
+            assert res.get("production_touched") and res.get("next_step"), res
+        # Nothing at DR started twice, and no image rolled back under a DR
+        # VM the first attempt had started.
+        assert all(n == 1 for n in starts.values()), starts
+        rolled = [e["detail"].get("rolled_back") for e in _events(c, job_id)
+                  if e["step"] == "rollback"]
+        print(f"rollbacks (images rolled back, per attempt): {rolled}")
+        assert not any(rolled[1:]), rolled
+        # The primary VMs: stopped by the fence, and the job says so.
+        states = inventory_states(lab, plane)
+        fenced = {vm for e in _events(c, job_id) if e["step"] == "fence"
+                  for vm in (e["detail"].get("stopped") or [])}
+        print(f"primary {states}; fence events stopped {sorted(fenced)}")
+        assert "running" not in states.values(), states
+        assert set(primaries) <= fenced, (fenced, primaries)
+        with plane.sf() as s:
+            epochs = [(f.epoch, f.active_site) for f in s.scalars(select(FencingEpoch))]
+        assert epochs == [(1, "dr")], epochs
+    finally:
+        stop_guests(guests)
+        stop_standbys(lab)
+
+
+def _dr_images(lab: dict[str, Any], prefix: str) -> list[str]:
+    from cutpoint.coordinator.dr.site import CephConnection
+
+    with CephConnection(lab_site(lab, "dr")) as ceph:
+        return [i for i in ceph.list_images("rbd") if i.startswith(prefix)]
+
+
+def _qemus(tag: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True,
+                        check=True).stdout
+    return [ln.strip()[:120] for ln in ps.splitlines() if f"{tag}-" in ln and "qemu" in ln]
+
+
+def test_worker_kill9_mid_drill(lab: dict[str, Any], agents: list[dict[str, Any]],
+                                plane: Plane, client: TestClient) -> None:
+    """kill -9 of the worker while a drill's clones boot at DR; a new worker
+    (the drill job redelivered): the drill is recorded failed,
+    `drill_interrupted`, with the earlier attempt's guests stopped, clones
+    removed and the recovery point unprotected; production ran throughout."""
+    from cutpoint.coordinator.dr.site import CephConnection
+    from plane import agent_vm_states  # api/tests/plane.py
+
+    c = client
+    plane.start("worker")
+    register(c, lab, plane)
+    point = snapshot_and_replicate(c, plane)
+    r = c.post("/v1/groups/app/drills", json={"recovery_point": point["txn"]})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    tag = f"drill-{job_id.replace('-', '')[:8]}"
+
+    def booting() -> list[str] | None:
+        j = c.get(f"/v1/jobs/{job_id}").json()
+        assert j["state"] not in ("succeeded", "failed"), j
+        q = _qemus(tag)
+        return q if q and j["message"].startswith("boot") else None
+    t0 = time.monotonic()
+    wait_for(booting, 300, "the drill's clones booting", plane, every=0.2)
+    plane.kill9("worker")
+    left = {"clones": _dr_images(lab, f"{tag}-"), "qemu": _qemus(tag)}
+    print(f"\nworker killed {time.monotonic() - t0:.1f} s into the drill: left {left}")
+    assert left["clones"] and left["qemu"], left
+    plane.start("worker")
+    t1 = time.monotonic()
+    job = finish(c, job_id, "the drill job after a new worker", plane, 300)
+    print(f"new worker: drill {job['state']} {time.monotonic() - t1:.1f} s after, attempts "
+          f"{job['attempts']}: {job['error_code']}: {job['error']}")
+    assert (job["state"], job["error_code"]) == ("failed", "drill_interrupted"), job
+    assert "interrupted" in job["error"] and "cleaned up" in job["error"], job["error"]
+    # Nothing of the drill is left at DR.
+    assert _dr_images(lab, f"{tag}-") == []
+    assert _qemus(tag) == []
+    with CephConnection(lab_site(lab, "dr")) as ceph:
+        prot = [img for v in lab["vms"] if v["site"] == "primary" for img in
+                (d["image"] for d in v["disks"])
+                if ceph.is_protected("rbd", img, f"cp.app.{point['txn']}")]
+    assert prot == [], prot
+    # Production was not touched.
+    assert set(agent_vm_states(lab, plane).values()) == {"running"}
+    for v in lab["vms"]:
+        if v["site"] == "primary":
+            assert Path(f"/proc/{v['pid']}").exists(), v["name"]
