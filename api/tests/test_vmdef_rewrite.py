@@ -10,7 +10,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from cutpoint.api.services.vmdef_rewrite import DrTarget, RewriteError, rbd_images, rewrite
+from cutpoint.api.services.vmdef_rewrite import (
+    DrTarget,
+    RewriteError,
+    rbd_images,
+    rewrite,
+)
 
 XML = (Path(__file__).parent / "data" / "domains" / "lab-rbd.xml").read_text()
 DR_SECRET = "0b7e3c1a-2f45-4e8a-9d61-3c2a5e7f9b10"

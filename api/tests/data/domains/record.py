@@ -21,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3] / "agent" / "tests"))
 
-from libvirt_agent import GUEST_AGENT, domain_xml  # noqa: E402
-from libvirt_hosts import LibvirtHost  # noqa: E402
+from libvirt_agent import GUEST_AGENT, domain_xml
+from libvirt_hosts import LibvirtHost
 
 NAME = "prod-db1"
 SECRET = "5a1e1a9f-4a55-4d8c-9c6e-1f7c8b6e2a01"
