@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     agent_cert: Path | None = None
     agent_key: Path | None = None
     agent_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # The definition-signing private key (Ed25519, PEM; by path, never
+    # logged): failover signs the DR rewrite of a VM's captured definition
+    # with it, and the DR agents hold its public half ([libvirt]
+    # definition_key).  None: captured definitions are not sent to agents.
+    definition_signing_key: Path | None = None
 
     # Scheduler and jobs.
     scheduler_tick_s: float = Field(default=1.0, gt=0, le=60)
