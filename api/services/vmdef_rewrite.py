@@ -9,9 +9,11 @@ host.  Failover and drills start the VM at DR from a copy rewritten here
 (pure: XML in, XML out, no I/O):
 
     <disk type='network'><source protocol='rbd' name='POOL/IMAGE'>
-        name        -> the DR image (`images`: primary "pool/image" to the
-                       DR one -- a drill's clone names; absent: the same
-                       image name in `pool`)
+        name        -> the DR image (`by_target`: the disk's target dev to
+                       the DR "pool/image", as failover knows its members;
+                       `images`: primary "pool/image" to the DR one -- a
+                       drill's clone names; neither: the same image name
+                       in `pool`)
         <host/>     -> the DR site's monitors (`mon_hosts`)
         <auth username=..><secret type='ceph' uuid=..>
                     -> the DR cephx user and libvirt secret UUID
@@ -52,6 +54,7 @@ class DrTarget:
     secret_uuid: str                             # DR libvirt secret of that user's key
     networks: dict[str, str] = field(default_factory=dict)  # bridge/network -> DR's
     images: dict[str, str] = field(default_factory=dict)    # "pool/img" -> DR "pool/img"
+    by_target: dict[str, str] = field(default_factory=dict)  # target dev -> DR "pool/img"
     name: str | None = None                      # a new domain name (drills)
     uuid: str | None = None                      # a new UUID; "" drops <uuid>
     new_macs: bool = False                       # drop <mac> (drills; implied by name)
@@ -70,7 +73,8 @@ def _rbd_disk(disk: ET.Element, t: DrTarget) -> None:
     old = src.get("name", "")
     if "/" not in old:
         raise RewriteError(f"disk {_target(disk)}: rbd source {old!r} names no pool")
-    src.set("name", t.images.get(old) or f"{t.pool}/{old.split('/', 1)[1]}")
+    src.set("name", t.by_target.get(_target(disk)) or t.images.get(old)
+            or f"{t.pool}/{old.split('/', 1)[1]}")
     for h in src.findall("host"):
         src.remove(h)
     for addr, port in t.mon_hosts:

@@ -74,6 +74,12 @@ def test_drill_rewrite_with_clones_new_name_and_uuid() -> None:
     assert list(root.iter("mac")) == []  # libvirt makes new ones: no clash with production
 
 
+def test_images_by_target_dev() -> None:
+    t = DrTarget(**{**TARGET.__dict__, "by_target": {"vdb": "dr-ssd/db1-b"},
+                    "images": {"rbd/prod-db1-disk1": "dr/never"}})
+    assert rbd_images(rewrite(XML, t)) == ["dr/prod-db1-disk0", "dr-ssd/db1-b"]
+
+
 def test_uuid_dropped_when_asked() -> None:
     out = rewrite(XML, DrTarget(**{**TARGET.__dict__, "uuid": ""}))
     assert ET.fromstring(out).find("uuid") is None
