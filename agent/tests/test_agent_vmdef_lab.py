@@ -17,8 +17,10 @@ A domain the agent's config does not name (a small TCG domain):
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,14 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cutpoint.agentclient import AgentError
 from cutpoint.api.services import vmdef_sign
+from cutpoint.api.services.vmdef_rewrite import DrTarget, rewrite
+from cutpoint.coordinator.dr.boot import (
+    FAILOVER,
+    AgentBooter,
+    AgentRef,
+    BootRequest,
+    BootVM,
+)
 from libvirt_agent import LibvirtAgent, domain_xml, until
 from libvirt_hosts import LibvirtHost
 
@@ -64,6 +74,7 @@ async def test_signed_definition_starts_unsigned_and_forged_are_refused(
     forged = vmdef_sign.spec(Ed25519PrivateKey.generate(), DOMAIN, xml)
     other_name = {**vmdef_sign.spec(key, "cp-other", xml), "vm": DOMAIN}
     async with agent.client() as c:
+        assert (await c.hello())["signed_definitions"] is True
         for spec, why in (({"vm": DOMAIN, "xml": xml}, "signature (args.spec.sig)"),
                           (forged, "does not verify"), (other_name, "does not verify")):
             with pytest.raises(AgentError) as exc:
@@ -94,3 +105,76 @@ async def test_signed_definition_starts_unsigned_and_forged_are_refused(
     log = agent.log_text()
     assert "why=definition_unsigned" in log and "why=bad_signature" in log
     assert f"event=vm_start vm={DOMAIN} result=started definition=signed" in log
+
+
+def test_captured_definition_starts_on_another_host_through_the_booter(
+        tmp_path: Path,
+        signed_agent: tuple[LibvirtAgent, LibvirtHost, Ed25519PrivateKey]) -> None:
+    """Capture on one libvirtd, start at another: the source host's agent
+    (its own libvirtd, a [vm] for a defined domain with a bridge interface)
+    gives the domain's definition (vm.definition); it is rewritten for the
+    other host as a drill would (vmdef_rewrite: new name and UUID, the
+    bridge mapped to one that exists there, no MACs) and signed; the
+    product's booter (AgentBooter, as failover runs it) passes preflight on
+    the DR agent's hello (signed_definitions) though the agent does not
+    list the VM, starts it there, waits until the agent lists it running,
+    and stops it."""
+    dr_agent, dr_host, key = signed_agent
+    src_host = LibvirtHost(Path(tempfile.mkdtemp(prefix="cp-vmdef-src-")))
+    src_host.start()
+    src = None
+    try:
+        xml = domain_xml("cp-vmdef-src", "<interface type='bridge'><source bridge='br-src'/>"
+                         "<model type='virtio'/></interface>")
+        (tmp_path / "src.xml").write_text(xml)
+        src_host.virsh("define", str(tmp_path / "src.xml"))
+        (tmp_path / "src").mkdir()
+        src = LibvirtAgent(tmp_path / "src", discover=False, uri=src_host.uri,
+                           extra="[vm cp-vmdef-src]\ndriver = libvirt\n")
+        src.start()
+
+        async def capture() -> dict:
+            async with src.client() as c:
+                async def up() -> bool:
+                    inv = await c.inventory()
+                    return not inv["stale"] and any(v["name"] == "cp-vmdef-src" and v["ready"]
+                                                    for v in inv["vms"])
+
+                await until(up, "the source agent connected to its libvirtd", 30)
+                return await c.call("vm.definition", {"vm": "cp-vmdef-src"}, timeout=30)
+
+        d = asyncio.run(capture())
+        assert "br-src" in d["definition"] and "<uuid>" in d["definition"]
+        # the DR host's bridge: made in the DR libvirtd's view (the host's network)
+        subprocess.run(["ip", "link", "add", "cpvmdef-br", "type", "bridge"], check=False)
+        subprocess.run(["ip", "link", "set", "cpvmdef-br", "up"], check=True)
+        name = "cp-vmdef-drill1"
+        out = rewrite(d["definition"], DrTarget(
+            pool="rbd", mon_hosts=(("127.0.0.1", 6789),), auth_user="x",
+            secret_uuid="0b7e3c1a-2f45-4e8a-9d61-3c2a5e7f9b10",
+            networks={"br-src": "cpvmdef-br"}, name=name,
+            uuid="7d3f0c2e-8b1a-4c5d-9e6f-0a1b2c3d4e5f"))
+        ca = dr_agent.certs
+        req = BootRequest(FAILOVER, None, [BootVM(name, ())], "vmdef-test",
+                          agents={name: AgentRef("127.0.0.1", dr_agent.port)},
+                          specs={name: vmdef_sign.spec(key, name, out)},
+                          tls=(str(ca / "ca.pem"), str(ca / "coordinator.pem"),
+                               str(ca / "coordinator.key")))
+        booter = AgentBooter()
+        assert booter.preflight(req) == []
+        unsigned = BootRequest(FAILOVER, None, req.vms, "vmdef-test", agents=req.agents,
+                               tls=req.tls)
+        assert [u.why for u in booter.preflight(unsigned)] == ["unknown_vm"]
+        guests = booter.start(req)
+        assert [g.vm for g in guests] == [name] and not guests[0].already_running
+        booter.wait_ready(req, guests, 20)
+        info = dr_host.virsh("dumpxml", name) or ""
+        assert "7d3f0c2e-8b1a-4c5d-9e6f-0a1b2c3d4e5f" in info and "cpvmdef-br" in info
+        assert (src_host.virsh("domstate", "cp-vmdef-src") or "").strip() == "shut off"
+        assert booter.stop(req, guests) == []
+        assert (dr_host.virsh("domstate", name) or "").strip() == "shut off"
+    finally:
+        sanitizer = src.stop() if src else ""
+        src_host.stop()
+        subprocess.run(["ip", "link", "del", "cpvmdef-br"], check=False)
+        assert not sanitizer, sanitizer
