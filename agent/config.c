@@ -415,10 +415,13 @@ toolong:
                  cfg->libvirt_manage[0] ? "" : "_metadata");
         goto cleanup;
     }
-    if (cfg->definition_key[0] && !cfg->libvirt_uri[0]) {
-        /* only the libvirt driver defines a domain from a definition */
+    if (cfg->definition_key[0] &&
+        (!cfg->libvirt_uri[0] || !cfg->libvirt_discover)) {
+        /* only the libvirt driver defines a domain from a definition, and
+         * the domain becomes a VM of the inventory (failover waits for it
+         * there) only through discovery */
         snprintf(err, errlen, "%s: [libvirt] definition_key needs [libvirt] "
-                 "uri", path);
+                 "uri and discover = yes", path);
         goto cleanup;
     }
     if (cfg->definition_key[0] && access(cfg->definition_key, R_OK) < 0) {

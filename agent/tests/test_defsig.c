@@ -25,6 +25,7 @@
 #include <libvirt/libvirt.h>
 
 #include "agent.h"
+#include "config.h"
 #include "defsig.h"
 #include "dispatch.h"
 #include "mono.h"
@@ -340,11 +341,55 @@ test_definition_is_the_inactive_xml(void **state)
     agent_teardown();
 }
 
+/* [libvirt] definition_key: an absolute, readable file, with uri and
+ * discover = yes (a domain it defines is a VM only through discovery). */
+static void
+test_config_key(void **state)
+{
+    static struct agent_config cfg;
+    char path[] = "/tmp/cp-defsig-cfg-XXXXXX", text[2048], err[512];
+    const char *cases[][2] = {
+        {"uri = test:///default\ndiscover = yes\ndefinition_key = %s\n", NULL},
+        {"uri = test:///default\ndefinition_key = %s\n", "discover = yes"},
+        {"definition_key = %s\n", "needs [libvirt] uri"},
+        {"uri = test:///default\ndiscover = yes\n"
+         "definition_key = %s.missing\n", "No such file"},
+        {"uri = test:///default\ndiscover = yes\ndefinition_key = rel.pem\n%s",
+         "definition_key"},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int fd = mkstemp(path), n;
+        char lv[1024];
+
+        assert_true(fd >= 0);
+        snprintf(lv, sizeof(lv), cases[i][0], i < 4 ? pub_path : "");
+        n = snprintf(text, sizeof(text), "[tls]\nca = /c\ncert = /p\nkey = /k\n"
+                     "[libvirt]\n%s", lv);
+        assert_int_equal(write(fd, text, (size_t)n), n);
+        close(fd);
+        err[0] = '\0';
+        if (!cases[i][1]) {
+            if (config_load(path, &cfg, err, sizeof(err)) != 0)
+                fail_msg("case %zu: %s", i, err);
+            assert_string_equal(cfg.definition_key, pub_path);
+        } else {
+            assert_int_equal(config_load(path, &cfg, err, sizeof(err)), -1);
+            if (!strstr(err, cases[i][1]))
+                fail_msg("case %zu: %s", i, err);
+        }
+        unlink(path);
+        snprintf(path, sizeof(path), "/tmp/cp-defsig-cfg-XXXXXX");
+    }
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verify),
+        cmocka_unit_test(test_config_key),
         cmocka_unit_test(test_signed_start),
         cmocka_unit_test(test_no_key_configured),
         cmocka_unit_test(test_definition_is_the_inactive_xml),
