@@ -29,8 +29,9 @@ with the `booter` setting.
 
 Drills boot clones of the replicated images.  An agent starts only the
 VMs its configuration defines, and a clone is none of them: booting one
-needs the VM's definition (a captured definition, started with the clone's
-disks and an isolated network).  Until definitions are captured,
+needs the VM's captured definition rewritten for the clone (its disks,
+a new name and UUID, an isolated network: api/services/vmdef_rewrite.py
+does that rewrite), which the drill job does not build yet, so
 `AgentBooter` refuses a drill with `DrillBootUnsupported`.
 """
 
@@ -74,8 +75,8 @@ class UnknownBooter(LookupError):
 DRILL_REFUSAL = (
     "the agent booter cannot boot a drill: a drill boots clones of the replicated "
     "images, and an agent starts only the VMs its configuration defines; booting a "
-    "clone needs the VM's captured definition, which the control plane does not "
-    "capture yet")
+    "clone needs the VM's captured definition rewritten for the clone, which the "
+    "drill does not send yet")
 
 
 @dataclass(frozen=True)
