@@ -178,3 +178,89 @@ def test_captured_definition_starts_on_another_host_through_the_booter(
         src_host.stop()
         subprocess.run(["ip", "link", "del", "cpvmdef-br"], check=False)
         assert not sanitizer, sanitizer
+
+
+def test_the_watch_captures_a_protected_vm_and_its_redefinition(
+        tmp_path: Path,
+        signed_agent: tuple[LibvirtAgent, LibvirtHost, Ed25519PrivateKey]) -> None:
+    """The control plane's inventory watch against the real agent and
+    libvirtd: a defined domain the agent discovers is captured once it is a
+    group member (version 1, the agent's vm.definition, sha256 of the
+    text), not again while nothing changes, and as version 2 after `virsh
+    define` changes it (the agent's inventory generation moves)."""
+    import ssl
+    import time
+
+    from cutpoint.api.config import Settings
+    from cutpoint.api.models import (
+        Base,
+        Group,
+        GroupMember,
+        Host,
+        Site,
+        Vm,
+        VmDefinition,
+    )
+    from cutpoint.api.services.inventory_watch import watch_round
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import sessionmaker
+
+    agent, host, _ = signed_agent
+    name = "cp-vmdef-watch"
+    (tmp_path / "w.xml").write_text(domain_xml(name))
+    host.virsh("define", str(tmp_path / "w.xml"))
+    eng = create_engine(f"sqlite:///{tmp_path / 'cp.db'}")
+    Base.metadata.create_all(eng)
+    sf = sessionmaker(eng, expire_on_commit=False)
+    certs = agent.certs
+    settings = Settings(token_secret="vmdef-watch-secret-0123", database_url=str(eng.url),
+                        agent_ca=certs / "ca.pem", agent_cert=certs / "coordinator.pem",
+                        agent_key=certs / "coordinator.key")
+    pin = hashlib.sha256(ssl.PEM_cert_to_DER_cert(agent.cert.read_text())).hexdigest()
+    with sf() as s:
+        site = Site(name="dr")
+        s.add(site)
+        s.flush()
+        s.add(Host(name="lv", site_id=site.id, address="127.0.0.1", port=agent.port,
+                   cert_fingerprint=pin))
+        s.commit()
+
+    def vm_row() -> Vm | None:
+        with sf() as s:
+            return s.scalar(select(Vm).where(Vm.name == name))
+
+    t0 = time.monotonic()
+    while vm_row() is None:
+        assert time.monotonic() - t0 < 15, "the discovered domain never reached the database"
+        watch_round(sf, settings)
+        time.sleep(0.2)
+    assert watch_round(sf, settings)["definitions"] == 0  # not protected: not captured
+    with sf() as s:
+        g = Group(name="app")
+        s.add(g)
+        s.flush()
+        s.add(GroupMember(group_id=g.id, vm_id=vm_row().id))
+        s.commit()
+    assert watch_round(sf, settings)["definitions"] == 1
+    assert watch_round(sf, settings)["definitions"] == 0
+    # a new persistent definition: libvirt reports the domain defined (updated)
+    (tmp_path / "w2.xml").write_text((host.virsh("dumpxml", "--inactive", name) or "").replace(
+        "<memory unit='KiB'>65536</memory>", "<memory unit='KiB'>131072</memory>").replace(
+        "<currentMemory unit='KiB'>65536</currentMemory>",
+        "<currentMemory unit='KiB'>131072</currentMemory>"))
+    host.virsh("define", str(tmp_path / "w2.xml"))
+    got, t0 = 0, time.monotonic()
+    while got == 0:
+        assert time.monotonic() - t0 < 15, "the redefinition was never captured"
+        got = watch_round(sf, settings)["definitions"]
+        time.sleep(0.2)
+    with sf() as s:
+        rows = list(s.scalars(select(VmDefinition).order_by(VmDefinition.version)))
+    assert [(r.version, r.format, r.host) for r in rows] == \
+        [(1, "libvirt-domain-xml", "lv"), (2, "libvirt-domain-xml", "lv")]
+    assert "<memory unit='KiB'>65536</memory>" in rows[0].definition
+    assert "<memory unit='KiB'>131072</memory>" in rows[1].definition
+    for r in rows:
+        assert r.sha256 == hashlib.sha256(r.definition.encode()).hexdigest()
+    print(f"\ncaptured v1 {rows[0].sha256[:12]}, v2 {rows[1].sha256[:12]} "
+          f"{time.monotonic() - t0:.2f} s after the redefinition")

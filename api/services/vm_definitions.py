@@ -4,16 +4,15 @@ A protected VM (a group member, or a VM with a disk in a group) has its
 persistent definition stored: its agent's `vm.definition`
 (agent-protocol 4.11: a libvirt domain's inactive XML, or a qmp VM's start
 command).  One row per version (`vm_definitions`): a capture whose sha256
-equals the newest version's stores nothing.  Captured
+equals the newest version's stores nothing.  Captured by the inventory
+watch (`refresh_host`): every protected VM of a host whose inventory
+moved (a `virsh define` moves it: libvirt reports the domain defined) or
+that was not asked for FULL_S (a `--config` change raises no event), and
+a protected VM with no version yet (one that just joined a group), at
+most once a minute.
 
-- when the VM joins a group (`capture_vm`, from the member route; an agent
-  that does not answer then leaves it to the watch), and
-- by the inventory watch (`refresh_host`): for every protected VM of a
-  host whose inventory moved (a redefined domain moves it, agent-protocol
-  11.2), and for a protected VM with no version yet, at most once a minute.
-
-Failover and drills rewrite the newest version for the DR site
-(vmdef_rewrite.py) and send it signed (vmdef_sign.py).
+Failover rewrites the newest version for the DR site (vmdef_rewrite.py)
+and sends it signed (vmdef_sign.py, failover_signed.py).
 """
 
 from __future__ import annotations
@@ -33,9 +32,18 @@ from sqlalchemy.orm import Session
 log = logging.getLogger("cutpoint.api.vm_definitions")
 
 FORMATS = ("libvirt-domain-xml", "qmp-start-command")
-# A protected VM without a definition is asked again after this long.
+# A protected VM without a definition is asked again after this long; one
+# whose agent keeps none (BAD_REQUEST: a qmp VM without `start =`) after
+# NONE_S.
 RETRY_S = 60.0
+NONE_S = 3600.0
+# Every protected VM of a host is asked again at least this often: a change
+# made without a define (`virsh setmaxmem --config`, `virsh
+# attach-device --config`) raises no lifecycle event, so the inventory
+# does not move for it.
+FULL_S = 300.0
 _next_try: dict[int, float] = {}
+_last_full: dict[int, float] = {}
 
 
 class DefinitionError(ValueError):
@@ -91,6 +99,12 @@ def _capture(s: Session, settings: Settings, host: Host, vms: list[Vm]) -> dict[
         out["failed"] = len(vms)
         return out
     for vm, r in zip(vms, replies, strict=True):
+        if isinstance(r, agents.AgentCallError) and r.code == "BAD_REQUEST":
+            log.info("event=vm_definition_none vm=%s host=%s msg=%r", vm.name, host.name,
+                     str(r))
+            _next_try[vm.id] = time.monotonic() + NONE_S
+            out["failed"] += 1
+            continue
         try:
             if isinstance(r, Exception):
                 raise DefinitionError(str(r))
@@ -110,19 +124,18 @@ def _capture(s: Session, settings: Settings, host: Host, vms: list[Vm]) -> dict[
     return out
 
 
-def capture_vm(s: Session, settings: Settings, vm: Vm) -> dict[str, int]:
-    """Captures `vm`'s definition now (a VM that joins a group)."""
-    return _capture(s, settings, vm.host, [vm])
-
-
 def refresh_host(s: Session, settings: Settings, host: Host, *, changed: bool) -> dict[str, int]:
     """The watch's part: every protected VM of `host` when its inventory
     `changed`; else only those with no version yet, once per RETRY_S."""
     vms = protected(s, host.id)
+    now = time.monotonic()
+    if changed or now - _last_full.get(host.id, now) >= FULL_S:
+        changed = True
+    if changed or host.id not in _last_full:
+        _last_full[host.id] = now
     if not changed:
         have = set(s.scalars(select(VmDefinition.vm_id).where(
             VmDefinition.vm_id.in_([v.id for v in vms]))))
-        now = time.monotonic()
         vms = [v for v in vms if v.id not in have and _next_try.get(v.id, 0) <= now]
     return _capture(s, settings, host, vms)
 
