@@ -30,6 +30,17 @@ host.  Failover and drills start the VM at DR from a copy rewritten here
 A disk that is not RBD (a file, a block device) cannot exist at DR:
 RewriteError names it, as it does an unmapped network.  The output is
 what the DR agent is sent, signed (vmdef_sign.py).
+
+The signature makes the DR agent define whatever the XML says, as root,
+and the XML came from the primary host's agent.  So what would reach into
+the DR host beyond the VM's own disks and networks is refused rather
+than signed (a primary host that lies does not get the DR hosts with
+it): QEMU command-line passthrough (the qemu: namespace), host devices,
+host directories, shared memory, USB redirection, smartcards; a CD-ROM
+or floppy with a source; character devices on host files, pipes or
+devices; interfaces other than bridge and network, or with scripts; an
+emulator that is not a QEMU.  A unix channel's host path is dropped
+(libvirt makes its own).
 """
 
 from __future__ import annotations
@@ -126,6 +137,45 @@ def _interfaces(devices: ET.Element, t: DrTarget, new_macs: bool) -> None:
                 itf.remove(mac)
 
 
+QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
+HOST_DEVICES = ("hostdev", "filesystem", "shmem", "redirdev", "smartcard")
+CHARDEVS = ("serial", "console", "parallel", "channel")
+EMULATORS = ("qemu-system-", "qemu-kvm", "kvm")
+
+
+def _refuse_host_access(root: ET.Element) -> None:
+    for el in root.iter():
+        if isinstance(el.tag, str) and el.tag.startswith(QEMU_NS):
+            raise RewriteError("the definition passes QEMU arguments through (qemu: "
+                               "namespace): not signed")
+    devices = root.find("devices")
+    if devices is None:
+        return
+    for dev in devices:
+        if dev.tag in HOST_DEVICES:
+            raise RewriteError(f"the definition has a <{dev.tag}> (host access): not signed")
+        if dev.tag == "disk" and dev.get("device", "disk") != "disk" and \
+                dev.find("source") is not None:
+            raise RewriteError(f"{dev.get('device')} {_target(dev)} has a source on the host: "
+                               "not signed")
+        if dev.tag in CHARDEVS:
+            if dev.get("type", "pty") not in ("pty", "unix", "spicevmc", "null", "vc"):
+                raise RewriteError(f"<{dev.tag} type={dev.get('type')!r}> reaches a host "
+                                   "file or device: not signed")
+            for src in dev.findall("source"):
+                dev.remove(src)  # unix: libvirt makes the socket's path itself
+        if dev.tag == "interface":
+            if dev.get("type") not in ("bridge", "network"):
+                raise RewriteError(f"<interface type={dev.get('type')!r}>: only bridge and "
+                                   "network interfaces are signed")
+            if dev.find("script") is not None or dev.find("downscript") is not None:
+                raise RewriteError("an interface runs a host script: not signed")
+        if dev.tag == "emulator":
+            name = (dev.text or "").strip().rsplit("/", 1)[-1]
+            if not name.startswith(EMULATORS):
+                raise RewriteError(f"emulator {dev.text!r} is not a QEMU: not signed")
+
+
 def rewrite(xml: str, t: DrTarget) -> str:
     """`xml` (a libvirt domain XML) rewritten for the DR site `t`."""
     try:
@@ -136,6 +186,7 @@ def rewrite(xml: str, t: DrTarget) -> str:
         raise RewriteError("not a libvirt domain XML (<domain> with <name>)")
     if not t.mon_hosts:
         raise RewriteError("no DR monitor hosts")
+    _refuse_host_access(root)
     if t.name is not None:
         _one(root, "name").text = t.name
     if t.uuid == "":

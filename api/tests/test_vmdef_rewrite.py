@@ -107,3 +107,41 @@ def test_not_a_domain() -> None:
         rewrite("<network><name>x</name></network>", TARGET)
     with pytest.raises(RewriteError, match="not XML"):
         rewrite("<domain>", TARGET)
+
+
+@pytest.mark.parametrize(("extra", "why"), [
+    (("<hostdev mode='subsystem' type='pci'><source><address domain='0' bus='0' slot='3' "
+      "function='0'/></source></hostdev>"), "<hostdev>"),
+    ("<filesystem type='mount'><source dir='/'/><target dir='root'/></filesystem>",
+     "<filesystem>"),
+    (("<disk type='file' device='cdrom'><source file='/etc/shadow'/>"
+      "<target dev='hdc' bus='ide'/></disk>"), "cdrom hdc has a source"),
+    ("<serial type='file'><source path='/etc/cron.d/x'/></serial>", "type='file'"),
+    ("<interface type='ethernet'><script path='/tmp/x.sh'/></interface>",
+     "only bridge and network"),
+    ("<interface type='bridge'><source bridge='br-prod'/><script path='/tmp/x'/></interface>",
+     "host script"),
+])
+def test_host_access_is_not_signed(extra: str, why: str) -> None:
+    with pytest.raises(RewriteError, match=why.replace("(", r"\(")):
+        rewrite(XML.replace("</devices>", extra + "</devices>"), TARGET)
+
+
+def test_qemu_passthrough_and_emulator_are_not_signed() -> None:
+    qemu = XML.replace("<domain type='qemu'>", "<domain type='qemu' xmlns:qemu="
+                       "'http://libvirt.org/schemas/domain/qemu/1.0'>").replace(
+        "</domain>", "<qemu:commandline><qemu:arg value='-x'/></qemu:commandline></domain>")
+    with pytest.raises(RewriteError, match="qemu: namespace"):
+        rewrite(qemu, TARGET)
+    with pytest.raises(RewriteError, match="not a QEMU"):
+        rewrite(XML.replace("/usr/bin/qemu-system-x86_64", "/bin/sh"), TARGET)
+
+
+def test_the_guest_agent_channel_stays_without_a_host_path() -> None:
+    live = XML.replace("<target type='virtio' name='org.qemu.guest_agent.0'/>",
+                       "<source mode='bind' path='/var/lib/libvirt/qemu/channel/x'/>"
+                       "<target type='virtio' name='org.qemu.guest_agent.0'/>")
+    out = ET.fromstring(rewrite(live, TARGET))
+    ch = out.find("devices/channel")
+    assert ch is not None and ch.find("source") is None
+    assert ch.find("target").get("name") == "org.qemu.guest_agent.0"
