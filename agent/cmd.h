@@ -6,6 +6,7 @@
  *   cmd_txn.c   prepare, commit, abort, resume (agent-protocol §4.3-4.6)
  *   cmd_snap.c  snapshot.list, snapshot.delete
  *   cmd_vm.c    vm.start, vm.stop
+ *   cmd_vmdef.c vm.definition, vm.start of a signed definition
  *
  * Every handler gets the request's args, already validated against the
  * table's argument fields (proto.c).  It returns the result object (new
@@ -31,7 +32,12 @@ typedef json_t *cmd_handler(struct agent *a, json_t *args, const char **code,
 cmd_handler cmd_hello, cmd_inventory, cmd_stats;
 cmd_handler cmd_prepare, cmd_commit, cmd_abort, cmd_resume;
 cmd_handler cmd_snap_list, cmd_snap_delete;
-cmd_handler cmd_vm_start, cmd_vm_stop;
+cmd_handler cmd_vm_start, cmd_vm_stop, cmd_vm_definition;
+
+/* vm.start of spec {vm, xml, sig}: only a definition the control plane
+ * signed for that VM (cmd_vmdef.c); FORBIDDEN otherwise. */
+json_t *cmd_vm_start_signed(struct agent *a, json_t *spec, const char **code,
+                            char *msg, size_t msglen);
 
 /* Deletes one member snapshot of disk d of v (abort and snapshot.delete).
  * 1 deleted, 0 absent, -1 error (err). */

@@ -24,11 +24,14 @@ cmd_hello(struct agent *a, json_t *args, const char **code, char *msg,
         json_array_insert_new(methods, 0, json_string(snap_rbd_ops.name));
     for (int i = 0; (d = vm_driver_at(i)); i++)
         json_array_append_new(drivers, json_string(d->name));
-    return json_pack("{s:s,s:i,s:s,s:o,s:o,s:o}",
+    /* signed_definitions: vm.start takes a definition the control plane
+     * signed (a failover's preflight asks before it stops anything). */
+    return json_pack("{s:s,s:i,s:s,s:o,s:o,s:o,s:b}",
                      "version", CUTPOINT_VERSION, "protocol", 1,
                      "host", a->cfg.host, "drivers", drivers,
                      "capabilities", dispatch_names(),
-                     "snapshot_methods", methods);
+                     "snapshot_methods", methods, "signed_definitions",
+                     a->cfg.definition_key[0] && a->cfg.libvirt_uri[0]);
 }
 
 json_t *

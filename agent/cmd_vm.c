@@ -2,10 +2,10 @@
  * cmd_vm: starting and stopping VMs (agent-protocol §4.9): vm.start of a
  * configured VM (its driver's start: for qmp, the `start =` command; for
  * libvirt, the domain, defined first from the config's `xml =` file when
- * there is one), and vm.stop.  vm.start never takes a definition from the
- * wire (spec.xml): a libvirt domain XML can name any disk, device or
- * emulator of the host, so whoever may send it would be root here; only
- * the VMs the host's own configuration names are started.
+ * there is one), and vm.stop.  A definition from the wire (spec.xml) goes
+ * to cmd_vmdef.c, which starts it only when the control plane signed it:
+ * a libvirt domain XML can name any disk, device or emulator of the host,
+ * so whoever may send one unsigned would be root here.
  */
 #include "cmd.h"
 
@@ -106,12 +106,8 @@ cmd_vm_start(struct agent *a, json_t *args, const char **code, char *msg,
     (void)err_result;
     if (jname && !name)
         FAIL("BAD_REQUEST", "args.spec.vm must be a string");
-    if (xml) {
-        log_warnx("event=vm_start result=refused why=definition_from_wire");
-        FAIL("FORBIDDEN", "vm.start starts only the VMs of this agent's "
-             "configuration (args.spec.vm); a definition (args.spec.xml) is "
-             "refused");
-    }
+    if (xml)    /* signed by the control plane, or refused (cmd_vmdef.c) */
+        return cmd_vm_start_signed(a, spec, code, msg, msglen);
     if (!name)
         FAIL("BAD_REQUEST", "args.spec needs vm (a VM of the agent config)");
     if (!(v = agent_find_vm(a, name)) || v->cfg->discovered)

@@ -298,6 +298,11 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             TAKE(cfg->ceph_keyring);
         else if (KEY("libvirt", "uri"))
             TAKE(cfg->libvirt_uri);
+        else if (KEY("libvirt", "definition_key")) {
+            if (v[0] != '/')
+                goto bad;
+            TAKE(cfg->definition_key);
+        }
         else if (KEY("libvirt", "qmp_passthrough")) {
             if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
                 cfg->libvirt_qmp_passthrough = 1;
@@ -408,6 +413,21 @@ toolong:
         snprintf(err, errlen, "%s: [libvirt] manage%s selects the domains "
                  "discovery takes, but discover is not yes", path,
                  cfg->libvirt_manage[0] ? "" : "_metadata");
+        goto cleanup;
+    }
+    if (cfg->definition_key[0] &&
+        (!cfg->libvirt_uri[0] || !cfg->libvirt_discover)) {
+        /* only the libvirt driver defines a domain from a definition, and
+         * the domain becomes a VM of the inventory (failover waits for it
+         * there) only through discovery */
+        snprintf(err, errlen, "%s: [libvirt] definition_key needs [libvirt] "
+                 "uri and discover = yes", path);
+        goto cleanup;
+    }
+    if (cfg->definition_key[0] && access(cfg->definition_key, R_OK) < 0) {
+        /* -n tells the operator now, not at the first failover. */
+        snprintf(err, errlen, "%s: [libvirt] definition_key: %s: %s", path,
+                 cfg->definition_key, strerror(errno));
         goto cleanup;
     }
     for (int i = 0; i < cfg->nvms; i++) {

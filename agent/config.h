@@ -75,6 +75,10 @@ struct agent_config {
                                        <cutpoint:managed/> (domxml.h) */
     int libvirt_qmp_passthrough;    /* raw QMP (virDomainQemuMonitorCommand,
                                        taints the domain): off by default */
+    /* The control plane's definition-signing public key (PEM, Ed25519):
+     * vm.start defines a domain XML from the wire only when it signed it
+     * (defsig.h); "" none: never. */
+    char definition_key[1024];
     struct cfg_vm vms[CFG_MAX_VMS];
     int nvms;
 };

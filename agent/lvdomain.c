@@ -20,6 +20,7 @@ static const char *const op_name[] = {
     [LVOP_START] = "virDomainCreate", [LVOP_FREEZE] = "virDomainFSFreeze",
     [LVOP_THAW] = "virDomainFSThaw",
     [LVOP_QMP] = "virDomainQemuMonitorCommand",
+    [LVOP_XML] = "virDomainGetXMLDesc",
 };
 
 static void
@@ -108,6 +109,13 @@ call_dom(virConnectPtr conn, void *p)
         break;
     case LVOP_QMP:
         rc = virDomainQemuMonitorCommand(d, a->in, &a->out, 0);
+        break;
+    case LVOP_XML:
+        /* The persistent definition, never VIR_DOMAIN_XML_SECURE: without
+         * it libvirt leaves out passwords (graphics, iSCSI), and a cephx
+         * key is only ever a secret's UUID in a domain XML. */
+        rc = (a->out = virDomainGetXMLDesc(d, VIR_DOMAIN_XML_INACTIVE)) ?
+             0 : -1;
         break;
     }
     lvcall_domain_free(d);

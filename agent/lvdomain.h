@@ -46,7 +46,7 @@ struct lv_vm {
 
 enum lvdomain_op {
     LVOP_SUSPEND, LVOP_RESUME, LVOP_STATE, LVOP_DESTROY, LVOP_START,
-    LVOP_FREEZE, LVOP_THAW, LVOP_QMP,
+    LVOP_FREEZE, LVOP_THAW, LVOP_QMP, LVOP_XML,
 };
 
 /* One call: its inputs, then its results.  in and out are owned by the
@@ -58,7 +58,8 @@ struct lvdomain_call {
     char *in;               /* START: XML to define first; QMP: command */
     int not_found;          /* no such domain */
     int state, ret;         /* virDomainState; FREEZE/THAW's count */
-    char *out;              /* QMP: the reply */
+    char *out;              /* QMP: the reply; XML: the persistent
+                               definition (VIR_DOMAIN_XML_INACTIVE) */
 };
 
 /* Runs a on v's domain within timeout_ms, in slot.  0, or -1 with le.
@@ -81,5 +82,10 @@ void lvdomain_call_done(struct lvdomain_call *a, const struct lvcall_err *le,
 /* v's domain as the cache last saw it: 0 and *d, or -1 when the cache has
  * none or the VM has no connection yet.  *connected: the cache is fresh. */
 int lvdomain_cached(const struct vm *v, struct lvdom *d, int *connected);
+
+/* vm_ops define_start of the libvirt driver (lvstart.c). */
+int lvstart_define_start(void *conn, const char *name, const char *xml,
+                         int timeout_ms, const char **state, double *cmd_ms,
+                         struct qmp_err *err);
 
 #endif

@@ -52,6 +52,14 @@ struct vm_ops {
     /* The connection's facts for `inventory` (no I/O): at least
      * "connected" (bool); its "events" and "epoch" count changes. */
     void (*conn_describe)(void *conn, json_t *o);
+    /* vm.start of a signed definition (agent-protocol §4.9): the domain
+     * called name, when it is not running or paused, is defined from xml
+     * (verified by the caller) and started, within timeout_ms; *state is
+     * what it was before ("running"/"paused": nothing done), *cmd_ms the
+     * define and start.  NULL: the driver starts no definition. */
+    int (*define_start)(void *conn, const char *name, const char *xml,
+                        int timeout_ms, const char **state, double *cmd_ms,
+                        struct qmp_err *err);
     /* Fills out[0..max) with the VMs the connection knows now that cfg
      * does not name, when cfg asks for discovery; returns how many. */
     int (*discover)(void *conn, const struct agent_config *cfg,
@@ -99,6 +107,11 @@ struct vm_ops {
      * stolen, *ret new reference (may be NULL). */
     int (*qmp)(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
                json_t **ret, struct qmp_err *err);
+    /* vm.definition: the VM's persistent definition (*out, a new
+     * string) in the format definition_format names.  NULL: none. */
+    int (*definition)(struct vm *v, int timeout_ms, char **out,
+                      struct qmp_err *err);
+    const char *definition_format;
     /* vm.stop: stops the VM for good. */
     int (*poweroff)(struct vm *v, int timeout_ms, struct qmp_err *err);
     /* vm.start of a configured VM that is shut off: starts it and waits

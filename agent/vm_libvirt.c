@@ -10,7 +10,9 @@
  *               virDomainSuspend / virDomainResume / virDomainGetState /
  *               virDomainDestroy
  *   start       virDomainDefineXML of the config's `xml =` (if any), then
- *               virDomainCreate
+ *               virDomainCreate; a definition the control plane signed
+ *               (lvstart.c, defsig.c): define_start
+ *   definition  virDomainGetXMLDesc(VIR_DOMAIN_XML_INACTIVE), for DR
  *   guest       virDomainFSFreeze / virDomainFSThaw (libvirt's own guest
  *               agent channel; [vm] mountpoints)
  *   disks       target dev and source (pool/image, file) from the domain
@@ -24,6 +26,7 @@
  * holding a prepare.  The driver's files, each with its own concept:
  *   vm_libvirt.c     this table: the connection and VM ops
  *   lvdef.c          config checks, discovery, disks, `xml =` files
+ *   lvstart.c        define and start a signed definition
  *   lvconn.c         the connection; lvcache.c the domains it knows
  *   lvdomain.c       one call on one domain; lvcall.c the deadline
  *   guest_libvirt.c  the guest ops;  domxml.c the domain XML
@@ -439,6 +442,25 @@ cleanup:
     return rc;
 }
 
+/* vm.definition: the domain's persistent XML (virDomainGetXMLDesc with
+ * VIR_DOMAIN_XML_INACTIVE: what a define recreates, not the live state). */
+static int
+lv_definition(struct vm *v, int timeout_ms, char **out, struct qmp_err *err)
+{
+    struct lvdomain_call a = {.op = LVOP_XML};
+    struct lvcall_err le = {0};
+    int rc = lvdomain_run_locked(v, &a, timeout_ms, &le, err);
+
+    if (rc < 0 && a.not_found)
+        snprintf(err->msg, sizeof(err->msg), "vm %s: domain %s is not "
+                 "defined here", v->cfg->name, v->cfg->domain);
+    *out = rc == 0 ? a.out : NULL;
+    if (rc == 0)
+        a.out = NULL;       /* the caller's now */
+    lvdomain_call_done(&a, &le, rc);
+    return rc;
+}
+
 static int
 lv_qmp(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
        json_t **ret, struct qmp_err *err)
@@ -519,6 +541,9 @@ const struct vm_ops vm_libvirt_ops = {
     .qmp = lv_qmp,
     .poweroff = lv_poweroff,
     .start = lv_start,
+    .definition = lv_definition,
+    .definition_format = "libvirt-domain-xml",
+    .define_start = lvstart_define_start,
     .guest_configured = guest_libvirt_configured,
     .guest_open = guest_libvirt_open,
     .guest_freeze = guest_libvirt_freeze,

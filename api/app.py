@@ -25,6 +25,7 @@ from cutpoint.api.routes import (
     sites,
     snapshots,
     tokens,
+    vm_definitions,
     webhooks,
 )
 from cutpoint.api.services import audit as audit_service
@@ -57,8 +58,8 @@ def create_app(settings: Settings | None = None,
     errors.document(app)
 
     v1 = APIRouter(prefix="/v1")
-    for r in (sites, hosts, inventory, groups, snapshots, orphans, jobs, audit, tokens,
-              webhooks):
+    for r in (sites, hosts, inventory, vm_definitions, groups, snapshots, orphans, jobs, audit,
+              tokens, webhooks):
         declare_roles(r.router)
         v1.include_router(r.router)
     from cutpoint.api.routes import (  # DR

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,6 +24,29 @@ from pydantic_settings import (
 
 class ConfigFileError(RuntimeError):
     pass
+
+
+class DefinitionTarget(BaseModel):
+    """How a site's libvirt hosts run a VM started from its captured
+    definition (services/vmdef_rewrite.py): which registered host's agent
+    starts it, the cephx user and libvirt secret UUID its QEMU uses there,
+    the monitors ("address:port"), and the map of bridge/network names."""
+
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field(min_length=1)
+    auth_user: str = Field(min_length=1, pattern=r"^[^\s]+$")
+    secret_uuid: str = Field(pattern=r"^[0-9a-fA-F-]{36}$")
+    mon_hosts: list[str] = Field(min_length=1)
+    networks: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("mon_hosts")
+    @classmethod
+    def _host_port(cls, v: list[str]) -> list[str]:
+        for m in v:
+            addr, _, port = m.rpartition(":")
+            if not addr or not port.isdigit():
+                raise ValueError(f"{m!r}: give address:port")
+        return v
 
 
 class Settings(BaseSettings):
@@ -42,6 +65,14 @@ class Settings(BaseSettings):
     agent_cert: Path | None = None
     agent_key: Path | None = None
     agent_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # The definition-signing private key (Ed25519, PEM; by path, never
+    # logged): failover signs the DR rewrite of a VM's captured definition
+    # with it, and the DR agents hold its public half ([libvirt]
+    # definition_key).  None: captured definitions are not sent to agents.
+    definition_signing_key: Path | None = None
+    # Per DR site, how its libvirt hosts run a VM from its captured
+    # definition (DefinitionTarget); a site not here gets no signed starts.
+    definition_targets: dict[str, DefinitionTarget] = Field(default_factory=dict)
 
     # Scheduler and jobs.
     scheduler_tick_s: float = Field(default=1.0, gt=0, le=60)

@@ -545,3 +545,23 @@ class LockFence(Base):
     group_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     token: Mapped[int] = mapped_column(BigInteger)
     claimed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class VmDefinition(Base):
+    """A VM's persistent definition as its agent gave it (`vm.definition`:
+    libvirt's inactive domain XML, or a qmp VM's start command), one row per
+    version: a new version only when its sha256 changes.  DR rewrites the
+    newest to start the VM there (services/vm_definitions.py)."""
+
+    __tablename__ = "vm_definitions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    # the VM's identity when captured (a libvirt domain UUID), and where
+    uid: Mapped[str | None] = mapped_column(String(64), default=None)
+    host: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    format: Mapped[str] = mapped_column(String(32))
+    sha256: Mapped[str] = mapped_column(String(64))
+    definition: Mapped[str] = mapped_column(Text)
+    captured_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    __table_args__ = (UniqueConstraint("vm_id", "version", name="uq_vm_definitions_version"),)

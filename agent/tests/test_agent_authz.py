@@ -180,6 +180,7 @@ REQUESTS: list[tuple[str, dict[str, Any], str | None]] = [
     ("snapshot.delete", {"disk": "nosuch/d0", "name": "s"}, "UNKNOWN_DISK"),
     ("vm.start", {"spec": {"vm": "nosuch"}}, "UNKNOWN_VM"),
     ("vm.stop", {"vm": "nosuch"}, "UNKNOWN_VM"),
+    ("vm.definition", {"vm": "nosuch"}, "UNKNOWN_VM"),
 ]
 OPERATOR_MAY = {"hello", "inventory", "stats", "snapshot.list"}
 

@@ -175,6 +175,8 @@ test_every_command_reaches_its_handler(void **state)
         {"{\"id\":1,\"cmd\":\"vm.stop\",\"args\":{\"vm\":\"v\"}}", NULL,
          "state"},
         {"{\"id\":1,\"cmd\":\"stats\"}", NULL, "uptime_ms"},
+        {"{\"id\":1,\"cmd\":\"vm.definition\",\"args\":{\"vm\":\"v\"}}",
+         "BAD_REQUEST", "keeps no definition"},
     };
     const char *code;
     char msg[256];
@@ -242,7 +244,7 @@ test_roles_per_command(void **state)
         {"hello", 1}, {"inventory", 1}, {"prepare", 0}, {"commit", 0},
         {"abort", 0}, {"resume", 0}, {"snapshot.list", 1},
         {"snapshot.delete", 0}, {"vm.start", 0}, {"vm.stop", 0},
-        {"stats", 1},
+        {"stats", 1}, {"vm.definition", 0},
     };
     const char *code;
     char msg[256];

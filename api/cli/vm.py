@@ -2,7 +2,8 @@
 
 What the control plane knows of each VM (GET /v1/vms): its site and host,
 state, identity, disks (target, pool/image or file, size), the groups its
-disks are in, and its newest committed group snapshot.  The inventory
+disks are in, and its newest committed group snapshot; `show` adds its
+captured definition's newest version (GET /v1/vms/{id}/definitions).  The inventory
 watch keeps it within a few seconds of the agents (docs/operations.md).
 """
 
@@ -82,8 +83,9 @@ def vm_show(name: str, site: str | None = SiteOpt, host: str | None = HostOpt,
             f"error: {len(found)} VMs are named {name!r}: {where}; give --host")
         raise typer.Exit(1)
     v = found[0]
+    defs = run(lambda: api.get(f"/v1/vms/{v['id']}/definitions"))
     if json_out:
-        print_json(v)
+        print_json({**v, "definitions": defs})
         return
     c = Console()
     c.print(f"[bold]{v['name']}[/bold]  id={v['id']}  site={v['site']}  host={v['host']}  "
@@ -95,6 +97,10 @@ def vm_show(name: str, site: str | None = SiteOpt, host: str | None = HostOpt,
     c.print("last snapshot: " + (f"{s['group']} txn={s['txn']} cut={s['cut_at']} "
                                  f"consistency={s['consistency']} "
                                  f"dr_verified={s['dr_verified_at'] or '-'}" if s else "-"))
+    d = defs[-1] if defs else None
+    c.print("definition: " + (f"v{d['version']} {d['format']} sha256={d['sha256'][:12]} "
+                              f"captured={d['captured_at']} from={d['host']}" if d else
+                              "- (captured once the VM is in a group)"))
     t = Table("target", "backend", "source", "size", "group", "present")
     for d in v["disks"]:
         t.add_row(d["node"], d["backend"], _source(d), _gib(d["size_bytes"]),

@@ -58,7 +58,11 @@ The DR guests are booted by the configured booter (setting `booter`,
 cutpoint.coordinator.dr.boot).  The product's, `agent`, asks the DR agent
 that defines each VM (`vm.start{spec: {vm}}`, docs/agent-protocol.md 4.9):
 the registered host of the DR site whose inventory lists the VM
-(`dr_agent_for`), reached with the control plane's agent certificate.  The
+(`dr_agent_for`), reached with the control plane's agent certificate.  A
+libvirt VM that no DR agent defines is started from its captured
+definition, rewritten for the DR site and signed
+(`vm.start{spec: {vm, xml, sig}}`, failover_signed.py), on the host the
+site's `definition_targets` entry names.  The
 agent runs the start command its configuration gives that VM and replies
 once QMP says running; each VM's `start_ms` is in the timeline (`vm_start`
 steps), and a VM is ready when its agent lists it running.  `workload`

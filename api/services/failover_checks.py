@@ -95,6 +95,7 @@ def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str 
     starts each (the target's registered host whose inventory lists it).
     `site`: the target's CephSite; None for a preflight, which reads no image."""
     from cutpoint.api.services.failover import dr_agent_for
+    from cutpoint.api.services.failover_signed import signed_starts
     from cutpoint.coordinator.dr.boot import (
         FAILOVER,
         AgentRef,
@@ -108,10 +109,16 @@ def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str 
     found = dr_agent_for(s, settings, plan.target, list(plan.vms))
     agents = {v.name: AgentRef(*found["agents"][v.name]) for v in vms
               if v.name in found.get("agents", {})}
+    # A VM no DR agent defines: its captured definition, signed (failover_signed.py)
+    unlisted = {v: d for v, d in plan.vms.items() if v not in agents}
+    more, specs, _ = signed_starts(s, settings, plan.target, plan.source, unlisted) \
+        if found else ({}, {}, {})
+    agents |= {v: AgentRef(*ref) for v, ref in more.items()}
     tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key)) \
         if settings.agent_ca and settings.agent_cert and settings.agent_key else None
     return BootRequest(FAILOVER, site, vms, tag, workload=workload, agents=agents,
-                       tls=tls, check_timeout_s=float(settings.failover_check_timeout_s))
+                       specs=specs, tls=tls,
+                       check_timeout_s=float(settings.failover_check_timeout_s))
 
 
 @dataclass(frozen=True)

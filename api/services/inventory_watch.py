@@ -13,6 +13,12 @@ database write only on change.  The full pull (`inventory_tick`, with
 
 A reply with an identity conflict (vm_identity) is applied without
 recording its generation, so the next round applies it again.
+
+The watch also keeps the protected VMs' definitions (vm_definitions.py):
+for a host whose inventory moved, each protected VM's `vm.definition`
+(a new version when it changed); for a host that did not, only a
+protected VM with no version yet (one that just joined a group), so a VM
+is captured within a round of joining.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 import redis
 from cutpoint.api.config import Settings
 from cutpoint.api.models import Host
-from cutpoint.api.services import agents, inventory
+from cutpoint.api.services import agents, inventory, vm_definitions
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -80,8 +86,9 @@ async def _ask(hosts: list[Host], settings: Settings) -> list[dict[str, Any] | E
 
 def watch_round(sf: sessionmaker[Session], settings: Settings) -> dict[str, int]:
     """One round over every pinned host: counts of hosts applied,
-    unchanged and unreachable, and VMs moved between hosts."""
-    out = {"applied": 0, "unchanged": 0, "unreachable": 0, "moved": 0}
+    unchanged and unreachable, VMs moved between hosts, and definitions
+    stored (new versions)."""
+    out = {"applied": 0, "unchanged": 0, "unreachable": 0, "moved": 0, "definitions": 0}
     with sf() as s:
         hosts = list(s.scalars(select(Host).where(Host.cert_fingerprint.is_not(None))
                                .order_by(Host.id)))
@@ -98,9 +105,13 @@ def watch_round(sf: sessionmaker[Session], settings: Settings) -> dict[str, int]
                 continue
             if unchanged(host, inv) and host.reachable:
                 out["unchanged"] += 1
+                out["definitions"] += vm_definitions.refresh_host(
+                    s, settings, host, changed=False)["new"]
                 continue
             counts = inventory.apply(s, host, inv)
             record(s, host, inv, counts)
             out["applied"] += 1
             out["moved"] += counts["moved"]
+            out["definitions"] += vm_definitions.refresh_host(s, settings, host,
+                                                              changed=True)["new"]
     return out

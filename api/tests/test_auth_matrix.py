@@ -20,6 +20,8 @@ REQUIRED = {
     ("POST", "/v1/hosts/{host_id}/sync"): "operator",
     ("GET", "/v1/vms"): "viewer",
     ("GET", "/v1/vms/{vm_id}"): "viewer",
+    ("GET", "/v1/vms/{vm_id}/definitions"): "viewer",
+    ("GET", "/v1/vms/{vm_id}/definitions/{version}"): "viewer",
     ("GET", "/v1/disks"): "viewer",
     ("GET", "/v1/disks/{disk_id}"): "viewer",
     ("GET", "/v1/groups"): "viewer",
@@ -79,7 +81,7 @@ def _fill(path: str) -> str:
             .replace("{site_id}", "999999").replace("{host_id}", "999999")
             .replace("{vm_id}", "999999").replace("{disk_id}", "999999")
             .replace("{member_id}", "999999").replace("{snapshot_id}", "999999")
-            .replace("{token_id}", "999999"))
+            .replace("{token_id}", "999999").replace("{version}", "1"))
 
 
 def test_every_route_is_in_the_table(app: Any) -> None:

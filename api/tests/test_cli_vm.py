@@ -18,6 +18,7 @@ from cutpoint.api.models import (
     utcnow,
 )
 from cutpoint.api.services import inventory as inv
+from cutpoint.api.services import vm_definitions
 from liveapi import cli, serve  # api/tests/liveapi.py
 from sqlalchemy import select
 
@@ -77,6 +78,11 @@ def test_vm_list_and_show(api: Any, settings: Any, session_factory: Any,
     g = api.post("/v1/groups", json={"name": "app"}).json()
     assert api.post("/v1/groups/app/members", json={"vm": "db"}).status_code == 201
     txn = _commit_snapshot(session_factory, g["id"], "db", "h1")
+    xml = f"<domain type='qemu'><name>db</name><uuid>{UUID}</uuid></domain>"
+    with session_factory() as s:  # as the watch stores a vm.definition reply
+        vm_definitions.store(s, s.scalar(select(Vm).where(Vm.name == "db")),
+                             {"format": "libvirt-domain-xml", "definition": xml})
+        s.commit()
     with serve(settings, session_factory) as url:
         o = ["--url", url, "--token", tokens_by_role["viewer"]]
         vms = _json("vm", "list", "--json", *o)
@@ -99,6 +105,8 @@ def test_vm_list_and_show(api: Any, settings: Any, session_factory: Any,
         assert [v["name"] for v in _json("vm", "list", "--host", "h2", "--json", *o)] == ["web"]
         shown = _json("vm", "show", "db", "--json", *o)
         assert shown["id"] == db["id"] and shown["host"] == "h1"
+        assert [(d["version"], d["format"], d["size_bytes"]) for d in shown["definitions"]] \
+            == [(1, "libvirt-domain-xml", len(xml))]
         assert _json("vm", "show", UUID, "--json", *o)["id"] == db["id"]  # by uid
         rc, out = cli("vm", "show", "web", *o)
         assert rc == 1 and "2 VMs are named 'web'" in out and "--host" in out, out
@@ -107,6 +115,7 @@ def test_vm_list_and_show(api: Any, settings: Any, session_factory: Any,
         assert rc == 1 and "no VM named 'nope'" in out, out
         rc, out = cli("vm", "show", "db", *o)
         assert rc == 0 and "libvirt-uuid" in out and "db-disk0" in out and "8.0 GiB" in out
+        assert "definition: v1 libvirt-domain-xml" in out, out
         assert txn in out, out
         rc, out = cli("vm", "list", *o)
         assert rc == 0 and "standby" in out, out

@@ -18,15 +18,20 @@ start must stop the failover while production still runs.
 `AgentBooter` is the product's booter: it starts and stops VMs through the
 site's agents (`vm.start{spec: {vm}}`, `vm.stop{vm}`, docs/agent-protocol.md
 4.9), the agents being those the request names (the control plane finds
-them among its registered hosts: the one whose inventory lists the VM).  A
+them among its registered hosts: the one whose inventory lists the VM).
+A VM no agent of the site defines may come with a signed definition
+(`specs`: `vm.start{spec: {vm, xml, sig}}`, the VM's captured libvirt
+definition rewritten for the site): its agent then need not list it, but
+must say `signed_definitions` in its hello.  A
 VM is ready when its agent reports it running.  Other booters are plugged
 in by name (entry-point group `cutpoint.booters`, see plugins.py) and chosen
 with the `booter` setting.
 
 Drills boot clones of the replicated images.  An agent starts only the
 VMs its configuration defines, and a clone is none of them: booting one
-needs the VM's definition (a captured definition, started with the clone's
-disks and an isolated network).  Until definitions are captured,
+needs the VM's captured definition rewritten for the clone (its disks,
+a new name and UUID, an isolated network: api/services/vmdef_rewrite.py
+does that rewrite), which the drill job does not build yet, so
 `AgentBooter` refuses a drill with `DrillBootUnsupported`.
 """
 
@@ -70,8 +75,8 @@ class UnknownBooter(LookupError):
 DRILL_REFUSAL = (
     "the agent booter cannot boot a drill: a drill boots clones of the replicated "
     "images, and an agent starts only the VMs its configuration defines; booting a "
-    "clone needs the VM's captured definition, which the control plane does not "
-    "capture yet")
+    "clone needs the VM's captured definition rewritten for the clone, which the "
+    "drill does not send yet")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,10 @@ class BootRequest:
     tag: str  # names what this boot starts: "drill-<id>", "failover-<job>"
     workload: str = "none"  # what the guests run after boot, where a booter can say
     agents: dict[str, AgentRef] = field(default_factory=dict)  # VM -> the agent that starts it
+    # VM -> the vm.start spec of a definition the control plane signed
+    # ({vm, xml, sig}: its captured definition rewritten for the site), for
+    # a VM its agent's config does not define; other VMs: {vm}.
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
     tls: tuple[str, str, str] | None = None  # (ca, cert, key) to reach the agents
     evidence_dir: str | None = None  # where a booter may keep consoles and logs
     start_timeout_s: float = 180
@@ -222,7 +231,12 @@ class AgentBooter:
                 continue
             listed = {v["name"]: v.get("state", "?") for v in inv.get("vms", [])}
             for vm in vms:
-                if vm not in listed:
+                if vm in req.specs and vm not in listed:
+                    if not hello.get("signed_definitions"):
+                        out.append(Unbootable(vm, "cannot_start", f"agent {agent} takes no "
+                                              "signed definition ([libvirt] definition_key "
+                                              "unset)"))
+                elif vm not in listed:
                     out.append(Unbootable(vm, "unknown_vm", f"agent {agent} does not define "
                                           "it (not in its inventory)"))
                 elif listed[vm] == "unknown":
@@ -238,7 +252,8 @@ class AgentBooter:
             raise BootError(f"the agent booter cannot boot for {req.purpose!r}")
         by_agent = self._by_agent(req)
         replies = asyncio.run(self._each_agent(req, by_agent, "vm.start",
-                                               lambda vm: {"spec": {"vm": vm}},
+                                               lambda vm: {"spec": req.specs.get(
+                                                   vm, {"vm": vm})},
                                                req.start_timeout_s))
         guests: list[Guest] = []
         errors: list[str] = []
