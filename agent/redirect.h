@@ -1,0 +1,68 @@
+/*
+ * redirect: the redirect cut (design §3.1, agent-protocol §5.1): a VM's
+ * pause holds only a switch of its disks onto overlays, and its RBD
+ * snapshots are taken after `cont`, of bases that nobody writes any more.
+ *
+ *   prepare (before stop)  per disk: an RBD image <image>.cutpoint-ov.<txn>
+ *                          next to the disk ─► blockdev-add rbd (cpovf<d>)
+ *                          ─► blockdev-create qcow2 on it ─► blockdev-add
+ *                          qcow2 cpov<d>, backing null
+ *   in the pause           one QMP `transaction` of blockdev-snapshot
+ *                          (every disk onto its overlay)
+ *   commit (after cont)    the bases' RBD snapshots (txn_vm.c), then
+ *   merge                  active block-commit of each overlay back
+ *                          (ready ─► job-complete ─► concluded) ─►
+ *                          blockdev-del ─► the overlay image removed
+ *
+ * The merge must always run once overlays were made: after commit, abort,
+ * a failed prepare, an expired lease, and a crash of the agent (the
+ * `redirect` journal entry, written before the overlays are made and
+ * removed after the merge; recover.c).  It reads the VM's block graph, so
+ * it does whatever is left, whatever the step the previous run reached.
+ *
+ * Used for qmp-driver VMs with method rbd whose every disk is an open RBD
+ * image, unless [agent] pause_path = in_pause; every other VM, and any VM
+ * whose overlays could not be made or switched, is cut in the pause as
+ * before (path "in_pause").
+ */
+#ifndef CP_REDIRECT_H
+#define CP_REDIRECT_H
+
+#include <stddef.h>
+
+#include "agent.h"
+
+/* A VM's redirect in a txn (struct txn's rd[]). */
+enum rd_state {
+    RD_NONE = 0,        /* in_pause: not redirected */
+    RD_READY,           /* overlays made, not switched */
+    RD_SWITCHED,        /* the VM writes to its overlays */
+    RD_MERGED,          /* merged back and removed (or nothing to do) */
+};
+
+/* The path name a reply reports for state s. */
+const char *redirect_path_name(int s);
+
+/* 1 when v may take the redirect cut; 0 with why. */
+int redirect_usable(const struct agent *a, const struct vm *v, char *why,
+                    size_t len);
+
+/* Makes v's overlays for txn (the VM runs).  On -1 err says why, and what
+ * was made is removed again (the journal entry too when that worked). */
+int redirect_prepare(struct agent *a, struct vm *v, const char *txn,
+                     char *err, size_t errlen);
+
+/* In the pause: switches every disk of v onto its overlay, atomically. */
+int redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err);
+
+/* Merges v's overlays of txn back and removes them, whatever step was
+ * reached; logs it (why: commit, abort, recovery...).  On success the
+ * journal entry goes; on -1 it stays and err says why. */
+int redirect_merge(struct agent *a, struct vm *v, const char *txn,
+                   const char *why, char *err, size_t errlen);
+
+/* Merges every VM of x whose rd[] state asks for it (RD_READY or
+ * RD_SWITCHED) and marks it RD_MERGED; the caller owns x. */
+void redirect_merge_txn(struct agent *a, struct txn *x, const char *why);
+
+#endif
