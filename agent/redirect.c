@@ -154,6 +154,7 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
            int timeout_ms, char *err, size_t errlen)
 {
     struct qmp_err qe;
+    char status[32];
 
     for (;;) {
         json_t *jobs = NULL, *j = NULL;
@@ -171,7 +172,9 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
             snprintf(err, errlen, "job %s is gone", id);
             return -1;
         }
-        st = json_string_value(json_object_get(j, "status")) ?: "";
+        snprintf(status, sizeof(status), "%s",
+                 json_string_value(json_object_get(j, "status")) ?: "");
+        st = status;
         if (strcmp(st, "concluded") == 0) {
             const char *e = json_string_value(json_object_get(j, "error"));
             if (e)
@@ -181,11 +184,16 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
                    timeout_ms, NULL, &qe);
             return e ? -1 : 0;
         }
+        /* ready: completed once (it may still say ready for a while) */
+        if (ready == 1 && strcmp(st, "ready") == 0) {
+            if (vm_qmp(v, "job-complete", json_pack("{s:s}", "id", id),
+                       timeout_ms, NULL, &qe) < 0) {
+                json_decref(jobs);
+                return qmp_err_to(err, errlen, &qe);
+            }
+            ready = 2;
+        }
         json_decref(jobs);
-        if (ready && strcmp(st, "ready") == 0 &&
-            vm_qmp(v, "job-complete", json_pack("{s:s}", "id", id),
-                   timeout_ms, NULL, &qe) < 0)
-            return qmp_err_to(err, errlen, &qe);
         if (mono_ms() > deadline) {
             snprintf(err, errlen, "job %s not done in time (status %s)", id,
                      st);
