@@ -220,8 +220,20 @@ prepare_journal(struct prepare *p, const char **code, char *msg,
                 size_t msglen)
 {
     char jerr[256] = "out of memory";
-    struct journal_entry *je = calloc((size_t)(3 * p->n + 1), sizeof(*je));
+    struct journal_entry *je;
     int nje = 0, rc = -1;
+
+    /* A VM still on the overlays of an earlier cut (its merge failed):
+     * its bases miss the writes since, so no cut of it until they are
+     * merged back; and its journal entry must not be overwritten. */
+    for (int k = 0; k < p->n; k++)
+        if (redirect_settle(p->a, p->vms[k], jerr, sizeof(jerr)) < 0) {
+            fail_prepare(p->a, p->x);
+            FAIL("BUSY", "vm %s: no VM paused: the overlays of its previous "
+                 "cut are not merged back yet: %s", p->names[k], jerr);
+        }
+    snprintf(jerr, sizeof(jerr), "out of memory");
+    je = calloc((size_t)(3 * p->n + 1), sizeof(*je));
 
     for (int k = 0; je && k < p->n; k++) {
         char why[256];

@@ -2,6 +2,7 @@
 #include "redirect.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -296,6 +297,60 @@ redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err)
                   timeout_ms, NULL, err);
 }
 
+/* 1 when node is the root of one of the VM's block devices (query-block):
+ * a switched overlay.  (Its backing_file_depth says 0: the overlay's image
+ * names no backing file, the graph does.) */
+static int
+is_root(json_t *blocks, const char *node)
+{
+    size_t i;
+    json_t *b;
+
+    json_array_foreach(blocks, i, b) {
+        const char *nn = json_string_value(json_object_get(
+            json_object_get(b, "inserted"), "node-name"));
+        if (nn && strcmp(nn, node) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Removes disk d's overlay nodes (those in nodes) and then, only when both
+ * are gone, its RBD image: librbd removed an image that QEMU still had
+ * open in the lab, and the guest then got I/O errors. */
+static int
+drop_overlay(struct vm *v, int d, const char *txn, json_t *nodes, int to,
+             char *err, size_t errlen)
+{
+    char onode[32], fnode[32], img[512];
+    struct qmp_err qe;
+    int r = 0;
+
+    node_name(onode, sizeof(onode), "cpov", d);
+    node_name(fnode, sizeof(fnode), "cpovf", d);
+    if (find_node(nodes, onode) &&
+        vm_qmp(v, "blockdev-del", json_pack("{s:s}", "node-name", onode),
+               to, NULL, &qe) < 0)
+        return qmp_err_to(err, errlen, &qe);
+    if (find_node(nodes, fnode) &&
+        vm_qmp(v, "blockdev-del", json_pack("{s:s}", "node-name", fnode),
+               to, NULL, &qe) < 0)
+        return qmp_err_to(err, errlen, &qe);
+    overlay_image(img, sizeof(img), v, d, txn);
+    /* QEMU's close of the image may reach the OSDs a little later */
+    for (int tries = 0; v->img[d] && tries < 50; tries++) {
+        r = rbdsnap_sibling_remove(v->img[d], img, err, errlen);
+        if (r != -1 || !strstr(err, "busy"))
+            break;
+        nap();
+        nap();
+        nap();
+        nap();
+        nap();
+    }
+    return r == -1 ? -1 : 0;
+}
+
 /* Starts the active commit of disk d's overlay unless its job runs
  * already (a previous run's); *started = 1 when a job is to be waited. */
 static int
@@ -326,23 +381,21 @@ redirect_merge(struct agent *a, struct vm *v, const char *txn,
     int to = a->cfg.qmp_timeout_ms, n = v->cfg->ndisks, merged = 0, rc = 0;
     int started[CFG_MAX_DISKS] = {0};
     double t0 = mono_ms(), deadline = t0 + RD_MERGE_MS;
-    json_t *nodes = block_nodes(v, to, err, errlen);
+    json_t *nodes = NULL, *blocks = NULL;
     struct qmp_err qe;
     char jerr[256];
 
-    if (!nodes) {
-        rc = -1;
+    if (vm_qmp(v, "query-block", NULL, to, &blocks, &qe) < 0) {
+        rc = qmp_err_to(err, errlen, &qe);
         goto out;
     }
-    /* An overlay with a backing is switched: merge it first. */
+    /* A switched overlay is the root of its disk's device: merge it. */
     for (int d = 0; d < n; d++) {
         char onode[32];
-        json_t *o;
 
         node_name(onode, sizeof(onode), "cpov", d);
-        o = find_node(nodes, onode);
-        if (o && json_integer_value(json_object_get(o, "backing_file_depth"))
-            > 0 && merge_start(v, d, to, &started[d], err, errlen) < 0)
+        if (is_root(blocks, onode) &&
+            merge_start(v, d, to, &started[d], err, errlen) < 0)
             rc = -1;
     }
     for (int d = 0; d < n; d++) {
@@ -356,26 +409,13 @@ redirect_merge(struct agent *a, struct vm *v, const char *txn,
     }
     if (rc < 0)     /* a disk may still write to its overlay: keep it */
         goto out;
-    for (int d = 0; d < n; d++) {
-        char onode[32], fnode[32], img[512];
-        int r;
-
-        node_name(onode, sizeof(onode), "cpov", d);
-        node_name(fnode, sizeof(fnode), "cpovf", d);
-        if (find_node(nodes, onode) &&
-            vm_qmp(v, "blockdev-del", json_pack("{s:s}", "node-name", onode),
-                   to, NULL, &qe) < 0)
-            rc = qmp_err_to(err, errlen, &qe);
-        if (find_node(nodes, fnode) &&
-            vm_qmp(v, "blockdev-del", json_pack("{s:s}", "node-name", fnode),
-                   to, NULL, &qe) < 0)
-            rc = qmp_err_to(err, errlen, &qe);
-        overlay_image(img, sizeof(img), v, d, txn);
-        r = v->img[d] ? rbdsnap_sibling_remove(v->img[d], img, err, errlen)
-                      : 0;
-        if (r == -1)
-            rc = -1;
+    if (!(nodes = block_nodes(v, to, err, errlen))) {
+        rc = -1;
+        goto out;
     }
+    for (int d = 0; d < n; d++)
+        if (drop_overlay(v, d, txn, nodes, to, err, errlen) < 0)
+            rc = -1;
     if (rc == 0 && journal_remove_kind(a->journal, JOURNAL_REDIRECT,
                                        v->cfg->name, txn, jerr,
                                        sizeof(jerr)) < 0) {
@@ -384,6 +424,7 @@ redirect_merge(struct agent *a, struct vm *v, const char *txn,
     }
 out:
     json_decref(nodes);
+    json_decref(blocks);
     if (rc == 0)
         log_info("event=redirect_merged txn=%s vm=%s why=%s disks=%d "
                  "merged=%d ms=%.3f", txn, v->cfg->name, why, n, merged,
@@ -392,6 +433,28 @@ out:
         log_warnx("event=redirect_merge_failed txn=%s vm=%s why=%s "
                   "entry=kept msg=\"%s\"", txn, v->cfg->name, why, err);
     return rc;
+}
+
+int
+redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
+{
+    struct journal_entry *e = NULL;
+    char txn[129] = "";
+    int n = 0;
+
+    if (journal_entries(a->journal, &e, &n) < 0) {
+        snprintf(err, errlen, "journal: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (e[i].kind == JOURNAL_REDIRECT && strcmp(e[i].vm, v->cfg->name) == 0)
+            snprintf(txn, sizeof(txn), "%s", e[i].txn);
+    free(e);
+    if (!txn[0])
+        return 0;
+    if (redirect_merge(a, v, txn, "before_prepare", err, errlen) < 0)
+        return -1;
+    return 0;
 }
 
 void

@@ -61,6 +61,12 @@ int redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err);
 int redirect_merge(struct agent *a, struct vm *v, const char *txn,
                    const char *why, char *err, size_t errlen);
 
+/* Before a new cut of v: merges the overlays of an earlier txn that the
+ * journal still lists for v (a merge that failed).  -1 with err when they
+ * are still there: v must not be cut (its bases miss the writes since). */
+int redirect_settle(struct agent *a, struct vm *v, char *err,
+                    size_t errlen);
+
 /* Merges every VM of x whose rd[] state asks for it (RD_READY or
  * RD_SWITCHED) and marks it RD_MERGED; the caller owns x. */
 void redirect_merge_txn(struct agent *a, struct txn *x, const char *why);
