@@ -131,12 +131,13 @@ recover_vm(struct agent *a, struct vm *v, const struct journal_entry *p,
 }
 
 /* A `redirect` entry: the merge of the VM's overlays, whatever step the
- * previous run reached; a failed one keeps the entry for the next start. */
+ * previous run reached; a failed one keeps the entry, and the next
+ * prepare of the VM (BUSY) or start retries it. */
 static void
 recover_redirect(struct agent *a, const struct journal_entry *r)
 {
     struct vm *v = agent_find_vm(a, r->vm);
-    char err[512], jerr[256];
+    char jerr[256];
 
     if (!v) {
         log_warnx("event=journal_redirect txn=%s vm=%s result=%s", r->txn,
@@ -147,9 +148,12 @@ recover_redirect(struct agent *a, const struct journal_entry *r)
                                 jerr, sizeof(jerr));
         return;
     }
-    log_info("event=journal_redirect txn=%s vm=%s result=%s", r->txn, r->vm,
-             redirect_merge(a, v, r->txn, "recovery", err, sizeof(err)) == 0
-             ? "merged" : "failed");
+    /* In the background: the merge needs Ceph (QEMU's and the agent's),
+     * and recovery must not wait for it; a prepare of v is BUSY until it
+     * is done (redirect_settle). */
+    redirect_kick(a, v, r->txn, "recovery");
+    log_info("event=journal_redirect txn=%s vm=%s result=merging", r->txn,
+             r->vm);
 }
 
 void

@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
 
 #include "log.h"
+#include "par.h"
 #include "mono.h"
 #include "txn.h"
 
@@ -19,6 +21,8 @@
 #define RD_CREATE_MS 30000.0
 #define RD_MERGE_MS 120000.0
 #define RD_POLL_NS (2 * 1000000L)
+/* A background merge (recovery, retry) tries this often, 1 s apart. */
+#define RD_BG_TRIES 60
 
 const char *
 redirect_path_name(int s)
@@ -337,8 +341,14 @@ drop_overlay(struct vm *v, int d, const char *txn, json_t *nodes, int to,
                to, NULL, &qe) < 0)
         return qmp_err_to(err, errlen, &qe);
     overlay_image(img, sizeof(img), v, d, txn);
+    if (!v->img[d]) {
+        snprintf(err, errlen, "disk %s: its RBD image is not open yet (the "
+                 "overlay image %s stays until it is)", v->cfg->disks[d].node,
+                 img);
+        return -1;
+    }
     /* QEMU's close of the image may reach the OSDs a little later */
-    for (int tries = 0; v->img[d] && tries < 50; tries++) {
+    for (int tries = 0; tries < 50; tries++) {
         r = rbdsnap_sibling_remove(v->img[d], img, err, errlen);
         if (r != -1 || !strstr(err, "busy"))
             break;
@@ -435,13 +445,75 @@ out:
     return rc;
 }
 
+/* The VMs (by index in a->vms) whose merge runs in the background. */
+static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char bg_running[CFG_MAX_VMS];
+
+struct bg_merge {
+    struct agent *a;
+    struct vm *v;
+    char txn[129];
+    const char *why;
+};
+
+static void *
+bg_merge(void *arg)
+{
+    struct bg_merge *b = arg;
+    char err[512];
+
+    /* Retried for a while: at start the agent opens the RBD images (which
+     * the removal needs) after recovery, and Ceph may be down for a bit. */
+    for (int tries = 0; tries < RD_BG_TRIES; tries++) {
+        struct timespec ts = {1, 0};
+
+        if (redirect_merge(b->a, b->v, b->txn, b->why, err, sizeof(err)) == 0)
+            break;
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&bg_mu);
+    bg_running[b->v - b->a->vms] = 0;
+    pthread_mutex_unlock(&bg_mu);
+    free(b);
+    return NULL;
+}
+
+int
+redirect_kick(struct agent *a, struct vm *v, const char *txn,
+              const char *why)
+{
+    int idx = (int)(v - a->vms), started = 0;
+    struct bg_merge *b;
+
+    pthread_mutex_lock(&bg_mu);
+    if (!bg_running[idx] && (b = calloc(1, sizeof(*b)))) {
+        *b = (struct bg_merge){.a = a, .v = v, .why = why};
+        snprintf(b->txn, sizeof(b->txn), "%s", txn);
+        bg_running[idx] = 1;
+        started = 1;
+        pthread_mutex_unlock(&bg_mu);
+        par_detach(bg_merge, b);
+        return 1;
+    }
+    started = bg_running[idx];
+    pthread_mutex_unlock(&bg_mu);
+    return started;
+}
+
 int
 redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
 {
     struct journal_entry *e = NULL;
     char txn[129] = "";
-    int n = 0;
+    int n = 0, running;
 
+    pthread_mutex_lock(&bg_mu);
+    running = bg_running[v - a->vms];
+    pthread_mutex_unlock(&bg_mu);
+    if (running) {
+        snprintf(err, errlen, "their merge runs");
+        return -1;
+    }
     if (journal_entries(a->journal, &e, &n) < 0) {
         snprintf(err, errlen, "journal: out of memory");
         return -1;
@@ -452,9 +524,9 @@ redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
     free(e);
     if (!txn[0])
         return 0;
-    if (redirect_merge(a, v, txn, "before_prepare", err, errlen) < 0)
-        return -1;
-    return 0;
+    redirect_kick(a, v, txn, "retry");
+    snprintf(err, errlen, "the merge of txn %s is retried", txn);
+    return -1;
 }
 
 void

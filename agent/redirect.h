@@ -61,9 +61,15 @@ int redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err);
 int redirect_merge(struct agent *a, struct vm *v, const char *txn,
                    const char *why, char *err, size_t errlen);
 
-/* Before a new cut of v: merges the overlays of an earlier txn that the
- * journal still lists for v (a merge that failed).  -1 with err when they
- * are still there: v must not be cut (its bases miss the writes since). */
+/* Starts the merge of v's overlays of txn in a thread of its own, unless
+ * one runs for v already; 1 when one runs. */
+int redirect_kick(struct agent *a, struct vm *v, const char *txn,
+                  const char *why);
+
+/* Before a new cut of v: 0 when no overlays of an earlier txn remain.
+ * Else -1 with err, and their merge is started in the background if it
+ * is not running (a merge that failed, or recovery's): v must not be cut
+ * until it is done, as its bases miss the writes since. */
 int redirect_settle(struct agent *a, struct vm *v, char *err,
                     size_t errlen);
 
