@@ -287,6 +287,21 @@ prepare_pause(struct prepare *p)
         quiesce_reset(p->a, p->vms[k]);
     }
     par_run(txn_vm_overlay, p->jobs, sizeof(p->jobs[0]), p->n);
+    for (int k = 0; k < p->n; k++)
+        if (p->jobs[k].skip) {
+            /* A VM's QEMU does not answer: the prepare fails; stop none. */
+            for (int i = 0; i < p->n; i++)
+                if (!p->jobs[i].skip) {
+                    p->jobs[i].rc = -1;
+                    p->jobs[i].skip = 1;
+                    p->jobs[i].qmp_kind = QMP_E_ERROR;
+                    p->jobs[i].code = p->jobs[k].code;
+                    snprintf(p->jobs[i].msg, sizeof(p->jobs[i].msg),
+                             "vm %s: not stopped: vm %s did not answer",
+                             p->names[i], p->names[k]);
+                }
+            return;
+        }
     if (p->freeze)
         par_run(txn_vm_freeze, p->jobs, sizeof(p->jobs[0]), p->n);
     par_run(txn_vm_pause, p->jobs, sizeof(p->jobs[0]), p->n);

@@ -90,10 +90,16 @@ nap(void)
     nanosleep(&ts, NULL);
 }
 
+/* Set by a QMP call of the current thread that timed out: its QEMU does
+ * not answer (redirect_prepare's *hung). */
+static __thread int qmp_hung;
+
 static int
 qmp_err_to(char *err, size_t errlen, const struct qmp_err *qe)
 {
     snprintf(err, errlen, "%s", qe->msg);
+    if (qe->kind == QMP_E_TIMEOUT)
+        qmp_hung = 1;
     return -1;
 }
 
@@ -209,16 +215,17 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
 }
 
 int
-redirect_prepare(struct agent *a, struct vm *v, const char *txn, char *err,
-                 size_t errlen)
+redirect_prepare(struct agent *a, struct vm *v, const char *txn, int *hung,
+                 char *err, size_t errlen)
 {
     int to = a->cfg.qmp_timeout_ms, n = v->cfg->ndisks;
     double t0 = mono_ms(), deadline = t0 + RD_CREATE_MS;
-    json_t *nodes = block_nodes(v, to, err, errlen);
+    json_t *nodes;
     char why[512];
     struct qmp_err qe;
 
-    if (!nodes)
+    qmp_hung = 0;
+    if (!(nodes = block_nodes(v, to, err, errlen)))
         goto fail;
     for (int d = 0; d < n; d++) {
         const struct cfg_disk *cd = &v->cfg->disks[d];
@@ -278,7 +285,11 @@ redirect_prepare(struct agent *a, struct vm *v, const char *txn, char *err,
     return 0;
 fail:
     json_decref(nodes);
-    if (redirect_merge(a, v, txn, "prepare_failed", why, sizeof(why)) < 0)
+    *hung = qmp_hung;
+    if (*hung)      /* a cleanup now would wait as long: in the background */
+        redirect_kick(a, v, txn, "prepare_failed");
+    else if (redirect_merge(a, v, txn, "prepare_failed", why,
+                            sizeof(why)) < 0)
         log_warnx("event=redirect_cleanup_failed txn=%s vm=%s msg=\"%s\"",
                   txn, v->cfg->name, why);
     return -1;

@@ -48,9 +48,11 @@ int redirect_usable(const struct agent *a, const struct vm *v, char *why,
                     size_t len);
 
 /* Makes v's overlays for txn (the VM runs).  On -1 err says why, and what
- * was made is removed again (the journal entry too when that worked). */
+ * was made is removed again (the journal entry too when that worked);
+ * *hung = 1 when QEMU did not answer in time (the removal then runs in the
+ * background, and v cannot be stopped either). */
 int redirect_prepare(struct agent *a, struct vm *v, const char *txn,
-                     char *err, size_t errlen);
+                     int *hung, char *err, size_t errlen);
 
 /* In the pause: switches every disk of v onto its overlay, atomically. */
 int redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err);

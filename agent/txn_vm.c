@@ -17,12 +17,25 @@ void *
 txn_vm_overlay(void *arg)
 {
     struct txn_vm_prep *j = arg;
+    int hung = 0;
 
     if (j->redirect != RD_READY)
         return NULL;
-    if (redirect_prepare(j->a, j->vm, j->txn, j->rd_why,
+    if (redirect_prepare(j->a, j->vm, j->txn, &hung, j->rd_why,
                          sizeof(j->rd_why)) < 0) {
         j->redirect = RD_NONE;
+        if (hung) {
+            /* Its QEMU does not answer: a stop would wait as long again.
+             * The prepare fails before any VM is stopped. */
+            j->rc = -1;
+            j->skip = 1;
+            j->qmp_kind = QMP_E_TIMEOUT;
+            j->code = "QMP_TIMEOUT";
+            snprintf(j->msg, sizeof(j->msg), "vm %s: not stopped: its QEMU "
+                     "did not answer while its overlays were made: %s",
+                     j->vm->cfg->name, j->rd_why);
+            return NULL;
+        }
         log_warnx("event=pause_path txn=%s vm=%s path=in_pause "
                   "why=\"overlays not made: %s\"", j->txn, j->vm->cfg->name,
                   j->rd_why);
@@ -45,6 +58,8 @@ txn_vm_pause(void *arg)
     struct txn_vm_prep *j = arg;
     struct qmp_err err;
 
+    if (j->skip)
+        return NULL;
     j->t0 = mono_ms();
     j->rc = vm_stop(j->vm, j->stop_timeout_ms, &err);
     j->t1 = mono_ms();
@@ -205,11 +220,9 @@ txn_vm_commit(void *arg)
     j->rd = j->x->rd ? j->x->rd[j->vmidx] : RD_NONE;
     if (j->rd == RD_SWITCHED) {
         /* The cut was made in prepare: resume first.  The bases' snapshots
-         * are outside the pause, so the budget no longer bounds a pause;
-         * they still must exist before COMMITTED, which the coordinator
-         * waits for until budget + its margin (2 s). */
+         * are outside the pause; they still must exist before COMMITTED,
+         * by the same budget as on the other path. */
         commit_resume(j);
-        j->deadline += 1000.0;
         commit_snapshot(j);
     } else {
         commit_snapshot(j);

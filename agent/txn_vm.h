@@ -30,6 +30,7 @@ struct txn_vm_prep {
      * txn_vm_overlay, switched in the pause: RD_SWITCHED), RD_NONE when
      * the VM is cut in the pause; rd_why says why it fell back */
     int redirect;
+    int skip;                   /* not stopped: rc, code and msg say why */
     double tsw0, tsw1;          /* the switch, start and end */
     char rd_why[512];
     enum qmp_errkind qmp_kind;
