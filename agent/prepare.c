@@ -248,7 +248,8 @@ prepare_journal(struct prepare *p, const char **code, char *msg,
             je[nje].kind = JOURNAL_FROZEN;
             nje++;
         }
-        if (p->rd[k]) {
+        /* overlays made ahead have their entry already */
+        if (p->rd[k] && !redirect_ahead_ready(p->a, p->vms[k])) {
             je[nje] = je[nje - 1];
             je[nje].kind = JOURNAL_REDIRECT;
             nje++;

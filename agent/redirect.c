@@ -5,10 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <pthread.h>
 
 #include "log.h"
-#include "par.h"
 #include "mono.h"
 #include "txn.h"
 
@@ -21,8 +19,6 @@
 #define RD_CREATE_MS 30000.0
 #define RD_MERGE_MS 120000.0
 #define RD_POLL_NS (2 * 1000000L)
-/* A background merge (recovery, retry) tries this often, 1 s apart. */
-#define RD_BG_TRIES 60
 
 const char *
 redirect_path_name(int s)
@@ -215,8 +211,8 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
 }
 
 int
-redirect_prepare(struct agent *a, struct vm *v, const char *txn, int *hung,
-                 char *err, size_t errlen)
+redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
+              char *err, size_t errlen)
 {
     int to = a->cfg.qmp_timeout_ms, n = v->cfg->ndisks;
     double t0 = mono_ms(), deadline = t0 + RD_CREATE_MS;
@@ -454,103 +450,4 @@ out:
         log_warnx("event=redirect_merge_failed txn=%s vm=%s why=%s "
                   "entry=kept msg=\"%s\"", txn, v->cfg->name, why, err);
     return rc;
-}
-
-/* The VMs (by index in a->vms) whose merge runs in the background. */
-static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
-static unsigned char bg_running[CFG_MAX_VMS];
-
-struct bg_merge {
-    struct agent *a;
-    struct vm *v;
-    char txn[129];
-    const char *why;
-};
-
-static void *
-bg_merge(void *arg)
-{
-    struct bg_merge *b = arg;
-    char err[512];
-
-    /* Retried for a while: at start the agent opens the RBD images (which
-     * the removal needs) after recovery, and Ceph may be down for a bit. */
-    for (int tries = 0; tries < RD_BG_TRIES; tries++) {
-        struct timespec ts = {1, 0};
-
-        if (redirect_merge(b->a, b->v, b->txn, b->why, err, sizeof(err)) == 0)
-            break;
-        nanosleep(&ts, NULL);
-    }
-    pthread_mutex_lock(&bg_mu);
-    bg_running[b->v - b->a->vms] = 0;
-    pthread_mutex_unlock(&bg_mu);
-    free(b);
-    return NULL;
-}
-
-int
-redirect_kick(struct agent *a, struct vm *v, const char *txn,
-              const char *why)
-{
-    int idx = (int)(v - a->vms), started = 0;
-    struct bg_merge *b;
-
-    pthread_mutex_lock(&bg_mu);
-    if (!bg_running[idx] && (b = calloc(1, sizeof(*b)))) {
-        *b = (struct bg_merge){.a = a, .v = v, .why = why};
-        snprintf(b->txn, sizeof(b->txn), "%s", txn);
-        bg_running[idx] = 1;
-        started = 1;
-        pthread_mutex_unlock(&bg_mu);
-        par_detach(bg_merge, b);
-        return 1;
-    }
-    started = bg_running[idx];
-    pthread_mutex_unlock(&bg_mu);
-    return started;
-}
-
-int
-redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
-{
-    struct journal_entry *e = NULL;
-    char txn[129] = "";
-    int n = 0, running;
-
-    pthread_mutex_lock(&bg_mu);
-    running = bg_running[v - a->vms];
-    pthread_mutex_unlock(&bg_mu);
-    if (running) {
-        snprintf(err, errlen, "their merge runs");
-        return -1;
-    }
-    if (journal_entries(a->journal, &e, &n) < 0) {
-        snprintf(err, errlen, "journal: out of memory");
-        return -1;
-    }
-    for (int i = 0; i < n; i++)
-        if (e[i].kind == JOURNAL_REDIRECT && strcmp(e[i].vm, v->cfg->name) == 0)
-            snprintf(txn, sizeof(txn), "%s", e[i].txn);
-    free(e);
-    if (!txn[0])
-        return 0;
-    redirect_kick(a, v, txn, "retry");
-    snprintf(err, errlen, "the merge of txn %s is retried", txn);
-    return -1;
-}
-
-void
-redirect_merge_txn(struct agent *a, struct txn *x, const char *why)
-{
-    for (int i = 0; i < x->nvms; i++) {
-        struct vm *v;
-        char err[512];
-
-        if (!x->rd || (x->rd[i] != RD_READY && x->rd[i] != RD_SWITCHED))
-            continue;
-        if ((v = agent_find_vm(a, x->vms[i])))
-            redirect_merge(a, v, x->id, why, err, sizeof(err));
-        x->rd[i] = RD_MERGED;
-    }
 }

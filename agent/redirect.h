@@ -14,6 +14,11 @@
  *                          (ready ─► job-complete ─► concluded) ─►
  *                          blockdev-del ─► the overlay image removed
  *
+ * After a merge the next cut's overlays are made at once, in the
+ * background (redirect_bg.c): a prepare that finds them ready only writes
+ * its journal, stops and switches, so no agent's stops wait for overlays
+ * (their journal entry names them by an id "ahead-..." instead of a txn).
+ *
  * The merge must always run once overlays were made: after commit, abort,
  * a failed prepare, an expired lease, and a crash of the agent (the
  * `redirect` journal entry, written before the overlays are made and
@@ -47,12 +52,22 @@ const char *redirect_path_name(int s);
 int redirect_usable(const struct agent *a, const struct vm *v, char *why,
                     size_t len);
 
-/* Makes v's overlays for txn (the VM runs).  On -1 err says why, and what
- * was made is removed again (the journal entry too when that worked);
- * *hung = 1 when QEMU did not answer in time (the removal then runs in the
- * background, and v cannot be stopped either). */
+/* Makes v's overlays named by id (a txn, or an id of overlays made ahead)
+ * while the VM runs; its journal entry is written already.  On -1 err
+ * says why, and what was made is removed again (the journal entry too when
+ * that worked); *hung = 1 when QEMU did not answer in time (the removal
+ * then runs in the background, and v cannot be stopped either). */
+int redirect_make(struct agent *a, struct vm *v, const char *id, int *hung,
+                  char *err, size_t errlen);
+
+/* ---- redirect_bg.c: overlays made ahead, merges in the background ---- */
+
+/* The overlays of v's cut in txn: those made ahead if ready (no journal
+ * write: theirs is there), else made now, named by txn (redirect_make). */
 int redirect_prepare(struct agent *a, struct vm *v, const char *txn,
                      int *hung, char *err, size_t errlen);
+/* 1 when v's overlays for its next cut are ready (made ahead). */
+int redirect_ahead_ready(struct agent *a, const struct vm *v);
 
 /* In the pause: switches every disk of v onto its overlay, atomically. */
 int redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err);
@@ -74,6 +89,11 @@ int redirect_kick(struct agent *a, struct vm *v, const char *txn,
  * until it is done, as its bases miss the writes since. */
 int redirect_settle(struct agent *a, struct vm *v, char *err,
                     size_t errlen);
+
+/* Merges back the overlays of v's current txn (redirect_merge); on
+ * success starts making the next cut's overlays ahead, in the background. */
+int redirect_finish(struct agent *a, struct vm *v, const char *why,
+                    char *err, size_t errlen);
 
 /* Merges every VM of x whose rd[] state asks for it (RD_READY or
  * RD_SWITCHED) and marks it RD_MERGED; the caller owns x. */

@@ -233,8 +233,8 @@ txn_vm_commit(void *arg)
         /* After the snapshots exist (or failed): the overlays go back. */
         double t0 = mono_ms();
 
-        if (redirect_merge(j->a, j->vm, j->x->id, "commit", j->merge_err,
-                           sizeof(j->merge_err)) == 0)
+        if (redirect_finish(j->a, j->vm, "commit", j->merge_err,
+                            sizeof(j->merge_err)) == 0)
             j->merge_err[0] = '\0';
         j->merge_ms = mono_ms() - t0;
         j->x->rd[j->vmidx] = RD_MERGED;
