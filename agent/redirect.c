@@ -210,6 +210,66 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
     }
 }
 
+/* 1 when node is the root of one of the VM's block devices (query-block):
+ * a switched overlay.  (Its backing_file_depth says 0: the overlay's image
+ * names no backing file, the graph does.) */
+static int
+is_root(json_t *blocks, const char *node)
+{
+    size_t i;
+    json_t *b;
+
+    json_array_foreach(blocks, i, b) {
+        const char *nn = json_string_value(json_object_get(
+            json_object_get(b, "inserted"), "node-name"));
+        if (nn && strcmp(nn, node) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Overlay nodes left in QEMU by an agent whose journal was lost (their id,
+ * hence their image, unknown): removed when unused; a switched one (its
+ * device's root) stops the cut, as its base misses the writes since. */
+static int
+drop_stale(struct vm *v, json_t *nodes, int to, char *err, size_t errlen)
+{
+    json_t *blocks = NULL;
+    struct qmp_err qe;
+    int rc = 0;
+
+    for (int d = 0; d < v->cfg->ndisks && rc == 0; d++) {
+        char onode[32], fnode[32];
+        const char *kind[2] = {onode, fnode};
+
+        node_name(onode, sizeof(onode), "cpov", d);
+        node_name(fnode, sizeof(fnode), "cpovf", d);
+        if (!find_node(nodes, onode) && !find_node(nodes, fnode))
+            continue;
+        if (!blocks && vm_qmp(v, "query-block", NULL, to, &blocks, &qe) < 0)
+            return qmp_err_to(err, errlen, &qe);
+        if (is_root(blocks, onode)) {
+            snprintf(err, errlen, "disk %s is still on overlay %s of an "
+                     "earlier cut", v->cfg->disks[d].node, onode);
+            rc = -1;
+            break;
+        }
+        log_warnx("event=redirect_stale_nodes vm=%s disk=%s msg=\"overlay "
+                  "nodes of an unknown cut removed\"", v->cfg->name,
+                  v->cfg->disks[d].node);
+        for (int i = 0; i < 2; i++)
+            if (find_node(nodes, kind[i]) &&
+                vm_qmp(v, "blockdev-del", json_pack("{s:s}", "node-name",
+                                                    kind[i]), to, NULL,
+                       &qe) < 0) {
+                rc = qmp_err_to(err, errlen, &qe);
+                break;
+            }
+    }
+    json_decref(blocks);
+    return rc;
+}
+
 int
 redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
               char *err, size_t errlen)
@@ -221,7 +281,8 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
     struct qmp_err qe;
 
     qmp_hung = 0;
-    if (!(nodes = block_nodes(v, to, err, errlen)))
+    if (!(nodes = block_nodes(v, to, err, errlen)) ||
+        drop_stale(v, nodes, to, err, errlen) < 0)
         goto fail;
     for (int d = 0; d < n; d++) {
         const struct cfg_disk *cd = &v->cfg->disks[d];
@@ -308,23 +369,6 @@ redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err)
                   timeout_ms, NULL, err);
 }
 
-/* 1 when node is the root of one of the VM's block devices (query-block):
- * a switched overlay.  (Its backing_file_depth says 0: the overlay's image
- * names no backing file, the graph does.) */
-static int
-is_root(json_t *blocks, const char *node)
-{
-    size_t i;
-    json_t *b;
-
-    json_array_foreach(blocks, i, b) {
-        const char *nn = json_string_value(json_object_get(
-            json_object_get(b, "inserted"), "node-name"));
-        if (nn && strcmp(nn, node) == 0)
-            return 1;
-    }
-    return 0;
-}
 
 /* Removes disk d's overlay nodes (those in nodes) and then, only when both
  * are gone, its RBD image: librbd removed an image that QEMU still had
