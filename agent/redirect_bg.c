@@ -56,10 +56,22 @@ static void *
 bg_merge(void *arg)
 {
     struct bg_job *b = arg;
+    double t0 = mono_ms();
     char err[512];
 
-    /* Retried for a while: at start the agent opens the RBD images (which
-     * the removal needs) after recovery, and Ceph may be down for a bit. */
+    /* At start the agent opens the RBD images, which the removal needs,
+     * after recovery: wait for them (a prepare of the VM is BUSY until
+     * this merge is done), then retry for a while, Ceph may be down. */
+    for (;;) {
+        int pending;
+
+        pthread_mutex_lock(&b->a->mu);
+        pending = b->v->storage_pending;
+        pthread_mutex_unlock(&b->a->mu);
+        if (!pending || mono_ms() - t0 > RD_BG_TRIES * 1000.0)
+            break;
+        nap_ms(20);
+    }
     for (int tries = 0; tries < RD_BG_TRIES; tries++) {
         if (redirect_merge(b->a, b->v, b->id, b->why, err, sizeof(err)) == 0)
             break;
