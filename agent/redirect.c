@@ -392,6 +392,14 @@ drop_overlay(struct vm *v, int d, const char *txn, json_t *nodes, int to,
                to, NULL, &qe) < 0)
         return qmp_err_to(err, errlen, &qe);
     overlay_image(img, sizeof(img), v, d, txn);
+    if (v->cfg->disks[d].backend != CFG_BACKEND_RBD) {
+        /* The VM's config changed since (its disk is no RBD image now):
+         * nothing here can reach that image any more. */
+        log_warnx("event=redirect_image_left vm=%s disk=%s image=%s "
+                  "msg=\"the disk is not an RBD image any more; remove the "
+                  "image by hand\"", v->cfg->name, v->cfg->disks[d].node, img);
+        return 0;
+    }
     if (!v->img[d]) {
         snprintf(err, errlen, "disk %s: its RBD image is not open yet (the "
                  "overlay image %s stays until it is)", v->cfg->disks[d].node,
