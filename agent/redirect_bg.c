@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "mono.h"
@@ -152,8 +153,9 @@ ahead_kick(struct agent *a, struct vm *v, int bg)
         return;
     }
     *b = (struct bg_job){.a = a, .v = v, .why = "ahead"};
-    snprintf(b->id, sizeof(b->id), "ahead-%lx-%lu", (unsigned long)time(NULL),
-             ++ahead_seq);
+    /* unique across restarts of the agent too: its pid and the time */
+    snprintf(b->id, sizeof(b->id), "ahead-%lx-%lx-%lu",
+             (unsigned long)time(NULL), (unsigned long)getpid(), ++ahead_seq);
     making[idx] = 1;
     pthread_mutex_unlock(&bg_mu);
     if (bg)
