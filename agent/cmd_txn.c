@@ -9,7 +9,8 @@
  *   commit   begin (replay, validate disks, claim the txn before its lease
  *            expires) ─► each VM's commit in parallel (txn_vm.c) ─►
  *            COMMITTED or FAILED
- *   abort    claim ─► resume (if still paused) ─► delete the member
+ *   abort    claim ─► resume (if still paused) ─► merge the overlays of
+ *            the redirect cut back (redirect.c) ─► delete the member
  *            snapshots ─► ABORTED
  *   resume   cont the named VMs
  *
@@ -27,6 +28,7 @@
 #include "prepare.h"
 #include "quiesce.h"
 #include "reaper.h"
+#include "redirect.h"
 #include "resume.h"
 #include "txn_vm.h"
 
@@ -311,6 +313,8 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
         json_object_update_missing(todo, extra);
 
     resume_vms(a, vms, n, id, "abort", rj);
+    /* A VM resumed on its overlays writes there: merge them back. */
+    redirect_merge_txn(a, x, "abort");
     for (int i = 0; i < n; i++)
         if (rj[i].rc == 0) {
             json_t *o = json_pack("{s:s,s:f,s:f}", "vm", vms[i]->cfg->name,

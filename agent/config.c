@@ -263,6 +263,13 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             if (parse_int(v, 10, 600000, &cfg->freeze_timeout_ms) < 0)
                 goto bad;
         }
+        else if (KEY("agent", "pause_path")) {
+            /* redirect: the cut switches disks to overlays (redirect.c)
+             * where it can; in_pause: RBD snapshots inside the pause */
+            if (strcmp(v, "redirect") && strcmp(v, "in_pause"))
+                goto bad;
+            cfg->pause_in_pause = strcmp(v, "in_pause") == 0;
+        }
         else if (KEY("agent", "qmp_timeout_ms")) {
             if (parse_int(v, 10, 600000, &cfg->qmp_timeout_ms) < 0)
                 goto bad;

@@ -13,6 +13,7 @@
 static const char *const kind_name[] = {
     [JOURNAL_PAUSED] = "paused",
     [JOURNAL_FROZEN] = "frozen",
+    [JOURNAL_REDIRECT] = "redirect",
 };
 
 /* The first line of a framed journal.  Without it, a file is of the
@@ -164,7 +165,7 @@ cleanup:
 static int
 kind_of(const char *s, size_t n, enum journal_kind *k)
 {
-    for (int i = 0; i <= JOURNAL_FROZEN; i++)
+    for (int i = 0; i <= JOURNAL_REDIRECT; i++)
         if (strlen(kind_name[i]) == n && memcmp(kind_name[i], s, n) == 0) {
             *k = (enum journal_kind)i;
             return 0;

@@ -11,6 +11,10 @@
  *   paused <txn> <vm>     written before QMP stop, removed after cont
  *   frozen <txn> <vm>     written before guest-fsfreeze-freeze, removed
  *                         after a thaw the guest agent answered
+ *   redirect <id> <vm>    written before the redirect cut makes the VM's
+ *                         overlays (redirect.c; <id>: a txn, or ahead-...
+ *                         for overlays made ahead of the next cut),
+ *                         removed after they were merged back and deleted
  *
  * <txn> and <vm> are framed so that names with any bytes round-trip: a
  * byte outside '!'..'~', and '%', is written %XX (hex), so a field never
@@ -28,7 +32,7 @@
 
 struct journal;
 
-enum journal_kind { JOURNAL_PAUSED, JOURNAL_FROZEN };
+enum journal_kind { JOURNAL_PAUSED, JOURNAL_FROZEN, JOURNAL_REDIRECT };
 
 struct journal_entry {
     enum journal_kind kind;

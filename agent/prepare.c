@@ -9,6 +9,7 @@
 #include "log.h"
 #include "par.h"
 #include "quiesce.h"
+#include "redirect.h"
 #include "resume.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
@@ -210,17 +211,34 @@ cleanup:
  * One write for all VMs, so that no VM's pause waits for another's fsync.
  * With fs-freeze the same write records `frozen` for every VM with a guest
  * agent, before its freeze: a crash before the thaw must leave a record
- * that makes the next start thaw the guest.
+ * that makes the next start thaw the guest.  And `redirect` for every VM
+ * that will take the redirect cut, before its overlays are made: a crash
+ * after must leave a record that makes the next start merge them back.
  */
 int
 prepare_journal(struct prepare *p, const char **code, char *msg,
                 size_t msglen)
 {
     char jerr[256] = "out of memory";
-    struct journal_entry *je = calloc((size_t)(2 * p->n + 1), sizeof(*je));
+    struct journal_entry *je;
     int nje = 0, rc = -1;
 
+    /* A VM still on the overlays of an earlier cut (its merge failed):
+     * its bases miss the writes since, so no cut of it until they are
+     * merged back; and its journal entry must not be overwritten. */
+    for (int k = 0; k < p->n; k++)
+        if (redirect_settle(p->a, p->vms[k], jerr, sizeof(jerr)) < 0) {
+            fail_prepare(p->a, p->x);
+            FAIL("BUSY", "vm %s: no VM paused: the overlays of its previous "
+                 "cut are not merged back yet: %s", p->names[k], jerr);
+        }
+    snprintf(jerr, sizeof(jerr), "out of memory");
+    je = calloc((size_t)(3 * p->n + 1), sizeof(*je));
+
     for (int k = 0; je && k < p->n; k++) {
+        char why[256];
+
+        p->rd[k] = redirect_usable(p->a, p->vms[k], why, sizeof(why));
         je[nje].kind = JOURNAL_PAUSED;
         snprintf(je[nje].txn, sizeof(je[nje].txn), "%s", p->x->id);
         snprintf(je[nje].vm, sizeof(je[nje].vm), "%s", p->names[k]);
@@ -228,6 +246,12 @@ prepare_journal(struct prepare *p, const char **code, char *msg,
         if (p->freeze && p->vms[k]->ops->guest_configured(p->vms[k])) {
             je[nje] = je[nje - 1];
             je[nje].kind = JOURNAL_FROZEN;
+            nje++;
+        }
+        /* overlays made ahead have their entry already */
+        if (p->rd[k] && !redirect_ahead_ready(p->a, p->vms[k])) {
+            je[nje] = je[nje - 1];
+            je[nje].kind = JOURNAL_REDIRECT;
             nje++;
         }
     }
@@ -243,8 +267,9 @@ cleanup:
     return -1;
 }
 
-/* Step 4: all freezes first, then all stops: the freeze wait (up to sync
- * + freeze deadlines) is outside every VM's pause window. */
+/* Step 4: the overlays of the redirect cut first (the VMs run), then all
+ * freezes, then all stops: the overlays and the freeze wait (up to sync +
+ * freeze deadlines) are outside every VM's pause window. */
 void
 prepare_pause(struct prepare *p)
 {
@@ -257,9 +282,27 @@ prepare_pause(struct prepare *p)
         p->jobs[k] = (struct txn_vm_prep){.a = p->a, .vm = p->vms[k],
                                           .txn = p->x->id, .journaled = 1,
                                           .freeze_timeout_ms = p->freeze_ms,
-                                          .stop_timeout_ms = stop_ms};
+                                          .stop_timeout_ms = stop_ms,
+                                          .redirect = p->rd[k] ? RD_READY :
+                                                      RD_NONE};
         quiesce_reset(p->a, p->vms[k]);
     }
+    par_run(txn_vm_overlay, p->jobs, sizeof(p->jobs[0]), p->n);
+    for (int k = 0; k < p->n; k++)
+        if (p->jobs[k].skip) {
+            /* A VM's QEMU does not answer: the prepare fails; stop none. */
+            for (int i = 0; i < p->n; i++)
+                if (!p->jobs[i].skip) {
+                    p->jobs[i].rc = -1;
+                    p->jobs[i].skip = 1;
+                    p->jobs[i].qmp_kind = QMP_E_ERROR;
+                    p->jobs[i].code = p->jobs[k].code;
+                    snprintf(p->jobs[i].msg, sizeof(p->jobs[i].msg),
+                             "vm %s: not stopped: vm %s did not answer",
+                             p->names[i], p->names[k]);
+                }
+            return;
+        }
     if (p->freeze)
         par_run(txn_vm_freeze, p->jobs, sizeof(p->jobs[0]), p->n);
     par_run(txn_vm_pause, p->jobs, sizeof(p->jobs[0]), p->n);
@@ -275,6 +318,9 @@ prepare_sort(struct prepare *p)
     for (int k = 0; k < p->n; k++) {
         struct txn_vm_prep *j = &p->jobs[k];
 
+        /* the txn owns the overlays from here: commit, abort, an expired
+         * lease or a failed prepare merges them back */
+        p->x->rd[k] = (unsigned char)j->redirect;
         if (j->rc < 0 && p->failed < 0)
             p->failed = k;
         if (!j->journaled)
@@ -310,6 +356,7 @@ prepare_undo(struct prepare *p, const char **code, char *msg, size_t msglen,
     json_t *arr = json_array();
 
     resume_vms(p->a, p->undo, p->nundo, p->x->id, "prepare_failed", rj);
+    redirect_merge_txn(p->a, p->x, "prepare_failed");
     for (int k = 0; k < p->n; k++)
         if (p->jobs[k].rc < 0)      /* not paused: thaw now */
             quiesce_thaw(p->a, p->vms[k], p->x->id);
@@ -350,9 +397,16 @@ prepare_done(struct prepare *p)
 
         p->x->t_stop0[k] = p->jobs[k].t0;
         p->x->t_stop1[k] = p->jobs[k].t1;
-        o = json_pack("{s:s,s:f,s:i}", "vm", p->names[k], "stop_ms",
+        o = json_pack("{s:s,s:f,s:i,s:s}", "vm", p->names[k], "stop_ms",
                       p->jobs[k].t1 - p->jobs[k].t0, "overrun_ms",
-                      p->vms[k]->bound_ms);
+                      p->vms[k]->bound_ms, "pause_path",
+                      redirect_path_name(p->x->rd[k] == RD_SWITCHED));
+        if (p->x->rd[k] == RD_SWITCHED)
+            json_object_set_new(o, "switch_ms", json_real(p->jobs[k].tsw1 -
+                                                          p->jobs[k].tsw0));
+        else if (p->jobs[k].rd_why[0])
+            json_object_set_new(o, "pause_path_why",
+                                json_string(p->jobs[k].rd_why));
         quiesce_report(a, o, p->vms[k], 0);
         json_array_append_new(arr, o);
     }

@@ -4,6 +4,9 @@
  *
  *   parse ─► begin ─┬─ known txn: replay its result or its error
  *                   └─ PREPARING ─► bound ─► journal ─► pause ─► sort ─┬─► done
+ *                                                       (overlays,
+ *                                                        freeze, stop,
+ *                                                        switch)
  *                                     │        │                      │  PREPARED,
  *                                     │        │ write failed:        │  lease
  *                                     ▼        ▼ nothing paused       │  armed
@@ -39,6 +42,7 @@ struct prepare {
     int failed;                 /* index of the first VM that failed, -1 */
     struct vm *undo[CFG_MAX_VMS];   /* paused: resumed if the prepare fails */
     int nundo;
+    int rd[CFG_MAX_VMS];        /* 1: the VM is to take the redirect cut */
 };
 
 /* The arguments, and the VMs they name.  0 or -1. */

@@ -8,6 +8,7 @@
 #include "mono.h"
 #include "par.h"
 #include "quiesce.h"
+#include "redirect.h"
 #include "resume.h"
 #include "sdnotify.h"
 
@@ -24,6 +25,7 @@ reaper_expire(struct agent *a, struct txn *x)
         if ((vms[n] = agent_find_vm(a, x->vms[i])))
             n++;
     resume_vms(a, vms, n, x->id, "lease_expired", jobs);
+    redirect_merge_txn(a, x, "lease_expired");
     atomic_fetch_add(&a->resumed_by_lease, n);
     atomic_fetch_add(&a->n_expired, 1);
     log_info("event=lease_expired txn=%s vms=%d", x->id, n);

@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "quiesce.h"
+#include "redirect.h"
 #include "resume.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
@@ -129,6 +130,32 @@ recover_vm(struct agent *a, struct vm *v, const struct journal_entry *p,
         recover_thawed(a, v, fz, err, sizeof(err));
 }
 
+/* A `redirect` entry: the merge of the VM's overlays, whatever step the
+ * previous run reached; a failed one keeps the entry, and the next
+ * prepare of the VM (BUSY) or start retries it. */
+static void
+recover_redirect(struct agent *a, const struct journal_entry *r)
+{
+    struct vm *v = agent_find_vm(a, r->vm);
+    char jerr[256];
+
+    if (!v) {
+        log_warnx("event=journal_redirect txn=%s vm=%s result=%s", r->txn,
+                  r->vm, vm_may_discover(&a->cfg) ? "deferred" :
+                  "unknown_vm");
+        if (!vm_may_discover(&a->cfg))
+            journal_remove_kind(a->journal, JOURNAL_REDIRECT, r->vm, NULL,
+                                jerr, sizeof(jerr));
+        return;
+    }
+    /* In the background: the merge needs Ceph (QEMU's and the agent's),
+     * and recovery must not wait for it; a prepare of v is BUSY until it
+     * is done (redirect_settle). */
+    redirect_kick(a, v, r->txn, "recovery");
+    log_info("event=journal_redirect txn=%s vm=%s result=merging", r->txn,
+             r->vm);
+}
+
 void
 recover_journal(struct agent *a)
 {
@@ -141,17 +168,23 @@ recover_journal(struct agent *a)
         const struct journal_entry *p, *fz;
         struct vm *v;
 
-        /* one pass per VM: at its first entry */
-        if (entry_of(e, i, JOURNAL_PAUSED, e[i].vm) ||
+        /* one pass per VM: at its first entry; `redirect` ones below */
+        if (e[i].kind == JOURNAL_REDIRECT ||
+            entry_of(e, i, JOURNAL_PAUSED, e[i].vm) ||
             entry_of(e, i, JOURNAL_FROZEN, e[i].vm))
             continue;
         p = entry_of(e, n, JOURNAL_PAUSED, e[i].vm);
         fz = entry_of(e, n, JOURNAL_FROZEN, e[i].vm);
         if (!(v = agent_find_vm(a, e[i].vm)))
             recover_unknown(a, e[i].vm, p, fz);
-        else
+        else if (p || fz)
             recover_vm(a, v, p, fz);
     }
+    /* After the resumes: a VM the previous run switched onto overlays
+     * writes there; merge them back (the VM runs meanwhile). */
+    for (int i = 0; i < n; i++)
+        if (e[i].kind == JOURNAL_REDIRECT)
+            recover_redirect(a, &e[i]);
     free(e);
 }
 

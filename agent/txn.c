@@ -28,6 +28,7 @@ txn_free(struct txn *x)
     json_decref(x->created_ids);
     free(x->t_stop0);
     free(x->t_stop1);
+    free(x->rd);
     free(x);
 }
 
@@ -115,7 +116,8 @@ txn_begin_prepare(struct txn_table *t, const char *id,
     x->created = json_object();
     x->t_stop0 = calloc(nvms ? (size_t)nvms : 1, sizeof(double));
     x->t_stop1 = calloc(nvms ? (size_t)nvms : 1, sizeof(double));
-    if (!x->created || !x->t_stop0 || !x->t_stop1)
+    x->rd = calloc(nvms ? (size_t)nvms : 1, 1);
+    if (!x->created || !x->t_stop0 || !x->t_stop1 || !x->rd)
         goto oom;
     x->state = TXN_PREPARING;
     x->next = t->head;

@@ -59,6 +59,8 @@ struct txn {
     json_t *created;            /* owned: {"disk": "snapshot name"} made by commit */
     json_t *created_ids;        /* owned, or NULL: {"disk": rbd snap id} of those */
     double *t_stop0, *t_stop1;  /* per VM: start and end of its stop call */
+    unsigned char *rd;          /* per VM: its redirect (enum rd_state,
+                                   redirect.h); 0 is the in_pause cut */
     struct txn *next;
 };
 

@@ -4,12 +4,44 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "log.h"
 #include "mono.h"
 #include "quiesce.h"
+#include "redirect.h"
 #include "resume.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
+
+void *
+txn_vm_overlay(void *arg)
+{
+    struct txn_vm_prep *j = arg;
+    int hung = 0;
+
+    if (j->redirect != RD_READY)
+        return NULL;
+    if (redirect_prepare(j->a, j->vm, j->txn, &hung, j->rd_why,
+                         sizeof(j->rd_why)) < 0) {
+        j->redirect = RD_NONE;
+        if (hung) {
+            /* Its QEMU does not answer: a stop would wait as long again.
+             * The prepare fails before any VM is stopped. */
+            j->rc = -1;
+            j->skip = 1;
+            j->qmp_kind = QMP_E_TIMEOUT;
+            j->code = "QMP_TIMEOUT";
+            snprintf(j->msg, sizeof(j->msg), "vm %s: not stopped: its QEMU "
+                     "did not answer while its overlays were made: %s",
+                     j->vm->cfg->name, j->rd_why);
+            return NULL;
+        }
+        log_warnx("event=pause_path txn=%s vm=%s path=in_pause "
+                  "why=\"overlays not made: %s\"", j->txn, j->vm->cfg->name,
+                  j->rd_why);
+    }
+    return NULL;
+}
 
 void *
 txn_vm_freeze(void *arg)
@@ -26,9 +58,25 @@ txn_vm_pause(void *arg)
     struct txn_vm_prep *j = arg;
     struct qmp_err err;
 
+    if (j->skip)
+        return NULL;
     j->t0 = mono_ms();
     j->rc = vm_stop(j->vm, j->stop_timeout_ms, &err);
     j->t1 = mono_ms();
+    if (j->rc == 0 && j->redirect == RD_READY) {
+        /* The cut: one transaction, atomic over the VM's disks.  Refused,
+         * nothing switched: the VM is cut in the pause instead, and its
+         * unused overlays are removed after it. */
+        j->tsw0 = j->t1;
+        if (redirect_switch(j->vm, j->stop_timeout_ms, &err) == 0) {
+            j->redirect = RD_SWITCHED;
+        } else {
+            snprintf(j->rd_why, sizeof(j->rd_why), "switch: %s", err.msg);
+            log_warnx("event=pause_path txn=%s vm=%s path=in_pause "
+                      "why=\"%s\"", j->txn, j->vm->cfg->name, j->rd_why);
+        }
+        j->tsw1 = mono_ms();
+    }
     if (j->rc == 0) {
         pthread_mutex_lock(&j->a->mu);
         j->vm->paused_at = j->t0;
@@ -151,6 +199,14 @@ commit_report(struct txn_vm_commit *j)
                        "paused_ms", j->tc1 - x->t_stop0[j->vmidx],
                        "method", j->vm->snap->name, "disks", disks,
                        "resumed", j->resumed);
+    json_object_set_new(j->out, "pause_path",
+                        json_string(redirect_path_name(j->rd == RD_SWITCHED)));
+    if (j->rd == RD_READY || j->rd == RD_SWITCHED) {
+        json_object_set_new(j->out, "merge_ms", json_real(j->merge_ms));
+        if (j->merge_err[0])
+            json_object_set_new(j->out, "merge_error",
+                                json_string(j->merge_err));
+    }
     quiesce_report(j->a, j->out, j->vm, 1);
 }
 
@@ -161,9 +217,28 @@ txn_vm_commit(void *arg)
     struct snap_member m[CFG_MAX_DISKS];
 
     j->m = m;
-    commit_snapshot(j);
-    commit_resume(j);
+    j->rd = j->x->rd ? j->x->rd[j->vmidx] : RD_NONE;
+    if (j->rd == RD_SWITCHED) {
+        /* The cut was made in prepare: resume first.  The bases' snapshots
+         * are outside the pause; they still must exist before COMMITTED,
+         * by the same budget as on the other path. */
+        commit_resume(j);
+        commit_snapshot(j);
+    } else {
+        commit_snapshot(j);
+        commit_resume(j);
+    }
     commit_confirm(j);
+    if (j->rd == RD_READY || j->rd == RD_SWITCHED) {
+        /* After the snapshots exist (or failed): the overlays go back. */
+        double t0 = mono_ms();
+
+        if (redirect_finish(j->a, j->vm, "commit", j->merge_err,
+                            sizeof(j->merge_err)) == 0)
+            j->merge_err[0] = '\0';
+        j->merge_ms = mono_ms() - t0;
+        j->x->rd[j->vmidx] = RD_MERGED;
+    }
     commit_report(j);
     j->m = NULL;
     return NULL;

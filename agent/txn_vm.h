@@ -2,9 +2,13 @@
  * txn_vm: one VM's part of a transaction, run in that VM's own thread
  * (par_run) so that a slow VM never lengthens another's pause window.
  *
- *   prepare:  txn_vm_freeze (fs-freeze only, all VMs first) ─► txn_vm_pause
+ *   prepare:  txn_vm_overlay (redirect cut) ─► txn_vm_freeze (fs-freeze
+ *             only, all VMs first) ─► txn_vm_pause (stop, then the switch
+ *             onto the overlays of a redirected VM)
  *   commit:   txn_vm_commit = snapshot (the VM's backend, by the budget
- *             deadline) ─► resume at once ─► confirm ─► report
+ *             deadline) ─► resume at once ─► confirm ─► report; a
+ *             redirected VM resumes first, its bases are snapshotted after
+ *             `cont`, and its overlays are merged back before the report
  */
 #ifndef CP_TXN_VM_H
 #define CP_TXN_VM_H
@@ -22,14 +26,25 @@ struct txn_vm_prep {
     double t0, t1;              /* the stop call, start and end */
     int rc;
     int journaled;
+    /* the redirect cut (redirect.h): RD_READY to try (overlays made by
+     * txn_vm_overlay, switched in the pause: RD_SWITCHED), RD_NONE when
+     * the VM is cut in the pause; rd_why says why it fell back */
+    int redirect;
+    int skip;                   /* not stopped: rc, code and msg say why */
+    double tsw0, tsw1;          /* the switch, start and end */
+    char rd_why[512];
     enum qmp_errkind qmp_kind;
     const char *code;           /* when rc < 0 */
     char msg[512];
 };
 
+/* Makes the job's VM's overlays when j->redirect asks for them, or sets
+ * it to RD_NONE with rd_why (arg: struct txn_vm_prep). */
+void *txn_vm_overlay(void *arg);
 /* quiesce_freeze of the job's VM (arg: struct txn_vm_prep). */
 void *txn_vm_freeze(void *arg);
-/* Stops (pauses) the job's VM and records when (arg: struct txn_vm_prep). */
+/* Stops (pauses) the job's VM and records when, then switches it onto its
+ * overlays when j->redirect is RD_READY (arg: struct txn_vm_prep). */
 void *txn_vm_pause(void *arg);
 
 struct txn_vm_commit {
@@ -56,6 +71,9 @@ struct txn_vm_commit {
     uint64_t snap_id[CFG_MAX_DISKS];
     const char *resume_code;
     char resume_msg[512];
+    int rd;                         /* the VM's redirect at commit start */
+    double merge_ms;
+    char merge_err[512];            /* "" unless the merge failed */
 };
 
 /* The job's VM's commit (arg: struct txn_vm_commit); fills out, and code

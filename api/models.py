@@ -346,6 +346,10 @@ class MemberSnapshot(Base):
     freeze_ms: Mapped[float | None] = mapped_column(Float, default=None)
     thaw_ms: Mapped[float | None] = mapped_column(Float, default=None)
     freeze_error: Mapped[str | None] = mapped_column(Text, default=None)
+    # How the agent cut the member's VM: "redirect" (disks switched onto
+    # overlays in the pause, the snapshot after `cont`) or "in_pause"
+    # (agent-protocol §5.1; migration 0013).
+    pause_path: Mapped[str | None] = mapped_column(String(16), default=None)
     # Why the thaw after `cont` failed (agent-protocol §4.4): the snapshot
     # stands, but the guest may still be frozen (migration 0005).
     thaw_error: Mapped[str | None] = mapped_column(Text, default=None)

@@ -27,6 +27,10 @@ class VMTiming:
     cont_ms: float | None = None
     paused_ms: float | None = None
     method: str | None = None
+    # How the agent cut the VM (agent-protocol §5.1): "redirect" (disks
+    # switched onto overlays in the pause, RBD snapshots after `cont`) or
+    # "in_pause" (RBD snapshots inside the pause); None when no reply said.
+    pause_path: str | None = None
     disks: list[dict[str, Any]] = field(default_factory=list)
     # Level reached ("crash" | "fs-freeze", as the agent replied); None when
     # no agent reply said (e.g. the VM's agent was unreachable).
@@ -41,7 +45,11 @@ class VMTiming:
 
     @property
     def overhead_ms(self) -> float | None:
-        """Coordination overhead: the pause minus the backend snapshot time."""
+        """Coordination overhead: the pause minus the backend snapshot time
+        spent inside it (none on the redirect path: snapshot_ms is then the
+        time of the snapshots after `cont`)."""
+        if self.pause_path == "redirect":
+            return self.paused_ms
         if self.paused_ms is None or self.snapshot_ms is None:
             return None
         return self.paused_ms - self.snapshot_ms
@@ -53,6 +61,8 @@ class VMTiming:
                 setattr(self, k, float(v))
         if isinstance(d.get("method"), str):
             self.method = d["method"]
+        if d.get("pause_path") in ("redirect", "in_pause"):
+            self.pause_path = d["pause_path"]
         for k in VM_QUIESCE_TIMES:
             v = d.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool):

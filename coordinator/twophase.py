@@ -164,7 +164,7 @@ class _Run:
                  "cont_ms": t.cont_ms, "paused_ms": t.paused_ms, "method": t.method,
                  "consistency": t.consistency, "freeze_ms": t.freeze_ms,
                  "thaw_ms": t.thaw_ms, "freeze_error": t.freeze_error,
-                 "thaw_error": t.thaw_error}
+                 "thaw_error": t.thaw_error, "pause_path": t.pause_path}
                 for t in self.vms.values()]
 
     def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:

@@ -403,3 +403,36 @@ cleanup:
     json_decref(arr);
     return ret;
 }
+
+int
+rbdsnap_sibling_create(struct rbdsnap_image *img, const char *name,
+                       uint64_t size, char *err, size_t errlen)
+{
+    int order = 0;
+    int r = rbd_create(img->io, name, size, &order);
+
+    if (r == -EEXIST)
+        return RBDSNAP_EEXIST;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_create %s (next to %s): %s", name,
+                 img->spec, strerror(-r));
+        return -1;
+    }
+    return 0;
+}
+
+int
+rbdsnap_sibling_remove(struct rbdsnap_image *img, const char *name,
+                       char *err, size_t errlen)
+{
+    int r = rbd_remove(img->io, name);
+
+    if (r == -ENOENT)
+        return RBDSNAP_ENOENT;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_remove %s (next to %s): %s", name,
+                 img->spec, strerror(-r));
+        return -1;
+    }
+    return 0;
+}

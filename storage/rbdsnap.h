@@ -109,4 +109,14 @@ int rbdsnap_remove_id(struct rbdsnap_image *img, uint64_t id, char *err,
 int rbdsnap_list(struct rbdsnap_image *img, json_t **out,
                  char *err, size_t errlen);
 
+/*
+ * Images next to img, in its pool (the redirect cut's overlays, agent
+ * redirect.c): create one of size bytes (RBDSNAP_EEXIST when the name is
+ * taken), remove one (RBDSNAP_ENOENT when absent).
+ */
+int rbdsnap_sibling_create(struct rbdsnap_image *img, const char *name,
+                           uint64_t size, char *err, size_t errlen);
+int rbdsnap_sibling_remove(struct rbdsnap_image *img, const char *name,
+                           char *err, size_t errlen);
+
 #endif

@@ -78,6 +78,7 @@ dump(const struct journal_entry *e, int n, char *out, size_t len)
     for (int i = 0; i < n && off < len; i++)
         off += (size_t)snprintf(out + off, len - off, "%s %s %s;",
                                 e[i].kind == JOURNAL_FROZEN ? "frozen" :
+                                e[i].kind == JOURNAL_REDIRECT ? "redirect" :
                                 "paused", e[i].txn, e[i].vm);
 }
 
@@ -141,6 +142,45 @@ test_paused_and_frozen_roundtrip(void **state)
                                          sizeof(err)), 0);
     assert_int_equal(journal_remove_kind(j, JOURNAL_PAUSED, "vm2", NULL, err,
                                          sizeof(err)), 0);
+    journal_free(j);
+    read_file(path, text, sizeof(text));
+    assert_string_equal(text, "");
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A `redirect` entry (the redirect cut's overlays) is its own kind: it
+ * survives the VM's resume and a reload, and only its txn's merge drops it. */
+static void
+test_redirect_entry(void **state)
+{
+    char dir[] = "/tmp/cp-journal-XXXXXX", path[256], err[256], text[512];
+    struct journal *j = NULL;
+    struct journal_entry *e, in[2] = {
+        {JOURNAL_PAUSED, "t1", "vm1"},
+        {JOURNAL_REDIRECT, "t1", "vm1"},
+    };
+    int n;
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/journal", dir);
+    assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
+    assert_int_equal(journal_put(j, in, 2, err, sizeof(err)), 0);
+    read_file(path, text, sizeof(text));
+    assert_string_equal(text, "cutpoint-journal 2\npaused t1 vm1\n"
+                        "redirect t1 vm1\n");
+    assert_int_equal(journal_remove(j, "vm1", err, sizeof(err)), 0);
+    assert_int_equal(journal_remove_kind(j, JOURNAL_REDIRECT, "vm1", "t0",
+                                         err, sizeof(err)), 0);
+    journal_free(j);
+    assert_int_equal(journal_open(path, &j, err, sizeof(err)), 0);
+    assert_int_equal(journal_entries(j, &e, &n), 0);
+    dump(e, n, text, sizeof(text));
+    assert_string_equal(text, "redirect t1 vm1;");
+    free(e);
+    assert_int_equal(journal_remove_kind(j, JOURNAL_REDIRECT, "vm1", "t1",
+                                         err, sizeof(err)), 0);
     journal_free(j);
     read_file(path, text, sizeof(text));
     assert_string_equal(text, "");
@@ -265,6 +305,7 @@ main(void)
         cmocka_unit_test(test_roundtrip_and_reload),
         cmocka_unit_test(test_unwritable_reports_step),
         cmocka_unit_test(test_paused_and_frozen_roundtrip),
+        cmocka_unit_test(test_redirect_entry),
         cmocka_unit_test(test_old_format_loads),
         cmocka_unit_test(test_names_with_any_bytes_roundtrip),
         cmocka_unit_test(test_framed_malformed_lines_skipped),

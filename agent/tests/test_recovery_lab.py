@@ -25,6 +25,22 @@ pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, d
 
 # The bound: the VMs are running within a second of the start.
 RECOVERY_BOUND_MS = 1000
+# The kill must land while the prepare stops the VMs: on the cut in the
+# pause, stops come right after the journal write (on the redirect cut a
+# hung QEMU fails the prepare at its overlays, before any stop).
+IN_PAUSE = "\n[agent]\npause_path = in_pause\n"
+
+
+@pytest.fixture
+def agents(lab: dict[str, Any], certs_dir: Path) -> Any:
+    A.stop_agents(lab)
+    for d in A.agents_dir(lab).glob("*/journal"):
+        d.unlink()
+    recs = A.start_agents(lab, certs_dir, extra=IN_PAUSE)
+    try:
+        yield recs
+    finally:
+        A.stop_agents(lab)
 
 
 def _client(rec: dict[str, Any], certs: Path) -> AgentClient:
@@ -102,7 +118,7 @@ async def test_kill9_mid_prepare_ceph_unreachable_restart_resumes_first(
     rec2 = None
     try:
         t_popen = time.time()
-        rec2 = A.start_agent(lab, host, certs_dir)
+        rec2 = A.start_agent(lab, host, certs_dir, extra=IN_PAUSE)
         text = log.read_text(errors="replace")[log_from:]
         start = next(ln for ln in text.splitlines() if "event=start " in ln)
         resumed = [ln for ln in text.splitlines()

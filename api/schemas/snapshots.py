@@ -27,6 +27,10 @@ class MemberSnapshotPublic(Public):
     thaw_error: str | None = Field(
         default=None, description="Why the thaw after the snapshot failed (the guest may "
         "still be frozen, its writes blocked); null if it succeeded or none was due")
+    pause_path: str | None = Field(
+        default=None, description="How the agent cut the member's VM: \"redirect\" (its "
+        "disks switched onto overlays inside the pause, the snapshot taken after it) or "
+        "\"in_pause\" (the snapshot taken inside the pause); null if no agent said")
 
 
 class SnapshotPublic(Public):

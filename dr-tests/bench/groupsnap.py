@@ -4,7 +4,10 @@ Each prints a table and returns a JSON-able document; none asserts on time.
 
 - pause: per VM count, p50/p99/max of the per-VM pause, the backend
   snapshot time, the coordination overhead (pause minus backend) and the
-  group total, through the real coordinator and agents (GCVM Fig. 4.14).
+  group total, through the real coordinator and agents (GCVM Fig. 4.14);
+  per agent pause_path (agent-protocol §5.1) too.  On the redirect path
+  the backend time is that of the snapshots after `cont`, and the
+  overhead is the whole pause.
 - snapsize: `rbd_snap_create` time against image size (thin) and against
   fill level (GCVM Fig. 4.13, Table 4.1), librbd on an opened image.
 - overhead: guest writer throughput without, with, and again without
@@ -74,6 +77,10 @@ class PauseConfig:
     # Added snapshot latency of the primary site's backend, one set of rows
     # per value (cutpoint.lab.backend_latency); 0 = the lab's tuned mon.
     backend_latency_ms: list[int] = field(default_factory=lambda: [0])
+    # The agents' [agent] pause_path, one set of rows each (agents restarted
+    # between): "redirect" (the default cut where a VM can take it) or
+    # "in_pause" (snapshots inside the pause: the path before redirect).
+    pause_paths: list[str] = field(default_factory=lambda: ["redirect"])
 
     def lab_params(self) -> dict[str, Any]:
         return {"hosts": self.hosts,
@@ -100,15 +107,17 @@ def spread_vms(status: dict[str, Any], n: int) -> list[str]:
 
 
 async def _pause_rounds(status: dict[str, Any], cfg: PauseConfig, certs: Path,
-                        db_url: str, log: Log) -> list[dict[str, Any]]:
+                        db_url: str, path: str, log: Log) -> list[dict[str, Any]]:
     from cutpoint.lab.backend_latency import set_backend_latency
     rows = []
     site = status["sites"]["primary"]
     try:
         for lat in cfg.backend_latency_ms:
             mon = set_backend_latency(site, lat)
-            log(f"pause: backend latency +{lat} ms (mon {mon})")
-            rows += await _pause_rows(status, cfg, certs, db_url, lat, log)
+            log(f"pause: pause_path {path}, backend latency +{lat} ms (mon {mon})")
+            for row in await _pause_rows(status, cfg, certs, db_url, lat, log):
+                row["pause_path"] = path
+                rows.append(row)
     finally:
         set_backend_latency(site, 0)
     return rows
@@ -133,7 +142,7 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                    "committed": 0, "aborted": 0, "reasons": [],
                                    "pause_ms": [], "snapshot_ms": [],
                                    "overhead_ms": [], "total_ms": [],
-                                   "stop_ms": [], "cont_ms": []}
+                                   "stop_ms": [], "cont_ms": [], "paths": {}}
             try:
                 for i in range(cfg.warmup + cfg.rounds):
                     r = await take_group_snapshot(spec, txlog, pool=pool)
@@ -145,6 +154,9 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                         continue
                     row["committed"] += 1
                     for v in r.vms:
+                        # the path each member took, as its agent said
+                        p = v.pause_path or "unknown"
+                        row["paths"][p] = row["paths"].get(p, 0) + 1
                         for key, val in (("pause_ms", v.paused_ms),
                                          ("snapshot_ms", v.snapshot_ms),
                                          ("overhead_ms", v.overhead_ms),
@@ -174,13 +186,15 @@ def run_pause(status: dict[str, Any], cfg: PauseConfig, log: Log) -> dict[str, A
     """Agents on every host, then cfg.rounds group snapshots per VM count."""
     from cutpoint.lab.agents import start_agents, stop_agents
     certs = Path(status["state_dir"]) / "certs"
-    start_agents(status, certs)
-    try:
-        with tempfile.TemporaryDirectory(prefix="cp-bench-") as tmp:
-            rows = asyncio.run(_pause_rounds(status, cfg, certs,
-                                             f"sqlite:///{tmp}/coord.db", log))
-    finally:
-        stop_agents(status)
+    rows: list[dict[str, Any]] = []
+    for path in cfg.pause_paths:
+        start_agents(status, certs, extra=f"\n[agent]\npause_path = {path}\n")
+        try:
+            with tempfile.TemporaryDirectory(prefix="cp-bench-") as tmp:
+                rows += asyncio.run(_pause_rounds(status, cfg, certs,
+                                                  f"sqlite:///{tmp}/coord.db", path, log))
+        finally:
+            stop_agents(status)
     return {"benchmark": "pause", "config": asdict(cfg),
             "lab": {"accel": status.get("accel"), "hosts": len(status["hosts"]),
                     "vms": len(status["vms"])},
@@ -188,15 +202,18 @@ def run_pause(status: dict[str, Any], cfg: PauseConfig, log: Log) -> dict[str, A
 
 
 def pause_table(doc: dict[str, Any]) -> str:
-    head = ("| backend latency | VMs | disks | hosts | pause p50 / p99 / max (ms) | "
+    head = ("| backend latency | path (members) | VMs | disks | hosts | "
+            "pause p50 / p99 / max (ms) | "
             "backend p50 / p99 / max (ms) | overhead p50 / p99 / max (ms) | "
             "group total p50 / p99 / max (ms) | committed / aborted |")
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for r in doc["rows"]:
         def trio(k: str, r: dict[str, Any] = r) -> str:
             s = r[k]
             return f"{_f(s['p50'])} / {_f(s['p99'])} / {_f(s['max'])}"
-        lines.append(f"| +{r.get('backend_latency_ms', 0)} ms | {r['vms']} | {r['disks']} | "
+        paths = ", ".join(f"{k} {v}" for k, v in sorted(r.get("paths", {}).items()))
+        lines.append(f"| +{r.get('backend_latency_ms', 0)} ms | "
+                     f"{r.get('pause_path', '-')} ({paths or '-'}) | {r['vms']} | {r['disks']} | "
                      f"{r['hosts']} | {trio('pause_ms')} | {trio('snapshot_ms')} | "
                      f"{trio('overhead_ms')} | {trio('total_ms')} | "
                      f"{r['committed']} / {r['aborted']} |")

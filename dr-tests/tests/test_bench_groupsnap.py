@@ -40,11 +40,12 @@ def test_pause_config_lab_params() -> None:
 
 
 def test_tables() -> None:
-    row = {"vms": 2, "disks": 6, "hosts": 2, "committed": 20, "aborted": 0}
+    row = {"vms": 2, "disks": 6, "hosts": 2, "committed": 20, "aborted": 0,
+           "pause_path": "redirect", "paths": {"redirect": 38, "in_pause": 2}}
     for k in ("pause_ms", "snapshot_ms", "overhead_ms", "total_ms"):
         row[k] = gs.summary([10.0, 20.0])
     t = gs.pause_table({"rows": [row]})
-    assert "| 2 | 6 | 2 | 10.0 / 20.0 / 20.0 |" in t
+    assert "| redirect (in_pause 2, redirect 38) | 2 | 6 | 2 | 10.0 / 20.0 / 20.0 |" in t
     doc = {"config": {"interval_s": 10.0}, "ratio": 0.7, "cycle_ratios": [0.7],
            "phases": [
                {"phase": "baseline-1", "seconds": 60, "records": 600, "records_per_s": 10.0,

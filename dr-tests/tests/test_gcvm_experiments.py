@@ -148,6 +148,14 @@ def check_cli(g: Group, txn: str) -> dict[str, Any]:
     return doc
 
 
+def assert_pause_path(result: dict[str, Any], backend: str) -> None:
+    """Every member was cut as its backend allows: RBD disks of these qmp VMs
+    on the redirect path (agent-protocol §5.1), qcow2 disks in the pause."""
+    want = "redirect" if backend == "rbd" else "in_pause"
+    paths = {v["vm"]: v.get("pause_path") for v in result["vms"]}
+    assert set(paths.values()) == {want}, paths
+
+
 def pauses(result: dict[str, Any]) -> str:
     return ", ".join(f"{v['vm']} {v['paused_ms']:.1f} ms" for v in result["vms"]
                      if v.get("paused_ms") is not None)
@@ -158,6 +166,8 @@ def pauses(result: dict[str, Any]) -> str:
 def test_a_one_vm_three_disks(group: Group) -> None:
     wait_writer(group.status, 200)
     first, = group.snapshot()
+    backend = group.status["vms"][0]["disks"][0]["backend"]
+    assert_pause_path(first, backend)
     doc = check_cli(group, first["txn"])
     assert doc["ok"], doc
     assert doc["p"] >= 200
@@ -181,6 +191,7 @@ def test_b_two_vms_two_hosts_distributed(group: Group) -> None:
     assert len({vm["host"] for vm in vms}) == 2
     wait_writer(group.status, 60)
     result, = group.snapshot()
+    assert_pause_path(result, "rbd")
     doc = check_cli(group, result["txn"])
     assert doc["ok"], doc
     # Both VMs' disks hold records: the ring alternated between the hosts.
@@ -226,6 +237,7 @@ def test_d_consecutive_group_snapshots_under_load(group: Group) -> None:
     results = group.snapshot(count=CONSECUTIVE)
     ps = []
     for r in results:
+        assert_pause_path(r, "rbd")
         v = wr.scan_specs(group.members(r))
         assert v.ok, f"txn {r['txn']}: {v.summary()}"
         ps.append(v.p)

@@ -69,13 +69,21 @@ def pause(
         "--backend-latency",
         help="added snapshot latency of the backend in ms, one set of rows each "
              "(0 = the lab's tuned mon; N = mon paxos_propose_interval N ms)")] = "0",
+    pause_path: Annotated[str, typer.Option(
+        "--pause-path",
+        help="the agents' pause_path, one set of rows each: redirect, in_pause or "
+             "redirect,in_pause")] = "redirect",
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
 ) -> None:
     """Pause, backend time, overhead and group total per VM count (GCVM Fig. 4.14)."""
     from cutpoint.bench import groupsnap as gs
+    paths = [p.strip() for p in pause_path.split(",") if p.strip()]
+    if not paths or any(p not in ("redirect", "in_pause") for p in paths):
+        _fail(gs.BenchError(f"--pause-path: redirect and/or in_pause, got {pause_path!r}"))
     cfg = gs.PauseConfig(vms=_ints(vms, "--vms"), disks=disks, hosts=hosts,
                          rounds=rounds, workload=workload,
-                         backend_latency_ms=_latencies(backend_latency))
+                         backend_latency_ms=_latencies(backend_latency),
+                         pause_paths=paths)
     try:
         doc = _with_lab(cfg.lab_params(), lambda st: gs.run_pause(st, cfg, _log))
     except _errors() as exc:

@@ -1,0 +1,275 @@
+/* redirect_bg: see redirect.h (the background half of the redirect cut). */
+#include "redirect.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mono.h"
+#include "par.h"
+#include "txn.h"
+
+/* Error messages are bounded buffers and are cut on purpose when long. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* A background merge (recovery, retry) tries this often, 1 s apart. */
+#define RD_BG_TRIES 60
+/* How long a prepare waits for overlays being made ahead of it. */
+#define RD_AHEAD_WAIT_MS 10000.0
+
+/*
+ * Per VM (index in a->vms), under bg_mu: a merge running in the
+ * background; overlays being made ahead of the next cut, and the id of
+ * those ready (their journal entry's txn field, and their image names);
+ * the id of the overlays the VM's current txn uses.
+ */
+static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char bg_running[CFG_MAX_VMS], making[CFG_MAX_VMS];
+static char ahead_id[CFG_MAX_VMS][64], cur_id[CFG_MAX_VMS][129];
+static unsigned long ahead_seq;
+
+struct bg_job {
+    struct agent *a;
+    struct vm *v;
+    char id[129];
+    const char *why;
+};
+
+static int
+idx_of(const struct agent *a, const struct vm *v)
+{
+    return (int)(v - a->vms);
+}
+
+static void
+nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+
+    nanosleep(&ts, NULL);
+}
+
+static void *
+bg_merge(void *arg)
+{
+    struct bg_job *b = arg;
+    double t0 = mono_ms();
+    char err[512];
+
+    /* At start the agent opens the RBD images, which the removal needs,
+     * after recovery: wait for them (a prepare of the VM is BUSY until
+     * this merge is done), then retry for a while, Ceph may be down. */
+    for (;;) {
+        int pending;
+
+        pthread_mutex_lock(&b->a->mu);
+        pending = b->v->storage_pending;
+        pthread_mutex_unlock(&b->a->mu);
+        if (!pending || mono_ms() - t0 > RD_BG_TRIES * 1000.0)
+            break;
+        nap_ms(20);
+    }
+    for (int tries = 0; tries < RD_BG_TRIES; tries++) {
+        if (redirect_merge(b->a, b->v, b->id, b->why, err, sizeof(err)) == 0)
+            break;
+        nap_ms(1000);
+    }
+    pthread_mutex_lock(&bg_mu);
+    bg_running[idx_of(b->a, b->v)] = 0;
+    pthread_mutex_unlock(&bg_mu);
+    free(b);
+    return NULL;
+}
+
+int
+redirect_kick(struct agent *a, struct vm *v, const char *txn,
+              const char *why)
+{
+    int idx = idx_of(a, v), running;
+    struct bg_job *b;
+
+    pthread_mutex_lock(&bg_mu);
+    if (!bg_running[idx] && (b = calloc(1, sizeof(*b)))) {
+        *b = (struct bg_job){.a = a, .v = v, .why = why};
+        snprintf(b->id, sizeof(b->id), "%s", txn);
+        bg_running[idx] = 1;
+        pthread_mutex_unlock(&bg_mu);
+        par_detach(bg_merge, b);
+        return 1;
+    }
+    running = bg_running[idx];
+    pthread_mutex_unlock(&bg_mu);
+    return running;
+}
+
+/* Makes the next cut's overlays while the VM runs, so that a prepare
+ * finds them ready and the agents' stops do not wait for them. */
+static void *
+bg_ahead(void *arg)
+{
+    struct bg_job *b = arg;
+    struct journal_entry je = {.kind = JOURNAL_REDIRECT};
+    char err[512];
+    int hung = 0, ok = 0;
+
+    snprintf(je.txn, sizeof(je.txn), "%s", b->id);
+    snprintf(je.vm, sizeof(je.vm), "%s", b->v->cfg->name);
+    if (journal_put(b->a->journal, &je, 1, err, sizeof(err)) == 0 &&
+        redirect_make(b->a, b->v, b->id, &hung, err, sizeof(err)) == 0)
+        ok = 1;
+    else
+        log_warnx("event=redirect_ahead_failed vm=%s id=%s msg=\"%s\"",
+                  b->v->cfg->name, b->id, err);
+    pthread_mutex_lock(&bg_mu);
+    if (ok)
+        snprintf(ahead_id[idx_of(b->a, b->v)], sizeof(ahead_id[0]), "%s",
+                 b->id);
+    making[idx_of(b->a, b->v)] = 0;
+    pthread_mutex_unlock(&bg_mu);
+    free(b);
+    return NULL;
+}
+
+/* Starts making v's overlays ahead of its next cut, unless they are ready
+ * or being made, or v cannot take the redirect cut: in a thread of its own
+ * (bg), or here. */
+static void
+ahead_kick(struct agent *a, struct vm *v, int bg)
+{
+    int idx = idx_of(a, v);
+    struct bg_job *b;
+    char why[256];
+
+    if (!redirect_usable(a, v, why, sizeof(why)))
+        return;
+    pthread_mutex_lock(&bg_mu);
+    if (making[idx] || bg_running[idx] || ahead_id[idx][0] ||
+        !(b = calloc(1, sizeof(*b)))) {
+        pthread_mutex_unlock(&bg_mu);
+        return;
+    }
+    *b = (struct bg_job){.a = a, .v = v, .why = "ahead"};
+    /* unique across restarts of the agent too: its pid and the time */
+    snprintf(b->id, sizeof(b->id), "ahead-%lx-%lx-%lu",
+             (unsigned long)time(NULL), (unsigned long)getpid(), ++ahead_seq);
+    making[idx] = 1;
+    pthread_mutex_unlock(&bg_mu);
+    if (bg)
+        par_detach(bg_ahead, b);
+    else
+        bg_ahead(b);
+}
+
+int
+redirect_ahead_ready(struct agent *a, const struct vm *v)
+{
+    int ready;
+
+    pthread_mutex_lock(&bg_mu);
+    ready = ahead_id[idx_of(a, v)][0] != '\0';
+    pthread_mutex_unlock(&bg_mu);
+    return ready;
+}
+
+int
+redirect_prepare(struct agent *a, struct vm *v, const char *txn, int *hung,
+                 char *err, size_t errlen)
+{
+    int idx = idx_of(a, v);
+
+    *hung = 0;
+    pthread_mutex_lock(&bg_mu);
+    if (ahead_id[idx][0]) {
+        snprintf(cur_id[idx], sizeof(cur_id[0]), "%s", ahead_id[idx]);
+        ahead_id[idx][0] = '\0';
+        pthread_mutex_unlock(&bg_mu);
+        log_info("event=redirect_prepared txn=%s vm=%s id=%s ahead=yes", txn,
+                 v->cfg->name, cur_id[idx]);
+        return 0;
+    }
+    snprintf(cur_id[idx], sizeof(cur_id[0]), "%s", txn);
+    pthread_mutex_unlock(&bg_mu);
+    return redirect_make(a, v, txn, hung, err, errlen);
+}
+
+int
+redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
+{
+    struct journal_entry *e = NULL;
+    int idx = idx_of(a, v), n = 0, running, mk, mine = 0;
+    double t0 = mono_ms();
+    char id[129] = "";
+
+    for (;;) {      /* overlays being made ahead: they are for this cut */
+        pthread_mutex_lock(&bg_mu);
+        running = bg_running[idx];
+        mk = making[idx];
+        pthread_mutex_unlock(&bg_mu);
+        if (!mk || mono_ms() - t0 > RD_AHEAD_WAIT_MS)
+            break;
+        nap_ms(5);
+    }
+    if (running || mk) {
+        snprintf(err, errlen, "%s", running ? "their merge runs" :
+                 "the overlays of its next cut are still being made");
+        return -1;
+    }
+    if (journal_entries(a->journal, &e, &n) < 0) {
+        snprintf(err, errlen, "journal: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (e[i].kind == JOURNAL_REDIRECT && strcmp(e[i].vm, v->cfg->name) == 0)
+            snprintf(id, sizeof(id), "%s", e[i].txn);
+    free(e);
+    if (!id[0])
+        return 0;
+    pthread_mutex_lock(&bg_mu);
+    mine = strcmp(id, ahead_id[idx]) == 0;
+    pthread_mutex_unlock(&bg_mu);
+    if (mine)       /* ready for this cut */
+        return 0;
+    redirect_kick(a, v, id, "retry");
+    snprintf(err, errlen, "the merge of txn %s is retried", id);
+    return -1;
+}
+
+int
+redirect_finish(struct agent *a, struct vm *v, const char *why, char *err,
+                size_t errlen)
+{
+    char id[129];
+    int rc;
+
+    pthread_mutex_lock(&bg_mu);
+    snprintf(id, sizeof(id), "%s", cur_id[idx_of(a, v)]);
+    pthread_mutex_unlock(&bg_mu);
+    rc = redirect_merge(a, v, id, why, err, errlen);
+    /* After a commit, before its reply: every agent of the group then has
+     * its overlays ready when the next prepare comes, however soon, so no
+     * agent's stops wait for them while another's VMs are paused (in the
+     * lab, overlays made in the background after the reply still ran when
+     * back-to-back group snapshots came, and the pause p99 doubled). */
+    if (rc == 0)
+        ahead_kick(a, v, strcmp(why, "commit") != 0);
+    return rc;
+}
+
+void
+redirect_merge_txn(struct agent *a, struct txn *x, const char *why)
+{
+    for (int i = 0; i < x->nvms; i++) {
+        struct vm *v;
+        char err[512];
+
+        if (!x->rd || (x->rd[i] != RD_READY && x->rd[i] != RD_SWITCHED))
+            continue;
+        if ((v = agent_find_vm(a, x->vms[i])))
+            redirect_finish(a, v, why, err, sizeof(err));
+        x->rd[i] = RD_MERGED;
+    }
+}
