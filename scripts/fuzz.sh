@@ -38,7 +38,7 @@ cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -DCUTPOINT_VERSION="\"$(cat VERSION)\""
 # the drivers (and what they call), as cutpointd -n does.
 agent_drivers=(agent/config.c agent/log.c agent/runcmd.c agent/vm.c
                agent/vm_qmp.c agent/vm_libvirt.c agent/lvdef.c agent/lvconn.c
-               agent/lvcache.c agent/lvdomain.c agent/lvcall.c
+               agent/lvcache.c agent/lvdomain.c agent/lvcall.c agent/lvstart.c
                agent/guest_libvirt.c agent/domxml.c agent/guest_qga.c agent/qmp.c
                agent/qga.c storage/snap.c storage/snap_rbd.c storage/snap_qmp.c
                storage/rbdsnap.c)

@@ -1,7 +1,8 @@
 /*
  * libFuzzer target: the input is a journal file's bytes, parsed as a
  * restarted agent parses them (either format).  Every entry it yields
- * must be a proper C string of its field's size.
+ * is of a known kind (paused, frozen, redirect) and its fields are proper,
+ * non-empty C strings of their size.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +21,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (journal_parse((const char *)data, size, &e, &n) < 0)
         return 0;
     for (int i = 0; i < n; i++) {
-        if (e[i].kind != JOURNAL_PAUSED && e[i].kind != JOURNAL_FROZEN)
+        if (e[i].kind != JOURNAL_PAUSED && e[i].kind != JOURNAL_FROZEN &&
+            e[i].kind != JOURNAL_REDIRECT)
             abort();
         if (strnlen(e[i].txn, sizeof(e[i].txn)) == sizeof(e[i].txn) ||
             strnlen(e[i].vm, sizeof(e[i].vm)) == sizeof(e[i].vm) ||
