@@ -38,6 +38,9 @@ def certs_dir() -> Iterator[Path]:
     subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
+REDIRECT = "\n[agent]\npause_path = redirect\n"
+
+
 @pytest.fixture
 def agents(lab: dict[str, Any], certs_dir: Path) -> Iterator[list[dict[str, Any]]]:
     from cutpoint.lab import agents as A
@@ -45,7 +48,8 @@ def agents(lab: dict[str, Any], certs_dir: Path) -> Iterator[list[dict[str, Any]
     A.stop_agents(lab)            # a crashed earlier test may have left one
     for d in A.agents_dir(lab).glob("*/journal"):
         d.unlink()
-    recs = A.start_agents(lab, certs_dir)
+    # These tests drive the redirect cut (agent-protocol §5.1), not the default.
+    recs = A.start_agents(lab, certs_dir, extra=REDIRECT)
     try:
         yield recs
     finally:
