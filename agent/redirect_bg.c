@@ -20,6 +20,12 @@
 #define RD_BG_TRIES 60
 /* How long a prepare waits for overlays being made ahead of it. */
 #define RD_AHEAD_WAIT_MS 10000.0
+/* How long a commit's reply waits for the next cut's overlays: they take
+ * tens of ms, but attaching an RBD image in QEMU waits on Ceph (it took
+ * 10 s in the lab when a new Ceph client pinged a stopped process's admin
+ * socket), and a reply that late would pass the coordinator's deadline for
+ * a commit that did succeed. */
+#define RD_AHEAD_SYNC_MS 500.0
 
 /*
  * Per VM (index in a->vms), under bg_mu: a merge running in the
@@ -134,11 +140,11 @@ bg_ahead(void *arg)
     return NULL;
 }
 
-/* Starts making v's overlays ahead of its next cut, unless they are ready
- * or being made, or v cannot take the redirect cut: in a thread of its own
- * (bg), or here. */
+/* Starts making v's overlays ahead of its next cut, in a thread of its
+ * own, unless they are ready or being made, or v cannot take the redirect
+ * cut. */
 static void
-ahead_kick(struct agent *a, struct vm *v, int bg)
+ahead_kick(struct agent *a, struct vm *v)
 {
     int idx = idx_of(a, v);
     struct bg_job *b;
@@ -158,10 +164,24 @@ ahead_kick(struct agent *a, struct vm *v, int bg)
              (unsigned long)time(NULL), (unsigned long)getpid(), ++ahead_seq);
     making[idx] = 1;
     pthread_mutex_unlock(&bg_mu);
-    if (bg)
-        par_detach(bg_ahead, b);
-    else
-        bg_ahead(b);
+    par_detach(bg_ahead, b);
+}
+
+/* Waits up to max_ms for v's overlays being made ahead to be done. */
+static void
+ahead_wait(struct agent *a, const struct vm *v, double max_ms)
+{
+    double t0 = mono_ms();
+    int mk;
+
+    for (;;) {
+        pthread_mutex_lock(&bg_mu);
+        mk = making[idx_of(a, v)];
+        pthread_mutex_unlock(&bg_mu);
+        if (!mk || mono_ms() - t0 > max_ms)
+            return;
+        nap_ms(2);
+    }
 }
 
 int
@@ -249,13 +269,17 @@ redirect_finish(struct agent *a, struct vm *v, const char *why, char *err,
     snprintf(id, sizeof(id), "%s", cur_id[idx_of(a, v)]);
     pthread_mutex_unlock(&bg_mu);
     rc = redirect_merge(a, v, id, why, err, errlen);
-    /* After a commit, before its reply: every agent of the group then has
-     * its overlays ready when the next prepare comes, however soon, so no
-     * agent's stops wait for them while another's VMs are paused (in the
-     * lab, overlays made in the background after the reply still ran when
-     * back-to-back group snapshots came, and the pause p99 doubled). */
-    if (rc == 0)
-        ahead_kick(a, v, strcmp(why, "commit") != 0);
+    /* After a commit, before its reply (for up to RD_AHEAD_SYNC_MS): every
+     * agent of the group then has its overlays ready when the next prepare
+     * comes, however soon, so no agent's stops wait for them while another's
+     * VMs are paused (in the lab, overlays made in the background after the
+     * reply still ran when back-to-back group snapshots came, and the pause
+     * p99 doubled). */
+    if (rc == 0) {
+        ahead_kick(a, v);
+        if (strcmp(why, "commit") == 0)
+            ahead_wait(a, v, RD_AHEAD_SYNC_MS);
+    }
     return rc;
 }
 

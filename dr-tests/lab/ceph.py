@@ -116,6 +116,12 @@ keyring = $mgr_data/keyring
 mgr initial modules =
 [client]
 rbd default features = 61
+# Ceph's own default for clients: one admin socket per client instance.
+# The daemons' `$name.asok` above, shared by every QEMU and agent of the
+# site, made each new client ping the socket's last holder at start: with
+# that process stopped (a SIGSTOPped QEMU in a fault test), attaching an
+# RBD image in another VM's QEMU took 10 s (send and receive timeouts).
+admin socket = {d}/run/$cluster-$name.$pid.$cctid.asok
 """
     p = d / "ceph.conf"
     p.write_text(text)
