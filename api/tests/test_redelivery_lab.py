@@ -6,7 +6,8 @@ The timeout is the product's old default, 120 s, set explicitly.  The
 group snapshot's replicate job (queued by its commit, as labflow's
 `snapshot_and_replicate` does) goes to the DR site's queue
 (`dr_site_queues`), which no worker takes until the test has measured what
-the copy must ship: the non-zero 4 KiB blocks of each member snapshot at
+the copy must ship (the lab's guests leave their disks empty, so the test
+first writes FILL_MB of random data to each member disk at the primary): the non-zero 4 KiB blocks of each member snapshot at
 the primary (what cutpoint-sync sends as data, `ZERO_BLOCK`).  The worker
 of that queue then starts with the product's own rate limit
 (`CUTPOINT_REPLICATION_RATE_MBPS`) chosen so that the copy lasts COPY_S.
@@ -24,6 +25,7 @@ recovery point whose snapshots are at DR.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -50,6 +52,7 @@ VISIBILITY_S = 120
 # the worker's start and the copy's own end.
 COPY_S = 170.0
 ZERO_BLOCK = 4096
+FILL_MB = 16
 JOBS = 2  # cutpoint-sync runs at once: the replicate job the commit queues asks for 2
 
 
@@ -60,6 +63,24 @@ def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
                      CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S=str(VISIBILITY_S),
                      CUTPOINT_DR_SITE_QUEUES="1") as p:
         yield p
+
+
+def _fill(lab: dict[str, Any]) -> None:
+    """FILL_MB of random data at the start of every primary member disk (the
+    lab's guests leave their disks empty, and an empty disk ships nothing)."""
+    import rados  # type: ignore[import-not-found]
+    import rbd  # type: ignore[import-not-found]
+
+    site = lab["sites"]["primary"]
+    with rados.Rados(conffile=site["ceph_conf"], rados_id=site.get("client_id", "admin"),
+                     conf={"keyring": site["keyring"]}) as cluster:
+        for vm in lab["vms"]:
+            if vm["site"] != "primary":
+                continue
+            for d in vm["disks"]:
+                with cluster.open_ioctx(d["pool"]) as io, rbd.Image(io, d["image"]) as img:
+                    for off in range(0, FILL_MB << 20, 1 << 20):
+                        img.write(os.urandom(1 << 20), off)
 
 
 def _data_bytes(lab: dict[str, Any], spec: str) -> int:
@@ -117,6 +138,7 @@ def test_a_replication_longer_than_the_visibility_timeout_runs_once(
     c = client
     plane.start("worker")  # every queue but the DR site's
     register(c, lab, plane)
+    _fill(lab)
     snap = c.post("/v1/groups/app/snapshots").json()
     done = finish(c, snap["id"], "group snapshot", plane, 90)
     assert done["state"] == "succeeded", done
