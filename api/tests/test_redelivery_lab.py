@@ -164,7 +164,7 @@ def test_a_replication_longer_than_the_visibility_timeout_runs_once(
     states: list[str] = []
     t0 = time.monotonic()
     with SyncRuns() as runs:
-        plane.start("dr-worker", queues="cutpoint.site.dr")
+        plane.start("worker-dr", queues="cutpoint.site.dr")
 
         def ended() -> bool:
             j = c.get(f"/v1/jobs/{job_id}").json()
