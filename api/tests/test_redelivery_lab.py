@@ -101,9 +101,11 @@ def _data_bytes(lab: dict[str, Any], spec: str) -> int:
 
 
 class SyncRuns:
-    """Every cutpoint-sync process seen in /proc while it runs: image -> pids."""
+    """Every cutpoint-sync process of snapshot `snap` seen in /proc while it
+    runs: image -> pids."""
 
-    def __init__(self) -> None:
+    def __init__(self, snap: str) -> None:
+        self.snap = snap.encode()
         self.seen: dict[str, set[int]] = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._watch, daemon=True)
@@ -125,7 +127,9 @@ class SyncRuns:
                     argv = (d / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if not argv or not argv[0].endswith(b"cutpoint-sync") or b"--image" not in argv:
+                if (not argv[0].endswith(b"cutpoint-sync") or b"--image" not in argv
+                        or b"--snap" not in argv
+                        or argv[argv.index(b"--snap") + 1] != self.snap):
                     continue
                 image = argv[argv.index(b"--image") + 1].decode()
                 self.seen.setdefault(image, set()).add(int(d.name))
@@ -163,7 +167,7 @@ def test_a_replication_longer_than_the_visibility_timeout_runs_once(
     plane.env["CUTPOINT_REPLICATION_RATE_MBPS"] = f"{rate:.6f}"
     states: list[str] = []
     t0 = time.monotonic()
-    with SyncRuns() as runs:
+    with SyncRuns(f"cp.app.{txn}") as runs:
         plane.start("worker-dr", queues="cutpoint.site.dr")
 
         def ended() -> bool:
