@@ -3,9 +3,11 @@ machinery is `tasks.py`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+from cutpoint.api import jobclaim
 from cutpoint.api.grouplock import GroupLock
 from cutpoint.api.models import GroupSnapshot, Job, JobState
 from cutpoint.api.tasks import (
@@ -17,6 +19,8 @@ from cutpoint.api.tasks import (
     cutpoint_task,
 )
 from sqlalchemy import select
+
+log = logging.getLogger("cutpoint.tasks")
 
 
 @cutpoint_task("replicate", job=False, max_retries=None)
@@ -32,7 +36,11 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
     A second job waits rather than being refused: the replication queued
     after each snapshot must not be dropped (invariant 7).  While it waits
     the job stays `queued` and its message names the job it waits for; it
-    becomes `running` only once it holds the lock.
+    becomes `running` only once it holds the lock.  A delivery of a job
+    whose own run holds the lock (Redis hands the message out again when a
+    copy outlasts the visibility timeout) leaves the job's row alone: it
+    logs `event=running_elsewhere`, as `tasks._claim` does, and looks again
+    until the job has finished.
     """
     with ctx.sf() as s:
         job = _open_job(s, ctx.job_id)
@@ -45,8 +53,17 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
         return None
     lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s, kind="replicate")
     if not lock.acquire():
-        _wait_for_replication(ctx, group_id)
-        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+        later = max(1.0, ctx.settings.group_lock_ttl_s / 3)
+        who = jobclaim.holder(ctx.redis, ctx.job_id) if ctx.job_id else None
+        if who is not None:
+            # This very job runs on another worker: the broker handed its
+            # message out again (a copy outlasts the visibility timeout).
+            # Its row is the runner's: it is not waiting, it is running.
+            log.info("job=%s event=running_elsewhere holder=%s: checking again in %.0f s",
+                     ctx.job_id, who, later)
+        else:
+            _wait_for_replication(ctx, group_id)
+        raise ctx.task.retry(countdown=later)
     try:
         ctx.hold(lock)
         _run_job(ctx, _replicate, "replicate")
@@ -80,7 +97,9 @@ def _wait_for_replication(ctx: Ctx, group_id: int) -> None:
     """Show a job that waits for the group's replication lock as queued, and why."""
     with ctx.sf() as s:
         job = s.get(Job, ctx.job_id)
-        if job is None:
+        if job is None or job.state in (JobState.succeeded, JobState.failed):
+            # Finished meanwhile (its runner released its claim, not yet the
+            # lock): marked queued it would run again on the next retry.
             return
         # A failover holds the replicate lock too (it writes the DR images).
         holder = s.scalar(select(Job).where(
