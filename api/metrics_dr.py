@@ -25,7 +25,6 @@ database at scrape time like the rest of /metrics (metrics.py):
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterator
 
 from cutpoint.api.models import (
@@ -34,6 +33,7 @@ from cutpoint.api.models import (
     Job,
     JobState,
     MemberReplication,
+    as_utc,
     utcnow,
 )
 from prometheus_client.core import (
@@ -48,9 +48,6 @@ from sqlalchemy.orm import Session
 JOB_BUCKETS_S = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
 DR_RPO_BUCKETS_S = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
-
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def replication_metrics(s: Session) -> Iterator[Metric]:
@@ -77,7 +74,7 @@ def replication_metrics(s: Session) -> Iterator[Metric]:
         if snap is None or snap.cut_at is None or snap.dr_verified_at is None:
             continue
         key = [g.name, target.name]
-        cut, at = _utc(snap.cut_at), _utc(snap.dr_verified_at)
+        cut, at = as_utc(snap.cut_at), as_utc(snap.dr_verified_at)
         rpo.add_metric(key, (now - cut).total_seconds())
         verified.add_metric(key, at.timestamp())
         lag.add_metric(key, (at - cut).total_seconds())
@@ -127,8 +124,8 @@ def _dr_rpo_peaks(s: Session) -> Metric:
         newest = None
         for cut, verified in points:
             if newest is not None:
-                peaks.append((_utc(verified) - newest).total_seconds())
-            newest = _utc(cut) if newest is None else max(newest, _utc(cut))
+                peaks.append((as_utc(verified) - newest).total_seconds())
+            newest = as_utc(cut) if newest is None else max(newest, as_utc(cut))
         if not peaks:
             continue
         buckets = [(str(float(b)), sum(1 for x in peaks if x <= b)) for b in DR_RPO_BUCKETS_S]
@@ -160,7 +157,7 @@ def drill_metrics(s: Session) -> Iterator[Metric]:
                               Job.state == JobState.succeeded, Job.finished_at.is_not(None))
             .order_by(Job.finished_at.desc()).limit(1))
         if ok is not None and ok.finished_at is not None:
-            success.add_metric([g.name], _utc(ok.finished_at).timestamp())
+            success.add_metric([g.name], as_utc(ok.finished_at).timestamp())
             boot_s = (ok.result or {}).get("boot_s")
             if isinstance(boot_s, (int, float)):
                 rto.add_metric([g.name], float(boot_s))
@@ -182,7 +179,7 @@ def job_metrics(s: Session) -> Iterator[Metric]:
             select(Job.kind, Job.started_at, Job.finished_at).where(
                 Job.started_at.is_not(None), Job.finished_at.is_not(None))).all():
         per_kind.setdefault(kind, []).append(
-            max(0.0, (_utc(finished) - _utc(started)).total_seconds()))
+            max(0.0, (as_utc(finished) - as_utc(started)).total_seconds()))
     for kind, secs in sorted(per_kind.items()):
         buckets = [(str(float(b)), sum(1 for x in secs if x <= b)) for b in JOB_BUCKETS_S]
         buckets.append(("+Inf", len(secs)))

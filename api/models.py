@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 from sqlalchemy import (
     JSON,
@@ -55,6 +55,15 @@ NAMING = {
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+@overload
+def as_utc(t: None) -> None: ...
+@overload
+def as_utc(t: dt.datetime) -> dt.datetime: ...
+def as_utc(t: dt.datetime | None) -> dt.datetime | None:
+    """`t` in UTC: a time read back without its zone (the columns are UTC)."""
+    return t if t is None or t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):

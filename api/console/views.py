@@ -27,6 +27,7 @@ from cutpoint.api.models import (
     Site,
     SnapState,
     Vm,
+    as_utc,
     utcnow,
 )
 from cutpoint.api.services import jobs, replication, rpo, snapshots
@@ -38,9 +39,6 @@ SNAPSHOTS_SHOWN = 20
 JOBS_SHOWN = 50
 DONE = ("succeeded", "failed")
 
-
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    return t if t is None or t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def _standing(age_s: float | None, target_s: int | None) -> str:
@@ -64,7 +62,7 @@ def primary_sites(s: Session, g: Group) -> list[str]:
 def site_rpo(s: Session, g: Group, now: dt.datetime) -> list[dict[str, Any]]:
     """One row per site: the primary, then the replication target if any."""
     target = g.policy.rpo_seconds if g.policy else None
-    newest = _utc(s.scalar(select(func.max(GroupSnapshot.cut_at)).where(
+    newest = as_utc(s.scalar(select(func.max(GroupSnapshot.cut_at)).where(
         GroupSnapshot.group_id == g.id, GroupSnapshot.state == SnapState.committed)))
     age = (now - newest).total_seconds() if newest else None
     rows = [{"role": "primary", "site": ", ".join(primary_sites(s, g)) or "-",
@@ -117,7 +115,7 @@ def recovery_points(s: Session, g: Group) -> list[dict[str, Any]]:
         rep = (replication.summary(s, snap)
                if g.policy and g.policy.replication_target_id else None)
         rows.append({"id": snap.id, "txn": snap.txn, "state": snap.state.value,
-                     "trigger": snap.trigger, "cut_at": _utc(snap.cut_at),
+                     "trigger": snap.trigger, "cut_at": as_utc(snap.cut_at),
                      "max_pause_ms": snap.max_pause_ms, "job_id": snap.job_id,
                      "error": snap.error, "members": len(snap.members),
                      "present": present,
@@ -125,7 +123,7 @@ def recovery_points(s: Session, g: Group) -> list[dict[str, Any]]:
                      "dr_state": rep["state"] if rep else None,
                      "dr_point": bool(rep and rep["recovery_point"]),
                      "dr_lag_s": rep["lag_s"] if rep else None,
-                     "dr_verified_at": _utc(snap.dr_verified_at)})
+                     "dr_verified_at": as_utc(snap.dr_verified_at)})
     return rows
 
 
@@ -159,7 +157,7 @@ def group_live(s: Session, g: Group) -> dict[str, Any]:
 
 def dr_points(s: Session, g: Group) -> list[dict[str, Any]]:
     """The DR recovery points a failover may choose, newest first."""
-    return [{"txn": p.txn, "cut_at": _utc(p.cut_at), "verified_at": _utc(p.dr_verified_at)}
+    return [{"txn": p.txn, "cut_at": as_utc(p.cut_at), "verified_at": as_utc(p.dr_verified_at)}
             for p in s.scalars(select(GroupSnapshot).where(
                 GroupSnapshot.group_id == g.id, GroupSnapshot.state == SnapState.committed,
                 GroupSnapshot.dr_verified_at.is_not(None))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from cutpoint.api.models import Host, Site, Vm, utcnow
+from cutpoint.api.models import Host, Site, Vm, as_utc, utcnow
 from cutpoint.api.services import hosts, vms
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -21,15 +21,12 @@ CERT_WARN_DAYS = 14
 VMS_SHOWN = 500
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    return t if t is None or t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
-
 
 def cert_standing(not_after: dt.datetime | None, now: dt.datetime) -> tuple[str, float | None]:
     """(standing, days left): unknown, expired, expiring (< CERT_WARN_DAYS) or ok."""
     if not_after is None:
         return "unknown", None
-    days = (_utc(not_after) - now).total_seconds() / 86400  # type: ignore[operator]
+    days = (as_utc(not_after) - now).total_seconds() / 86400  # type: ignore[operator]
     if days <= 0:
         return "expired", days
     return ("expiring" if days < CERT_WARN_DAYS else "ok"), days

@@ -11,7 +11,7 @@ import datetime as dt
 from typing import Any
 
 from cutpoint.api.errors import Conflict, NotFound
-from cutpoint.api.models import Group, GroupSnapshot, Job
+from cutpoint.api.models import Group, GroupSnapshot, Job, as_utc
 from cutpoint.api.schemas.drill_report import DrillReport
 from cutpoint.api.services.common import get_or_404
 from cutpoint.coordinator.dr import drill_report, drill_timeline
@@ -23,9 +23,6 @@ HTML_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsaf
                 "X-Content-Type-Options": "nosniff"}
 CHECK_FIELDS = ("name", "ok", "summary", "seconds")
 
-
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    return t if t is None or t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def drill_job(s: Session, job_id: str) -> Job:
@@ -53,9 +50,9 @@ def evidence(s: Session, job: Job) -> DrillReport:
                        code="drill_not_finished")
     snap = s.get(GroupSnapshot, job.snapshot_id) if job.snapshot_id else None
     group = s.get(Group, job.group_id) if job.group_id else None
-    requested = _utc(job.created_at)
+    requested = as_utc(job.created_at)
     assert requested is not None  # a job always has its creation time
-    cut = _utc(snap.cut_at) if snap else None
+    cut = as_utc(snap.cut_at) if snap else None
     rows = drill_timeline.vm_rows(rep)
     checks = [{**{k: c.get(k) for k in CHECK_FIELDS},
                "summary": str(c.get("summary") or ""), "ok": bool(c.get("ok")),
@@ -67,7 +64,7 @@ def evidence(s: Session, job: Job) -> DrillReport:
         error=rep.get("error") or job.error, recovery_point=rep.get("recovery_point"),
         point_cut_at=cut,
         point_age_s=round((requested - cut).total_seconds(), 3) if cut else None,
-        requested_at=requested, finished_at=_utc(job.finished_at),
+        requested_at=requested, finished_at=as_utc(job.finished_at),
         rto_s=_rto_s(rep, requested, rows), booter=rep.get("booter"), vms=rows,  # type: ignore[arg-type]
         checks=checks, cleanup=rep.get("cleanup") or {},  # type: ignore[arg-type]
         timeline=list(rep.get("timeline") or []))

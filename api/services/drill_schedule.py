@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from cutpoint.api.models import Group, Job, JobState, Policy, utcnow
+from cutpoint.api.models import Group, Job, JobState, Policy, as_utc, utcnow
 from cutpoint.api.schemas.rpo import DrillStatus
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -28,9 +28,6 @@ log = logging.getLogger("cutpoint.drill_schedule")
 ACTIVE = (JobState.queued, JobState.running)
 ACTOR = "drill-schedule"
 
-
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    return t if t is None or t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def _drills(s: Session, g: Group) -> Any:
@@ -55,7 +52,7 @@ def status(s: Session, g: Group, now: dt.datetime | None = None) -> DrillStatus:
     success = [j for j in s.scalars(_drills(s, g).where(Job.state == JobState.succeeded)
                                     .order_by(Job.finished_at.desc()).limit(20))
                if _verdict(j) == "passed"]
-    last_success = _utc(success[0].finished_at) if success else None
+    last_success = as_utc(success[0].finished_at) if success else None
     newest = s.scalar(_drills(s, g).order_by(Job.created_at.desc()).limit(1))
     running = in_progress(s, g)
     if running is not None:
@@ -69,10 +66,10 @@ def status(s: Session, g: Group, now: dt.datetime | None = None) -> DrillStatus:
         result = "none"
     due = None
     if every is not None:
-        asked = _utc(newest.created_at) if newest else None
+        asked = as_utc(newest.created_at) if newest else None
         due = asked + dt.timedelta(seconds=every) if asked else now
     return DrillStatus(every_s=every, result=result, last_job_id=last.id if last else None,
-                       last_finished_at=_utc(last.finished_at) if last else None,
+                       last_finished_at=as_utc(last.finished_at) if last else None,
                        last_success_at=last_success,
                        running_job_id=running.id if running else None, next_due_at=due)
 

@@ -24,11 +24,10 @@ call timeout; a host that does not answer is recorded, not waited for.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from cutpoint.api.models import FencingEpoch, GroupSnapshot, Host, Job
+from cutpoint.api.models import FencingEpoch, GroupSnapshot, Host, Job, as_utc
 from cutpoint.coordinator.dr.preconditions import FencingState
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -150,7 +149,7 @@ def replication_refusal(s: Session, snap: GroupSnapshot, target: str,
                            "is refused"))
     cut = snap.cut_at or snap.requested_at
     at = fe.at
-    if cut is not None and at is not None and _utc(cut) < _utc(at):
+    if cut is not None and at is not None and as_utc(cut) < as_utc(at):
         return ("epoch_moved", (f"group snapshot {snap.txn} was cut before fencing epoch "
                                 f"{fe.epoch} ({at.isoformat()}): it belongs to the site that "
                                 "epoch fenced, and is never replicated"))
@@ -159,9 +158,6 @@ def replication_refusal(s: Session, snap: GroupSnapshot, target: str,
                                 f"and the group is at epoch {fe.epoch} now: refused"))
     return None
 
-
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def current_epoch(s: Session, group_id: int) -> int:

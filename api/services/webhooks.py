@@ -21,7 +21,7 @@ import datetime as dt
 from typing import Any
 
 from cutpoint.api.errors import ApiError
-from cutpoint.api.models import Host, Webhook, WebhookDelivery, utcnow
+from cutpoint.api.models import Host, Webhook, WebhookDelivery, as_utc, utcnow
 from cutpoint.api.services.common import add_unique, get_or_404
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -81,7 +81,7 @@ def cert_expiring(session: Session, now: dt.datetime | None = None) -> int:
     now = now or utcnow()
     horizon = now + dt.timedelta(days=CERT_WARN_DAYS)
     hosts = [h for h in session.scalars(select(Host).where(Host.cert_not_after.is_not(None)))
-             if h.cert_not_after is not None and _utc(h.cert_not_after) <= horizon]
+             if h.cert_not_after is not None and as_utc(h.cert_not_after) <= horizon]
     wanting = [w for w in session.scalars(select(Webhook)) if "cert.expiring" in (w.events or [])]
     if not hosts or not wanting:
         return 0
@@ -91,7 +91,7 @@ def cert_expiring(session: Session, now: dt.datetime | None = None) -> int:
     n = 0
     for h in hosts:
         assert h.cert_not_after is not None
-        expiry = _utc(h.cert_not_after)
+        expiry = as_utc(h.cert_not_after)
         not_after = expiry.isoformat()
         body = {"event": "cert.expiring", "at": now.isoformat(), "host": h.name,
                 "site": h.site.name, "not_after": not_after,
@@ -102,9 +102,6 @@ def cert_expiring(session: Session, now: dt.datetime | None = None) -> int:
                 n += 1
     return n
 
-
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def for_job(kind: str, state: str) -> str | None:
