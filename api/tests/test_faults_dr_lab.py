@@ -196,3 +196,61 @@ def test_worker_kill9_mid_drill(lab: dict[str, Any], agents: list[dict[str, Any]
     for v in lab["vms"]:
         if v["site"] == "primary":
             assert Path(f"/proc/{v['pid']}").exists(), v["name"]
+
+
+def test_blackhole_during_drill(lab: dict[str, Any], agents: list[dict[str, Any]],
+                                plane: Plane, client: TestClient) -> None:
+    """iptables DROP, in the DR host's namespace, of all traffic with the DR
+    site's Ceph while a drill boots there (its clones' QEMUs cannot open
+    their disks): the drill fails with a reason naming the boot, within the
+    bounds of the boot (the lab booter's QEMU start, QEMU's Ceph op
+    timeout); its clones and guests are gone, the recovery point
+    unprotected; production ran throughout; with the path back, the group's
+    next snapshot replicates into a recovery point."""
+    from cutpoint.coordinator.dr.site import CephConnection
+    from faultkit import blackhole, site_address
+    from plane import agent_vm_states  # api/tests/plane.py
+
+    c = client
+    plane.start("worker")
+    register(c, lab, plane)
+    point = snapshot_and_replicate(c, plane)
+    dr_host = next(h["name"] for h in lab["hosts"] if h["site"] == "dr")
+    with blackhole(lab, dr_host, peer=site_address(lab, "dr")):
+        t0 = time.monotonic()
+        r = c.post("/v1/groups/app/drills", json={"recovery_point": point["txn"]})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        tag = f"drill-{job_id.replace('-', '')[:8]}"
+        job = finish(c, job_id, "the drill with the DR host cut off from Ceph", plane, 420)
+        took = time.monotonic() - t0
+        res = job["result"] or {}
+        steps = [(e["step"], e["status"]) for e in res.get("timeline") or []]
+        print(f"\ndrill {job['state']} {took:.1f} s after the request: {job['error_code']}: "
+              f"{job['error']}\nsteps {steps}\ncleanup {res.get('cleanup')}")
+        assert (job["state"], job["error_code"]) == ("failed", "drill_failed"), job
+        assert res.get("verdict") == "failed" and res.get("error"), res
+        # The reason is the boot's, not a check's nor the cleanup's.
+        assert "check" not in {s for s, _ in steps}, steps
+        assert "boot" in job["error"].lower() or "qemu" in job["error"].lower(), job["error"]
+        # Cleaned up by the worker (its own path to the DR Ceph is intact).
+        left = {"clones": _dr_images(lab, f"{tag}-"), "qemu": _qemus(tag)}
+        print(f"left at DR with the DROP still on: {left}")
+        assert res["cleanup"]["ok"], res["cleanup"]
+        assert left == {"clones": [], "qemu": []}, left
+    with CephConnection(lab_site(lab, "dr")) as ceph:
+        prot = [img for v in lab["vms"] if v["site"] == "primary" for img in
+                (d["image"] for d in v["disks"])
+                if ceph.is_protected("rbd", img, f"cp.app.{point['txn']}")]
+    assert prot == [], prot
+    # Production was not touched.
+    assert set(agent_vm_states(lab, plane).values()) == {"running"}
+    for v in lab["vms"]:
+        if v["site"] == "primary":
+            assert Path(f"/proc/{v['pid']}").exists(), v["name"]
+    # The DROP lifted: replication of the group goes on.
+    t1 = time.monotonic()
+    nxt = snapshot_and_replicate(c, plane)
+    print(f"next recovery point {nxt['txn']} {time.monotonic() - t1:.1f} s after the lift: "
+          f"{nxt['state']}")
+    assert nxt["state"] == "verified" and nxt["txn"] != point["txn"], nxt
