@@ -56,7 +56,9 @@ def _job(c: TestClient, plane: Plane, job_id: str, timeout: float = 120) -> dict
 
 
 def _snapshots(c: TestClient) -> list[dict[str, Any]]:
-    return list(c.get("/v1/groups/app/snapshots", params={"limit": 200}).json()["items"])
+    """The group's snapshots as the API lists them, each with its members."""
+    items = c.get("/v1/groups/app/snapshots", params={"limit": 200}).json()["items"]
+    return [dict(c.get(f"/v1/snapshots/{s['id']}").json()) for s in items]
 
 
 def _ours(lab: dict[str, Any]) -> dict[str, set[str]]:
