@@ -21,7 +21,7 @@ drills: setup
 # The fault matrix of docs/reliability.md: one injected fault per test, on
 # one shared lab (marker `fault`; the other suites leave these out).
 faults: setup
-	.venv/bin/python -m pytest -p no:cacheprovider --durations=0 -m 'fault and not slow' -s api/tests/test_faults_lab.py api/tests/test_faults_plane_lab.py api/tests/test_redelivery_lab.py
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=0 -m 'fault and not slow' -s api/tests/test_faults_lab.py api/tests/test_faults_plane_lab.py api/tests/test_faults_retention_lab.py api/tests/test_redelivery_lab.py
 
 test-ansible: setup ; .venv/bin/pytest -m slow -s -v dr-tests/tests/test_ansible_vms.py
 

@@ -6,7 +6,8 @@ the way out, whatever happened in between:
 - `hung(pid)`: SIGSTOP of a process (a QEMU, a Ceph daemon), SIGCONT after;
 - `blackhole(lab, host)`: iptables DROP, inside the lab host's network
   namespace, of every packet to or from the agent's port: the coordinator's
-  open connection stays open and silent, as across a dead switch;
+  open connection stays open and silent, as across a dead switch; with
+  `peer=`, of every TCP packet to or from one address (a Ceph site's);
 - `private_redis(tmp)`: a Redis of the test's own, so that kill -9 of it
   touches no other test's broker.
 
@@ -54,42 +55,55 @@ def hung(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def _iptables(netns: str, op: str, port: int) -> None:
-    for chain, side in (("INPUT", "--dport"), ("OUTPUT", "--sport")):
+def _iptables(netns: str, op: str, port: int, peer: str | None) -> None:
+    # By port: the agent's traffic (it listens there; the coordinator's
+    # connections come in).  By peer: every TCP packet to or from one
+    # address, such as a Ceph site's, whatever the port.
+    rules = ((("INPUT", "-s", peer), ("OUTPUT", "-d", peer)) if peer else
+             (("INPUT", "--dport", str(port)), ("OUTPUT", "--sport", str(port))))
+    for chain, side, value in rules:
         subprocess.run(["ip", "netns", "exec", netns, "iptables", op, chain, "-p", "tcp",
-                        side, str(port), "-j", "DROP"], check=True, capture_output=True,
+                        side, value, "-j", "DROP"], check=True, capture_output=True,
                        timeout=30)
 
 
 class Blackhole:
-    """DROP of the agent port's traffic in one host namespace; `lift()` ends it."""
+    """DROP in one host namespace of the agent port's traffic, or (`peer`)
+    of all TCP traffic with one address; `lift()` ends it."""
 
-    def __init__(self, netns: str, port: int = AGENT_PORT) -> None:
-        self.netns, self.port, self.on = netns, port, False
+    def __init__(self, netns: str, port: int = AGENT_PORT, peer: str | None = None) -> None:
+        self.netns, self.port, self.peer, self.on = netns, port, peer, False
 
     def drop(self) -> None:
-        _iptables(self.netns, "-I", self.port)
+        _iptables(self.netns, "-I", self.port, self.peer)
         self.on = True
 
     def lift(self) -> None:
         if self.on:
-            _iptables(self.netns, "-D", self.port)
+            _iptables(self.netns, "-D", self.port, self.peer)
             self.on = False
 
 
 @contextlib.contextmanager
-def blackhole(lab: dict[str, Any], host: str, *, now: bool = True) -> Iterator[Blackhole]:
+def blackhole(lab: dict[str, Any], host: str, *, now: bool = True,
+              peer: str | None = None) -> Iterator[Blackhole]:
     """A Blackhole on lab host `host` (dropping at once unless `now` is
     False: then the test calls `drop()` at the step it aims at); lifted at
-    the end of the block in any case."""
+    the end of the block in any case.  `peer`: drop every TCP packet with
+    that address (e.g. `site_address(lab, "dr")`) instead of the agent port."""
     h = next(x for x in lab["hosts"] if x["name"] == host)
-    bh = Blackhole(h["netns"])
+    bh = Blackhole(h["netns"], peer=peer)
     try:
         if now:
             bh.drop()
         yield bh
     finally:
         bh.lift()
+
+
+def site_address(lab: dict[str, Any], site: str) -> str:
+    """The address a lab site's Ceph daemons listen on (mon and OSDs)."""
+    return str(lab["sites"][site]["mon_addr"]).rsplit(":", 1)[0]
 
 
 @contextlib.contextmanager

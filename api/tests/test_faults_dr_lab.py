@@ -196,3 +196,143 @@ def test_worker_kill9_mid_drill(lab: dict[str, Any], agents: list[dict[str, Any]
     for v in lab["vms"]:
         if v["site"] == "primary":
             assert Path(f"/proc/{v['pid']}").exists(), v["name"]
+
+
+def test_blackhole_during_drill(lab: dict[str, Any], agents: list[dict[str, Any]],
+                                plane: Plane, client: TestClient) -> None:
+    """iptables DROP, in the DR host's namespace, of all traffic with the DR
+    site's Ceph while a drill boots there (its clones' QEMUs cannot open
+    their disks): the drill fails with a reason naming the boot, within the
+    bounds of the boot (the lab booter's QEMU start, QEMU's Ceph op
+    timeout); its clones and guests are gone, the recovery point
+    unprotected; production ran throughout; with the path back, the group's
+    next snapshot replicates into a recovery point."""
+    from cutpoint.coordinator.dr.site import CephConnection
+    from faultkit import blackhole, site_address
+    from plane import agent_vm_states  # api/tests/plane.py
+
+    c = client
+    plane.start("worker")
+    register(c, lab, plane)
+    point = snapshot_and_replicate(c, plane)
+    dr_host = next(h["name"] for h in lab["hosts"] if h["site"] == "dr")
+    with blackhole(lab, dr_host, peer=site_address(lab, "dr")):
+        t0 = time.monotonic()
+        r = c.post("/v1/groups/app/drills", json={"recovery_point": point["txn"]})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        tag = f"drill-{job_id.replace('-', '')[:8]}"
+        job = finish(c, job_id, "the drill with the DR host cut off from Ceph", plane, 420)
+        took = time.monotonic() - t0
+        res = job["result"] or {}
+        steps = [(e["step"], e["status"]) for e in res.get("timeline") or []]
+        print(f"\ndrill {job['state']} {took:.1f} s after the request: {job['error_code']}: "
+              f"{job['error']}\nsteps {steps}\ncleanup {res.get('cleanup')}")
+        assert (job["state"], job["error_code"]) == ("failed", "drill_failed"), job
+        assert res.get("verdict") == "failed" and res.get("error"), res
+        # The reason is the boot's, not a check's nor the cleanup's.
+        assert "check" not in {s for s, _ in steps}, steps
+        assert "BootError" in job["error"] and tag in job["error"], job["error"]
+        # Bounded by the boot's own deadlines (the booter's QEMU start, 60 s), not the
+        # drill's 240 s wait for the guests.
+        assert took < 150, took
+        # Cleaned up by the worker (its own path to the DR Ceph is intact).
+        left = {"clones": _dr_images(lab, f"{tag}-"), "qemu": _qemus(tag)}
+        print(f"left at DR with the DROP still on: {left}")
+        assert res["cleanup"]["ok"], res["cleanup"]
+        assert left == {"clones": [], "qemu": []}, left
+    with CephConnection(lab_site(lab, "dr")) as ceph:
+        prot = [img for v in lab["vms"] if v["site"] == "primary" for img in
+                (d["image"] for d in v["disks"])
+                if ceph.is_protected("rbd", img, f"cp.app.{point['txn']}")]
+    assert prot == [], prot
+    # Production was not touched.
+    assert set(agent_vm_states(lab, plane).values()) == {"running"}
+    for v in lab["vms"]:
+        if v["site"] == "primary":
+            assert Path(f"/proc/{v['pid']}").exists(), v["name"]
+    # The DROP lifted: replication of the group goes on.
+    t1 = time.monotonic()
+    nxt = snapshot_and_replicate(c, plane)
+    print(f"next recovery point {nxt['txn']} {time.monotonic() - t1:.1f} s after the lift: "
+          f"{nxt['state']}")
+    assert nxt["state"] == "verified" and nxt["txn"] != point["txn"], nxt
+
+
+def test_blackhole_during_failover(lab: dict[str, Any], agents: list[dict[str, Any]],
+                                   plane: Plane, client: TestClient) -> None:
+    """iptables DROP of the DR agent's port, in the DR host's namespace, once
+    the unplanned failover job has passed its preconditions (it then stops
+    the primary VMs, takes the epoch, rolls back and asks the DR agent to
+    start the VMs): the job fails with its stage (`fenced`), the error
+    naming `vm.start` on the DR agent, and a next step; no DR VM started,
+    not even once the DROP is lifted; one fencing epoch.  The failover asked
+    again with the path back reuses that epoch and starts each DR VM once."""
+    from cutpoint.lab.drillboot import stop_guests, stop_standbys
+    from faultkit import blackhole
+
+    c = client
+    plane.start("worker")
+    register(c, lab, plane)
+    point = snapshot_and_replicate(c, plane)
+    primaries = sorted(v["name"] for v in lab["vms"] if v["site"] == "primary")
+    dr_host = next(h["name"] for h in lab["hosts"] if h["site"] == "dr")
+    dr_log = _dr_agent_log(agents, lab)
+    off = len(dr_log.read_text(errors="replace"))
+    guests: list[dict[str, Any]] = []
+    try:
+        with blackhole(lab, dr_host, now=False) as bh:
+            r = c.post("/v1/groups/app/failover", json={"mode": "unplanned"})
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+
+            def checked() -> list[str] | None:
+                steps = [e["step"] for e in _events(c, job_id)]
+                return steps if "preconditions" in steps else None
+            at_drop = wait_for(checked, 120, "the failover's preconditions", plane, every=0.05)
+            bh.drop()
+            t0 = time.monotonic()
+            assert "vm_start" not in at_drop, at_drop
+            job = finish(c, job_id, "the failover with the DR agent cut off", plane, 300)
+            took = time.monotonic() - t0
+            res = job["result"] or {}
+            steps = [e["step"] for e in _events(c, job_id)]
+            print(f"\nDROP after {at_drop}; failover {job['state']} {took:.1f} s after: "
+                  f"{job['error_code']}: {job['error']}\nstage {res.get('stage')}, "
+                  f"production_touched {res.get('production_touched')}; steps {steps}")
+            assert job["state"] == "failed" and job["error_code"], job
+            assert res.get("stage") == "fenced" and res.get("next_step"), res
+            assert res.get("production_touched"), res
+            assert "vm.start" in job["error"], job["error"]
+            assert "vm_start" not in steps, steps
+            # The boot's connect deadline (10 s) plus the job's own steps.
+            assert took < 60, took
+        # Lifted: nothing the failed job asked for starts late.
+        time.sleep(5)
+        assert _started(dr_log, off) == {}, _started(dr_log, off)
+        assert set(inventory_states(lab, plane, "dr").values()) <= {"shutoff", "absent"}, \
+            inventory_states(lab, plane, "dr")
+        with plane.sf() as s:
+            epochs = [(f.epoch, f.active_site) for f in s.scalars(select(FencingEpoch))]
+        print(f"after the failed failover: epochs {epochs}; primary "
+              f"{inventory_states(lab, plane)}")
+        assert epochs == [(1, "dr")], epochs
+        assert "running" not in inventory_states(lab, plane).values()
+        # The failover asked again: the epoch reused, each DR VM started once.
+        r = c.post("/v1/groups/app/failover", json={"mode": "unplanned"})
+        assert r.status_code == 202, r.text
+        job2 = finish(c, r.json()["id"], "the failover asked again", plane, 420)
+        guests = list((job2["result"] or {}).get("guests") or [])
+        starts = _started(dr_log, off)
+        print(f"asked again: {job2['state']} {job2['error_code']}: {job2['error']}; "
+              f"DR starts {starts}")
+        assert job2["state"] == "succeeded", job2
+        assert job2["result"]["recovery_point"] == point["txn"], job2["result"]
+        assert starts == dict.fromkeys(primaries, 1), starts
+        assert inventory_states(lab, plane, "dr") == dict.fromkeys(primaries, "running")
+        with plane.sf() as s:
+            epochs = [(f.epoch, f.active_site) for f in s.scalars(select(FencingEpoch))]
+        assert epochs == [(1, "dr")], epochs
+    finally:
+        stop_guests(guests)
+        stop_standbys(lab)

@@ -52,7 +52,16 @@ DEFAULT_MEMORY_MB = 160
 
 
 def _sh(argv: list[str], timeout: float = 60, check: bool = True) -> str:
-    cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                            check=False)
+    except subprocess.TimeoutExpired as exc:
+        # A QEMU that cannot reach its disks' Ceph never finishes starting
+        # (its daemonized child waits in the RBD open): say which command.
+        guest = next((a.split(",")[0].removeprefix("guest=") for a in argv
+                      if a.startswith("guest=")), None)
+        what = f"QEMU of {guest}" if guest else " ".join(argv[:6])
+        raise BootError(f"{what}: not started within {timeout:.0f} s") from exc
     if check and cp.returncode != 0:
         raise BootError(f"{' '.join(argv)}: rc={cp.returncode}: {cp.stderr.strip()[-400:]}")
     return cp.stdout
@@ -63,6 +72,13 @@ def _dr_netns(status: dict[str, Any]) -> str:
     if host is None:
         raise BootError("the lab has no DR host")
     return str(host["netns"])
+
+
+def _tag_qemus(tag: str) -> list[tuple[int, str]]:
+    """(pid, `ps` line) of every QEMU of a drill's guests (named `<tag>-<vm>`)."""
+    return [(int(line.split(None, 1)[0]), line)
+            for line in _sh(["ps", "-eo", "pid,args"]).splitlines()
+            if f"{tag}-" in line and "qemu" in line]
 
 
 def bridge_of(tag: str) -> str:
@@ -135,6 +151,9 @@ class LabBooter:
             stop_guests([g.as_dict() for g in guests])
             return errors
         stop_guests([g.as_dict() for g in guests])
+        # A QEMU whose start timed out was never recorded as a guest, but
+        # its daemonized child may still run: every QEMU of the drill's tag goes.
+        kill_pids([pid for pid, _ in _tag_qemus(req.tag)], grace=10)
         status = self.status()
         ns = _dr_netns(status)
         bridge = bridge_of(req.tag)
@@ -149,8 +168,7 @@ class LabBooter:
         if req.purpose == FAILOVER:
             return AgentBooter().leftovers(req)
         ns = _dr_netns(self.status())
-        procs = [line for line in _sh(["ps", "-eo", "pid,args"]).splitlines()
-                 if f"{req.tag}-" in line and "qemu" in line]
+        procs = [line for _, line in _tag_qemus(req.tag)]
         links = [ln for ln in _sh(["ip", "-n", ns, "-o", "link", "show"],
                                   check=False).splitlines()
                  if bridge_of(req.tag) in ln]
