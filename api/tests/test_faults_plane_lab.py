@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from cutpoint.api.models import Job
+from cutpoint.coordinator.dr.replicate import stall_bound_s
 from fastapi.testclient import TestClient
 from faultkit import (  # api/tests/faultkit.py
     MARKS,
@@ -264,7 +265,8 @@ def test_worker_kill9_mid_replication(lab: dict[str, Any], plane: Plane,
 def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
                                      client: TestClient) -> None:
     """The DR site's OSD stops answering (SIGSTOP) mid-copy: the replication
-    fails (the engine bounded by the site's op timeout) with an error that
+    fails (the engine stopped once its progress stalls, a bound set by the
+    site's op timeout) with an error that
     says so, the snapshot is not offered as a recovery point; with the OSD
     back, a replicate request completes it, equal to the primary's."""
     from faultkit import hung
@@ -283,8 +285,17 @@ def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
         job = s.scalar(select(Job).where(Job.kind == "replicate", Job.snapshot_id == sid))
         assert job is not None
         err = (job.state.value, job.error_code, job.error)
-    print(f"\nDR OSD hung mid-copy: {rep['state']} after {took:.1f} s; job {err}")
+    # The engine's op timeout is the larger of the sites' (the primary's
+    # is its default), as is the worker's stall bound.
+    sites = c.get("/v1/sites").json()["items"]
+    bound = stall_bound_s(max((x["ceph"] or {}).get("op_timeout_s", 0) for x in sites), RATE_MBPS)
+    print(f"\nDR OSD hung mid-copy: {rep['state']} after {took:.1f} s "
+          f"(stall bound {bound:.0f} s); job {err}")
     assert rep["state"] == "failed", rep
+    # Stopped by the stall bound, not after each member's requests timed
+    # out in turn (150 s in the lab without it); room for the job's own
+    # bookkeeping and the poll.
+    assert took < bound + 30, took
     _not_offered(c, sid)
     assert err[0] == "failed" and err[2] and "timed out" in err[2], err
 

@@ -191,8 +191,94 @@ def sync_argv(src: CephSite, dst: CephSite, m: MemberCopy, *,
     return argv
 
 
+class _GroupStop:
+    """Set once, by the first member that fails, with why."""
+
+    def __init__(self) -> None:
+        self._event, self._lock, self.why = threading.Event(), threading.Lock(), ""
+
+    def set(self, why: str) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self.why = why
+                self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self._event.wait(seconds)
+
+
+# An engine whose copied bytes have not grown for this long, once it has
+# begun copying extents, is stopped.  One request may take up to the op
+# timeout (the larger of the two sites', which the engine uses) before it
+# fails; bytes that have not grown for two of them mean requests time out
+# one after another, and behind a hung DR OSD the engine went on doing so
+# for 150 s (5 x 30 s) before it failed on its own.  A copying run reports
+# progress every 500 ms.  Opening and diffing a large image, before the
+# first report, are bounded by the run's deadline only; so is a run with
+# --verify-full, whose hash of the whole image at the end reports nothing.
+# Under a rate limit, one object's time at that rate is added.
+STALL_OP_TIMEOUTS = 2
+STALL_MIN_S = 60.0
+OBJECT_BYTES = 4 << 20
+
+
+def stall_bound_s(op_timeout_s: float, rate_mbps: float | None = None) -> float:
+    """Seconds without progress after which a copy is stopped."""
+    bound = max(STALL_MIN_S, STALL_OP_TIMEOUTS * op_timeout_s)
+    if rate_mbps:
+        bound += OBJECT_BYTES / (rate_mbps * 1e6)
+    return bound
+
+
+class _Watch:
+    """One engine run: whether it has begun copying, when its copied bytes
+    last grew, and why it was stopped."""
+
+    def __init__(self) -> None:
+        self.bytes, self.why, self.copying = -1, "", False
+        self.started = self.advanced = time.monotonic()
+
+    def progress(self, ev: dict[str, Any]) -> None:
+        nbytes = int(ev.get("bytes") or 0) + int(ev.get("zeroed") or 0)
+        if nbytes > self.bytes:
+            self.bytes, self.advanced = nbytes, time.monotonic()
+        self.copying = True
+
+
+def _stop_when(proc: subprocess.Popen[str], stop: _GroupStop, watch: _Watch,
+               deadline: float, stall_s: float | None) -> None:
+    """Kills the engine once `stop` is set (another member failed), its
+    progress stalls, or the run's deadline passes: reading its output alone
+    would wait for as long as the engine runs, and an engine behind a hung
+    OSD says nothing."""
+    while proc.poll() is None:
+        stopped = stop.wait(0.2)
+        now = time.monotonic()
+        if stopped:
+            watch.why = f"stopped: {stop.why}"
+        elif stall_s and watch.copying and now - watch.advanced > stall_s:
+            watch.why = (f"stopped: no progress for {now - watch.advanced:.0f} s (timed out; "
+                         f"bound {stall_s:.0f} s)")
+        elif now > deadline:
+            watch.why = f"stopped: the copy timed out after {deadline - watch.started:.0f} s"
+        else:
+            continue
+        if proc.poll() is None:
+            proc.kill()
+        return
+
+
 def _copy_one(src: CephSite, dst: CephSite, m: MemberCopy, res: MemberResult,
-              on_event: EventHook | None, timeout: float, **kw: Any) -> None:
+              on_event: EventHook | None, timeout: float, stop: _GroupStop,
+              **kw: Any) -> None:
+    if stop.is_set():
+        res.state, res.error = "failed", f"not copied: {stop.why}"
+        if on_event:
+            on_event("member.failed", res.as_dict())
+        return
     argv = sync_argv(src, dst, m, **kw)
     res.state = "copying"
     if on_event:
@@ -202,6 +288,11 @@ def _copy_one(src: CephSite, dst: CephSite, m: MemberCopy, res: MemberResult,
     done: dict[str, Any] | None = None
     err: dict[str, Any] | None = None
     assert proc.stdout is not None
+    watch = _Watch()
+    stall_s = None if kw.get("verify_full") else \
+        stall_bound_s(max(src.op_timeout_s, dst.op_timeout_s), kw.get("rate_mbps"))
+    threading.Thread(target=_stop_when, args=(proc, stop, watch, t0 + timeout, stall_s),
+                     name=f"stop {m.image}", daemon=True).start()
     try:
         for line in proc.stdout:
             if not line.strip():
@@ -215,8 +306,10 @@ def _copy_one(src: CephSite, dst: CephSite, m: MemberCopy, res: MemberResult,
                 done = ev
             elif kind == "error":
                 err = ev
-            elif kind == "progress" and on_event:
-                on_event("member.progress", {"image": m.image, **ev})
+            elif kind == "progress":
+                watch.progress(ev)
+                if on_event:
+                    on_event("member.progress", {"image": m.image, **ev})
         rc = proc.wait(timeout=timeout)
         stderr = proc.stderr.read() if proc.stderr else ""
     finally:
@@ -228,6 +321,8 @@ def _copy_one(src: CephSite, dst: CephSite, m: MemberCopy, res: MemberResult,
     if rc != 0 or done is None:
         res.state = "failed"
         msg = (err or {}).get("message") or stderr.strip().splitlines()[-1:] or ["no done event"]
+        if watch.why and err is None:
+            msg = watch.why
         res.error = f"cutpoint-sync rc={rc}: {msg if isinstance(msg, str) else msg[0]}"
     else:
         res.full = bool(done.get("full"))
@@ -271,16 +366,25 @@ def replicate_group(src: CephSite, dst: CephSite, members: Sequence[MemberCopy],
                 raise ReplicationError(str(exc)) from None
     results = [MemberResult(m.image, m.snap, m.base, m.disk) for m in members]
     t0, w0 = time.monotonic(), time.time()
+    # The group is verified only if every member is: once one fails, the
+    # others stop (each resumes from its progress record next time).
+    # Behind a hung DR OSD each member's engine fails only after several
+    # of its requests time out one after the other; run member after
+    # member, a group of 8 disks took 181 s to fail in the lab.
+    stop = _GroupStop()
+
+    def copy(m: MemberCopy, r: MemberResult) -> None:
+        try:
+            _copy_one(src, dst, m, r, on_event, timeout_s, stop, verify_full=verify_full,
+                      rate_mbps=rate_mbps, state_dir=state_dir, epoch=epoch)
+        except Exception as exc:  # noqa: BLE001  recorded per member (invariant 7)
+            r.state, r.error = "failed", f"{type(exc).__name__}: {exc}"
+        if r.state == "failed":
+            stop.set(f"{r.image} failed first ({r.error})")
+
     with ThreadPoolExecutor(max_workers=min(jobs, len(members))) as ex:
-        futs = [ex.submit(_copy_one, src, dst, m, r, on_event, timeout_s,
-                          verify_full=verify_full, rate_mbps=rate_mbps, state_dir=state_dir,
-                          epoch=epoch)
-                for m, r in zip(members, results, strict=True)]
-        for f, r in zip(futs, results, strict=True):
-            try:
-                f.result()
-            except Exception as exc:  # noqa: BLE001  recorded per member (invariant 7)
-                r.state, r.error = "failed", f"{type(exc).__name__}: {exc}"
+        for f in [ex.submit(copy, m, r) for m, r in zip(members, results, strict=True)]:
+            f.result()
     out = GroupReplication(
         state="verified" if all(r.state == "verified" for r in results) else "failed",
         members=results, started_at=w0, finished_at=time.time(),

@@ -12,6 +12,7 @@ from cutpoint.coordinator.dr.replicate import (
     MemberCopy,
     ReplicationError,
     replicate_group,
+    stall_bound_s,
     sync_argv,
 )
 from cutpoint.coordinator.dr.site import CephSite
@@ -60,3 +61,12 @@ def test_a_site_that_cannot_work_stops_the_group_before_any_copy(tmp_path: Path)
         replicate_group(ok, both, m, state_dir=str(tmp_path))
     with pytest.raises(ReplicationError, match="maps no pool 'rbd'"):
         replicate_group(ok, unmapped, m, state_dir=str(tmp_path))
+
+
+def test_a_copy_is_stopped_after_two_op_timeouts_without_progress() -> None:
+    """Two of the op timeouts the engine runs with, 60 s at least, plus one
+    4 MiB object's time under a rate limit."""
+    assert stall_bound_s(30) == 60
+    assert stall_bound_s(5) == 60
+    assert stall_bound_s(100) == 200
+    assert stall_bound_s(30, 8) == pytest.approx(60 + (4 << 20) / 8e6)

@@ -483,6 +483,12 @@ sync_copy_all(const struct sync_opts *o, rbd_image_t src, rbd_image_t dst,
         c.fail_code = SYNC_ERR;
         snprintf(c.fail_msg, sizeof(c.fail_msg), "cannot start workers");
     }
+    /* A first report as the copy begins: whoever watches the run knows
+     * from here on that a report is due every progress_ms, so a copy that
+     * stalls (a hung OSD) can be told from a long open or plan. */
+    pthread_mutex_unlock(&c.mu);
+    sync_emit(o, sync_copy_progress_event(0, 0, base_done, total, 0));
+    pthread_mutex_lock(&c.mu);
     next_report = sync_now_ns() + every;
     while (c.active > 0) {
         struct timespec ts;
