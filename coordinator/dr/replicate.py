@@ -219,17 +219,20 @@ class _GroupStop:
 # progress every 500 ms.  Opening and diffing a large image, before the
 # first report, are bounded by the run's deadline only; so is a run with
 # --verify-full, whose hash of the whole image at the end reports nothing.
-# Under a rate limit, one object's time at that rate is added.
+# Under a rate limit, the engine's workers take turns on one clock and a
+# worker's bytes count when its whole object is written: 16 MiB's time at
+# that rate is added (four default 4 MiB objects; an image with larger
+# objects under a low rate may need the job's deadline instead).
 STALL_OP_TIMEOUTS = 2
 STALL_MIN_S = 60.0
-OBJECT_BYTES = 4 << 20
+RATE_SLACK_BYTES = 16 << 20
 
 
 def stall_bound_s(op_timeout_s: float, rate_mbps: float | None = None) -> float:
     """Seconds without progress after which a copy is stopped."""
     bound = max(STALL_MIN_S, STALL_OP_TIMEOUTS * op_timeout_s)
     if rate_mbps:
-        bound += OBJECT_BYTES / (rate_mbps * 1e6)
+        bound += RATE_SLACK_BYTES / (rate_mbps * 1e6)
     return bound
 
 

@@ -64,9 +64,9 @@ def test_a_site_that_cannot_work_stops_the_group_before_any_copy(tmp_path: Path)
 
 
 def test_a_copy_is_stopped_after_two_op_timeouts_without_progress() -> None:
-    """Two of the op timeouts the engine runs with, 60 s at least, plus one
-    4 MiB object's time under a rate limit."""
+    """Two of the op timeouts the engine runs with, 60 s at least, plus
+    16 MiB's time under a rate limit."""
     assert stall_bound_s(30) == 60
     assert stall_bound_s(5) == 60
     assert stall_bound_s(100) == 200
-    assert stall_bound_s(30, 8) == pytest.approx(60 + (4 << 20) / 8e6)
+    assert stall_bound_s(30, 8) == pytest.approx(60 + (16 << 20) / 8e6)
