@@ -22,8 +22,8 @@
 #define RD_AHEAD_WAIT_MS 10000.0
 /* How long a commit's reply waits for the next cut's overlays: they take
  * tens of ms, but attaching an RBD image in QEMU waits on Ceph (it took
- * 10 s in the lab when a new Ceph client pinged a stopped process's admin
- * socket), and a reply that late would pass the coordinator's deadline for
+ * 10 s in the lab while a stopped process held the Ceph clients' shared
+ * admin socket), and a reply that late would pass the coordinator's deadline for
  * a commit that did succeed. */
 #define RD_AHEAD_SYNC_MS 500.0
 

@@ -147,14 +147,30 @@ def _qemus(tag: str) -> list[str]:
     return [ln.strip()[:120] for ln in ps.splitlines() if f"{tag}-" in ln and "qemu" in ln]
 
 
+def _point_unprotected_production_running(lab: dict[str, Any], plane: Plane,
+                                          point: dict[str, Any]) -> None:
+    """After a drill: no DR snapshot of the recovery point is left protected
+    (its clones are gone), and every primary VM runs, in its own QEMU."""
+    from cutpoint.coordinator.dr.site import CephConnection
+    from plane import agent_vm_states  # api/tests/plane.py
+
+    with CephConnection(lab_site(lab, "dr")) as ceph:
+        prot = [img for v in lab["vms"] if v["site"] == "primary" for img in
+                (d["image"] for d in v["disks"])
+                if ceph.is_protected("rbd", img, f"cp.app.{point['txn']}")]
+    assert prot == [], prot
+    assert set(agent_vm_states(lab, plane).values()) == {"running"}
+    for v in lab["vms"]:
+        if v["site"] == "primary":
+            assert Path(f"/proc/{v['pid']}").exists(), v["name"]
+
+
 def test_worker_kill9_mid_drill(lab: dict[str, Any], agents: list[dict[str, Any]],
                                 plane: Plane, client: TestClient) -> None:
     """kill -9 of the worker while a drill's clones boot at DR; a new worker
     (the drill job redelivered): the drill is recorded failed,
     `drill_interrupted`, with the earlier attempt's guests stopped, clones
     removed and the recovery point unprotected; production ran throughout."""
-    from cutpoint.coordinator.dr.site import CephConnection
-    from plane import agent_vm_states  # api/tests/plane.py
 
     c = client
     plane.start("worker")
@@ -186,16 +202,7 @@ def test_worker_kill9_mid_drill(lab: dict[str, Any], agents: list[dict[str, Any]
     # Nothing of the drill is left at DR.
     assert _dr_images(lab, f"{tag}-") == []
     assert _qemus(tag) == []
-    with CephConnection(lab_site(lab, "dr")) as ceph:
-        prot = [img for v in lab["vms"] if v["site"] == "primary" for img in
-                (d["image"] for d in v["disks"])
-                if ceph.is_protected("rbd", img, f"cp.app.{point['txn']}")]
-    assert prot == [], prot
-    # Production was not touched.
-    assert set(agent_vm_states(lab, plane).values()) == {"running"}
-    for v in lab["vms"]:
-        if v["site"] == "primary":
-            assert Path(f"/proc/{v['pid']}").exists(), v["name"]
+    _point_unprotected_production_running(lab, plane, point)
 
 
 def test_blackhole_during_drill(lab: dict[str, Any], agents: list[dict[str, Any]],
@@ -207,9 +214,7 @@ def test_blackhole_during_drill(lab: dict[str, Any], agents: list[dict[str, Any]
     timeout); its clones and guests are gone, the recovery point
     unprotected; production ran throughout; with the path back, the group's
     next snapshot replicates into a recovery point."""
-    from cutpoint.coordinator.dr.site import CephConnection
     from faultkit import blackhole, site_address
-    from plane import agent_vm_states  # api/tests/plane.py
 
     c = client
     plane.start("worker")
@@ -241,16 +246,7 @@ def test_blackhole_during_drill(lab: dict[str, Any], agents: list[dict[str, Any]
         print(f"left at DR with the DROP still on: {left}")
         assert res["cleanup"]["ok"], res["cleanup"]
         assert left == {"clones": [], "qemu": []}, left
-    with CephConnection(lab_site(lab, "dr")) as ceph:
-        prot = [img for v in lab["vms"] if v["site"] == "primary" for img in
-                (d["image"] for d in v["disks"])
-                if ceph.is_protected("rbd", img, f"cp.app.{point['txn']}")]
-    assert prot == [], prot
-    # Production was not touched.
-    assert set(agent_vm_states(lab, plane).values()) == {"running"}
-    for v in lab["vms"]:
-        if v["site"] == "primary":
-            assert Path(f"/proc/{v['pid']}").exists(), v["name"]
+    _point_unprotected_production_running(lab, plane, point)
     # The DROP lifted: replication of the group goes on.
     t1 = time.monotonic()
     nxt = snapshot_and_replicate(c, plane)

@@ -14,13 +14,10 @@ test_redelivery_lab.py.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
-from cutpoint.api import jobclaim, services_local
+from cutpoint.api import jobclaim
 from cutpoint.api.models import (
     Group,
     GroupSnapshot,
@@ -33,17 +30,9 @@ from cutpoint.api.models import (
 from cutpoint.api.tasks import GroupLock
 from cutpoint.api.worker import send
 from plane import Plane, wait_for  # api/tests/plane.py
-from test_worker import make_certs
-
-TTL = 3.0
-
-
-@pytest.fixture
-def plane(tmp_path: Path, local_services: services_local.Endpoints) -> Iterator[Plane]:
-    with Plane(tmp_path, int(local_services.redis_port or 0), make_certs(tmp_path / "certs"),
-               CUTPOINT_GROUP_LOCK_TTL_S=str(TTL), CUTPOINT_RETENTION_INTERVAL_S="3600",
-               CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:
-        yield p
+from test_replication_serial import (  # api/tests/test_replication_serial.py
+    lock_ttl_plane_fixture,  # noqa: F401  (the fixture `plane`)
+)
 
 
 def _running_job(plane: Plane) -> tuple[int, str]:

@@ -41,8 +41,11 @@ from test_worker import make_certs
 TTL = 3.0
 
 
-@pytest.fixture
-def plane(tmp_path: Path, local_services: services_local.Endpoints) -> Iterator[Plane]:
+@pytest.fixture(name="plane")
+def lock_ttl_plane_fixture(tmp_path: Path,
+                           local_services: services_local.Endpoints) -> Iterator[Plane]:
+    """The control plane with a TTL-second group lock (test_replicate_redelivery
+    uses it too)."""
     with Plane(tmp_path, int(local_services.redis_port or 0), make_certs(tmp_path / "certs"),
                CUTPOINT_GROUP_LOCK_TTL_S=str(TTL), CUTPOINT_RETENTION_INTERVAL_S="3600",
                CUTPOINT_INVENTORY_INTERVAL_S="3600") as p:

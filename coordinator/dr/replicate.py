@@ -214,8 +214,8 @@ class _GroupStop:
 # begun copying extents, is stopped.  One request may take up to the op
 # timeout (the larger of the two sites', which the engine uses) before it
 # fails; bytes that have not grown for two of them mean requests time out
-# one after another, and behind a hung DR OSD the engine went on doing so
-# for 150 s (5 x 30 s) before it failed on its own.  A copying run reports
+# one after another; behind a hung DR OSD, with a 30 s op timeout, the
+# engine went on for 150 s before it failed on its own (the lab's cell).  A copying run reports
 # progress every 500 ms.  Opening and diffing a large image, before the
 # first report, are bounded by the run's deadline only; so is a run with
 # --verify-full, whose hash of the whole image at the end reports nothing.

@@ -117,10 +117,11 @@ mgr initial modules =
 [client]
 rbd default features = 61
 # Ceph's own default for clients: one admin socket per client instance.
-# The daemons' `$name.asok` above, shared by every QEMU and agent of the
-# site, made each new client ping the socket's last holder at start: with
-# that process stopped (a SIGSTOPped QEMU in a fault test), attaching an
-# RBD image in another VM's QEMU took 10 s (send and receive timeouts).
+# With the daemons' `$name.asok` above shared by every QEMU and agent of
+# the site, attaching an RBD image in one VM's QEMU took 10 s while the
+# QEMU holding the socket was SIGSTOPped (agent-lab's hung-QEMU test); our
+# reading is that a new client checks a socket in use by asking its
+# holder, and waits out that request's timeouts.
 admin socket = {d}/run/$cluster-$name.$pid.$cctid.asok
 """
     p = d / "ceph.conf"
