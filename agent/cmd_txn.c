@@ -60,6 +60,7 @@ cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
     if (prepare_parse(&p, args, code, msg, msglen) < 0 ||
         prepare_begin(&p, &result, code, msg, msglen) != 0 ||
         prepare_bound(&p, code, msg, msglen) < 0 ||
+        prepare_probe(&p, code, msg, msglen) < 0 ||
         prepare_journal(&p, code, msg, msglen) < 0)
         return result;
     prepare_pause(&p);

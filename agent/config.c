@@ -168,6 +168,7 @@ config_load(const char *path, struct agent_config *cfg, char *err,
     cfg->listen_port = 7443;
     cfg->qmp_timeout_ms = 2000;
     cfg->freeze_timeout_ms = 5000;
+    cfg->storage_probe_ms = 500;
     /* in_pause until the redirect cut's idle overlays are removed when a VM
      * stops or goes away outside the agent (agent-protocol §5.1) */
     cfg->pause_in_pause = 1;
@@ -273,6 +274,11 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             if (strcmp(v, "redirect") && strcmp(v, "in_pause"))
                 goto bad;
             cfg->pause_in_pause = strcmp(v, "in_pause") == 0;
+        }
+        else if (KEY("agent", "storage_probe_ms")) {
+            /* 0: no probe before the pause (prepare.c prepare_probe) */
+            if (parse_int(v, 0, 600000, &cfg->storage_probe_ms) < 0)
+                goto bad;
         }
         else if (KEY("agent", "qmp_timeout_ms")) {
             if (parse_int(v, 10, 600000, &cfg->qmp_timeout_ms) < 0)

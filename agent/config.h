@@ -59,6 +59,7 @@ struct agent_config {
     char journal[1024];
     int qmp_timeout_ms;
     int freeze_timeout_ms;      /* quiesce fs-freeze: guest-fsfreeze-freeze */
+    int storage_probe_ms;       /* prepare's read of each RBD disk: 0 off */
     int pause_in_pause;         /* pause_path = in_pause (the default) */
     char log_level[16];
     char ca[1024], cert[1024], key[1024];

@@ -7,6 +7,7 @@
 
 #include "cmd.h"
 #include "log.h"
+#include "mono.h"
 #include "par.h"
 #include "quiesce.h"
 #include "redirect.h"
@@ -206,6 +207,80 @@ cleanup:
 }
 
 /*
+ * Step 2b: no `stop` that would wait on storage that does not answer.
+ * QEMU's `stop` stops the vCPUs, then waits in its main loop for the
+ * VM's I/O in flight (bdrv_drain_all): with the OSD of that I/O hung, it
+ * waits until Ceph answers or QEMU's own Ceph op timeout ends the I/O, and
+ * no `cont` is served meanwhile, so no lease can end that pause.  Before
+ * anything is journaled or paused, one read of each RBD disk the agent
+ * has open (rbdsnap_probe), all at once, by one deadline: a read not
+ * answered refuses the prepare, no VM paused.  The deadline is
+ * storage_probe_ms, at most a quarter of the lease, so that the refusal
+ * reaches the coordinator before its wait for PREPARED (half the lease by
+ * default) ends.  What it does not cover: an OSD that hangs after the
+ * probe, or one that holds none of the disks' first objects; there stop's
+ * own deadline fails the prepare and the reaper resumes the VM once its
+ * QEMU answers (prepare_sort, txn_vm_pause).
+ */
+int
+prepare_probe(struct prepare *p, const char **code, char *msg, size_t msglen)
+{
+    struct rbdsnap_probe **pr;
+    int ms = p->a->cfg.storage_probe_ms, bad_vm = -1, bad_disk = -1;
+    double t0 = mono_ms(), deadline;
+
+    if (ms <= 0)
+        return 0;
+    if (p->lease / 4 < ms)
+        ms = p->lease / 4 > 0 ? (int)(p->lease / 4) : 1;
+    deadline = t0 + ms;
+    if (!(pr = calloc((size_t)p->n * CFG_MAX_DISKS, sizeof(*pr)))) {
+        fail_prepare(p->a, p->x);
+        FAIL("INTERNAL", "no VM paused: out of memory");
+    }
+    for (int k = 0; k < p->n; k++)
+        for (int d = 0; d < p->vms[k]->cfg->ndisks; d++) {
+            char err[256];
+
+            if (p->vms[k]->img[d] &&
+                rbdsnap_probe_start(p->vms[k]->img[d],
+                                    &pr[k * CFG_MAX_DISKS + d], err,
+                                    sizeof(err)) < 0)
+                /* not started is not a hang: the stop decides */
+                log_warnx("event=storage_probe txn=%s vm=%s disk=%s "
+                          "result=not_started msg=\"%s\"", p->id,
+                          p->names[k], p->vms[k]->cfg->disks[d].node, err);
+        }
+    /* every probe is awaited (and so consumed), by the one deadline */
+    for (int k = 0; k < p->n; k++)
+        for (int d = 0; d < p->vms[k]->cfg->ndisks; d++) {
+            struct rbdsnap_probe *q = pr[k * CFG_MAX_DISKS + d];
+
+            if (q && rbdsnap_probe_wait(q, deadline) == 1 && bad_vm < 0) {
+                bad_vm = k;
+                bad_disk = d;
+            }
+        }
+    free(pr);
+    if (bad_vm >= 0) {
+        const struct cfg_disk *cd = &p->vms[bad_vm]->cfg->disks[bad_disk];
+
+        fail_prepare(p->a, p->x);
+        log_warnx("event=storage_probe txn=%s vm=%s disk=%s image=%s/%s "
+                  "result=no_answer waited_ms=%.1f", p->id, p->names[bad_vm],
+                  cd->node, cd->pool, cd->image, mono_ms() - t0);
+        FAIL("SNAPSHOT_FAILED", "vm %s: no VM paused: disk %s (rbd %s/%s) "
+             "did not answer a read within %d ms: its storage does not "
+             "answer, and `stop` would hold the VM paused while it waits "
+             "for the VM's I/O", p->names[bad_vm], cd->node, cd->pool,
+             cd->image, ms);
+    }
+    return 0;
+cleanup:
+    return -1;
+}
+
+/*
  * Step 3: durable before the pause (agent-protocol §7): a crash after
  * `stop` must leave a record that makes the next start resume the VM.
  * One write for all VMs, so that no VM's pause waits for another's fsync.
@@ -340,7 +415,15 @@ prepare_sort(struct prepare *p)
             p->vms[k]->needs_resume = 1;
             snprintf(p->vms[k]->needs_resume_txn,
                      sizeof(p->vms[k]->needs_resume_txn), "%s", p->x->id);
+            /* Its vCPUs may be stopped from here on (a `stop` draining
+             * I/O that Ceph does not answer): the retry's `event=resumed
+             * ... paused_ms` counts from this stop, an upper bound. */
+            p->vms[k]->paused_at = j->t0;
             pthread_mutex_unlock(&a->mu);
+            log_warnx("event=stop_unanswered txn=%s vm=%s waited_ms=%.1f "
+                      "msg=\"its QEMU did not answer stop; resumed by the "
+                      "retry once it answers\"", p->x->id, p->names[k],
+                      j->t1 - j->t0);
         }
     }
 }

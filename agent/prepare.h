@@ -58,6 +58,11 @@ int prepare_begin(struct prepare *p, json_t **replay, const char **code,
  * forgotten. */
 int prepare_bound(struct prepare *p, const char **code, char *msg,
                   size_t msglen);
+/* Refuses, before any pause, when a read of one of the VMs' RBD disks is
+ * not answered by the probe deadline (a `stop` would wait on that
+ * storage with the VM paused).  0, or -1 with the txn forgotten. */
+int prepare_probe(struct prepare *p, const char **code, char *msg,
+                  size_t msglen);
 /* Journals every VM as paused (and frozen) in one durable write, before
  * any pause.  0, or -1 with the txn forgotten. */
 int prepare_journal(struct prepare *p, const char **code, char *msg,

@@ -252,7 +252,12 @@ class _Run:
                 if isinstance(out, asyncio.CancelledError):
                     raise out
                 e = self.error("prepare", a, out)
-                reasons.append(f"prepare on {a.name}: {e['code']} {e['message']}")
+                # An agent that did not answer says nothing of its VMs:
+                # name the ones it was asked to pause (its log names the
+                # one whose `stop` hung, event=stop_unanswered).
+                asked = ("" if isinstance(out, AgentReplyError) else
+                         f" (asked to pause {', '.join(v.name for v in a.vms)})")
+                reasons.append(f"prepare on {a.name}: {e['code']} {e['message']}{asked}")
             else:
                 for v in out.get("vms", []):
                     self.vms[v["vm"]].update(v)

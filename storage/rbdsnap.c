@@ -2,6 +2,7 @@
 #include "rbdsnap.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,8 @@
 #include <time.h>
 #include <rados/librados.h>
 #include <rbd/librbd.h>
+
+#include "mono.h"
 
 struct rbdsnap_cluster {
     rados_t rados;
@@ -200,6 +203,100 @@ rbdsnap_image_free(struct rbdsnap_image *img)
     rbd_close(img->image);
     rados_ioctx_destroy(img->io);
     free(img);
+}
+
+/* One probe read; two owners (the waiter, the completion): the last one
+ * to let go frees it, so a completion after the waiter gave up is safe. */
+struct rbdsnap_probe {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    int done;
+    int refs;
+    char buf[512];
+};
+
+static void
+probe_unref(struct rbdsnap_probe *p)
+{
+    int last;
+
+    pthread_mutex_lock(&p->mu);
+    last = --p->refs == 0;
+    pthread_mutex_unlock(&p->mu);
+    if (!last)
+        return;
+    pthread_cond_destroy(&p->cond);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static void
+probe_done(rbd_completion_t c, void *arg)
+{
+    struct rbdsnap_probe *p = arg;
+
+    rbd_aio_release(c);
+    pthread_mutex_lock(&p->mu);
+    p->done = 1;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->mu);
+    probe_unref(p);
+}
+
+int
+rbdsnap_probe_start(struct rbdsnap_image *img, struct rbdsnap_probe **out,
+                    char *err, size_t errlen)
+{
+    struct rbdsnap_probe *p = calloc(1, sizeof(*p));
+    pthread_condattr_t ca;
+    rbd_completion_t c;
+    int r;
+
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    p->refs = 2;
+    if ((r = rbd_aio_create_completion(p, probe_done, &c)) < 0) {
+        snprintf(err, errlen, "probe %s: %s", img->spec, strerror(-r));
+        p->refs = 1;
+        probe_unref(p);
+        return -1;
+    }
+    if ((r = rbd_aio_read(img->image, 0, sizeof(p->buf), p->buf, c)) < 0) {
+        snprintf(err, errlen, "probe read %s: %s", img->spec, strerror(-r));
+        rbd_aio_release(c);
+        p->refs = 1;
+        probe_unref(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
+int
+rbdsnap_probe_wait(struct rbdsnap_probe *p, double deadline)
+{
+    struct timespec ts;
+    int done;
+
+    ts.tv_sec = (time_t)(deadline / 1e3);
+    ts.tv_nsec = (long)((deadline - (double)ts.tv_sec * 1e3) * 1e6);
+    if (ts.tv_nsec > 999999999L)
+        ts.tv_nsec = 999999999L;
+    pthread_mutex_lock(&p->mu);
+    while (!p->done && mono_ms() < deadline)
+        if (pthread_cond_timedwait(&p->cond, &p->mu, &ts) == ETIMEDOUT)
+            break;
+    done = p->done;
+    pthread_mutex_unlock(&p->mu);
+    probe_unref(p);
+    return done ? 0 : 1;
 }
 
 static int

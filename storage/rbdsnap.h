@@ -72,6 +72,24 @@ void rbdsnap_image_free(struct rbdsnap_image *img);
  * no call to Ceph, so an inventory never waits on the cluster. */
 uint64_t rbdsnap_size(const struct rbdsnap_image *img);
 
+/*
+ * A probe of the storage behind img: a read of its first 512 bytes (the
+ * OSD holding its first object), started here and awaited by a deadline.
+ * QMP `stop` drains a VM's I/O before it returns, with the VM's vCPUs
+ * already stopped and QEMU's main loop (which serves `cont`) waiting: a
+ * read this client cannot get answered says that a drain there may wait
+ * as long.  It covers one object's OSD, not every OSD the VM writes to.
+ *
+ * wait returns 0 (answered, success or error from Ceph: it answers), 1 (no
+ * answer by deadline, a mono_ms time) or -1 (err set: could not start).
+ * wait always consumes p; a read still in flight is freed by its own
+ * completion later.
+ */
+struct rbdsnap_probe;
+int rbdsnap_probe_start(struct rbdsnap_image *img, struct rbdsnap_probe **out,
+                        char *err, size_t errlen);
+int rbdsnap_probe_wait(struct rbdsnap_probe *p, double deadline);
+
 /* Creates snapshot name; RBDSNAP_EEXIST when one of that name exists
  * already (not made by this call: never claimed as a member). */
 int rbdsnap_create(struct rbdsnap_image *img, const char *name,

@@ -40,6 +40,7 @@ check_loaded(void)
     if (cfg.listen_port < 1 || cfg.listen_port > 65535 ||
         cfg.qmp_timeout_ms < 10 || cfg.qmp_timeout_ms > 600000 ||
         cfg.freeze_timeout_ms < 10 || cfg.freeze_timeout_ms > 600000 ||
+        cfg.storage_probe_ms < 0 || cfg.storage_probe_ms > 600000 ||
         cfg.max_connections < 1 ||
         cfg.max_connections > CFG_MAX_CONNECTIONS ||
         cfg.handshake_timeout_ms < 100 ||

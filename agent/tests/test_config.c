@@ -37,7 +37,8 @@ test_full(void **state)
 
     (void)state;
     assert_int_equal(load("[agent]\nhost = h1 ; comment\nlisten = 10.0.0.1:7000\n"
-                          "qmp_timeout_ms = 1500\nfreeze_timeout_ms = 2500\n" TLS
+                          "qmp_timeout_ms = 1500\nfreeze_timeout_ms = 2500\n"
+                          "storage_probe_ms = 0\n" TLS
                           "[ceph]\nconf = /etc/ceph.conf\n"
                           "[vm a]\nqmp = /s\ndisk.disk0 = rbd:rbd/img0\n"
                           "disk.disk1 = rbd:rbd/img1\n"
@@ -49,6 +50,7 @@ test_full(void **state)
     assert_int_equal(cfg.listen_port, 7000);
     assert_int_equal(cfg.qmp_timeout_ms, 1500);
     assert_int_equal(cfg.freeze_timeout_ms, 2500);
+    assert_int_equal(cfg.storage_probe_ms, 0);
     assert_int_equal(cfg.nvms, 2);
     assert_int_equal(cfg.vms[0].ndisks, 2);
     assert_string_equal(cfg.vms[0].disks[1].image, "img1");

@@ -26,13 +26,13 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cutpoint.agentclient import AgentPool
-from cutpoint.coordinator import GroupSpec
+from cutpoint.coordinator import GroupSpec, load_group_file, pool_for
 
 # The lab every cell of the suite shares (one bring-up for `make faults`).
 FAULT_LAB = pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")
@@ -42,6 +42,72 @@ AGENT_PORT = 7443
 # The invariant the matrix checks in every cell: no VM stays paused longer
 # than its lease plus this much (stop, cont and the lease timer's own slack).
 PAUSE_SLACK_MS = 100
+
+
+# The coordinator-level cells' group: lease and commit budget (ms).
+LEASE_MS = 1000
+BUDGET_MS = 1000
+
+
+@pytest.fixture(name="spec")
+def spec_fixture(lab: dict[str, Any], agents: list[dict[str, Any]],
+                 tmp_path: Path) -> GroupSpec:
+    """`spec`: the lab's primary VMs as one group (LEASE_MS, BUDGET_MS)."""
+    from cutpoint.lab.groupfile import write_group_file
+
+    p = tmp_path / "group.yaml"
+    write_group_file(lab, p, group="lab", certs_dir=Path(lab["state_dir"]) / "certs",
+                     lease_ms=LEASE_MS, budget_ms=BUDGET_MS)
+    return load_group_file(p)
+
+
+@pytest.fixture(name="pool")
+async def pool_fixture(spec: GroupSpec) -> AsyncIterator[AgentPool]:
+    """`pool`: the coordinator's connections to the group's agents, open."""
+    p = pool_for(spec)
+    # Open every connection first: the faults below hit a live connection.
+    await vm_states(p, spec)
+    yield p
+    await p.close()
+
+
+def ceph_pid(lab: dict[str, Any], site: str, daemon: str) -> int:
+    """The pid of a lab Ceph daemon (`mon.a`, `osd.0`, `mgr.x`) at `site`."""
+    d = Path(lab["sites"][site]["data_dir"]) / "run" / f"{daemon}.pid"
+    return int(d.read_text().strip())
+
+
+def kill9_ceph(lab: dict[str, Any], site: str, daemon: str) -> None:
+    """kill -9 of a lab Ceph daemon; returns once it is gone."""
+    from cutpoint.lab.proc import pid_alive
+
+    pid = ceph_pid(lab, site, daemon)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while pid_alive(pid):
+        assert time.monotonic() - t0 < 10, f"{daemon} outlived kill -9"
+        time.sleep(0.01)
+
+
+def restart_ceph(lab: dict[str, Any], site: str, daemon: str, timeout: float = 60) -> None:
+    """Start a lab Ceph daemon again (as the lab started it, with its mark)
+    and wait until the site answers `ceph osd stat` with its OSD up."""
+    from cutpoint.lab.ceph import ceph_cmd
+    from cutpoint.lab.proc import run
+
+    kind, ident = daemon.split(".", 1)
+    d = Path(lab["sites"][site]["data_dir"])
+    run([f"ceph-{kind}", "-c", str(d / "ceph.conf"), "-i", ident], mark=str(lab["state_dir"]))
+    t0 = time.monotonic()
+    while True:
+        cp = run(ceph_cmd(d, "osd", "stat", "-f", "json"), check=False, timeout=30)
+        try:
+            if json.loads(cp.stdout).get("num_up_osds") == 1:
+                return
+        except ValueError:
+            pass
+        assert time.monotonic() - t0 < timeout, f"{site} {daemon}: not back: {cp.stderr}"
+        time.sleep(0.3)
 
 
 # -- injectors -----------------------------------------------------------------
@@ -214,6 +280,30 @@ def site_snaps(lab: dict[str, Any], site: str = "primary") -> dict[str, list[str
                                capture_output=True, text=True, check=True, timeout=60)
             out[spec] = [x["name"] for x in json.loads(r.stdout or "[]")]
     return out
+
+
+def wait_site_serves(lab: dict[str, Any], site: str, timeout: float) -> float:
+    """Seconds until a new Ceph client at `site` can list every VM disk's
+    snapshots again (each try bounded by 10 s); on each slow try, prints
+    `ceph health detail`.  Fails after `timeout`."""
+    from cutpoint.lab.ceph import ceph_cmd, rbd_cmd
+
+    s = lab["sites"][site]
+    specs = [f"{d['pool']}/{d['image']}" for vm in lab["vms"] if vm["site"] == site
+             for d in vm["disks"]]
+    t0 = time.monotonic()
+    while True:
+        try:
+            for spec in specs:
+                subprocess.run(rbd_cmd(s, "snap", "ls", spec), capture_output=True,
+                               check=True, timeout=10)
+            return time.monotonic() - t0
+        except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
+            h = subprocess.run(ceph_cmd(Path(s["data_dir"]), "health", "detail"),
+                               capture_output=True, text=True, timeout=30, check=False)
+            print(f"{site} not serving after {time.monotonic() - t0:.1f} s ({exc}): "
+                  f"{h.stdout.strip()[:600]}", flush=True)
+            assert time.monotonic() - t0 < timeout, f"{site}: Ceph not serving after {timeout} s"
 
 
 def snaps_of(lab: dict[str, Any], txn: str) -> list[str]:

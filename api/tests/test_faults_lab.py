@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,47 +27,26 @@ from cutpoint.agentclient import AgentPool
 from cutpoint.coordinator import (
     GroupSpec,
     TxLog,
-    load_group_file,
     pool_for,
     resolve_in_doubt,
     take_group_snapshot,
 )
 from faultkit import (  # api/tests/faultkit.py
+    LEASE_MS,
     MARKS,
     assert_pause_bound,
     blackhole,
     hung,
     pauses,
+    pool_fixture,  # noqa: F401  (the fixture `pool`)
     snaps_of,
+    spec_fixture,  # noqa: F401  (the fixture `spec`)
     vm_states,
     wait_pauses,
     wait_running,
 )
 
 pytestmark = MARKS
-
-LEASE_MS = 1000
-BUDGET_MS = 1000
-
-
-@pytest.fixture
-def spec(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path) -> GroupSpec:
-    from cutpoint.lab.groupfile import write_group_file
-
-    p = tmp_path / "group.yaml"
-    write_group_file(lab, p, group="lab", certs_dir=Path(lab["state_dir"]) / "certs",
-                     lease_ms=LEASE_MS, budget_ms=BUDGET_MS)
-    return load_group_file(p)
-
-
-@pytest.fixture
-async def pool(spec: GroupSpec) -> AsyncIterator[AgentPool]:
-    p = pool_for(spec)
-    # Open every connection first: the faults below hit a live connection.
-    await vm_states(p, spec)
-    yield p
-    await p.close()
-
 
 def _txn(what: str) -> str:
     return f"{what}-{os.urandom(4).hex()}"
