@@ -75,6 +75,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cutpoint.api.grouplock import LockLost
 from cutpoint.api.models import (
     Disk,
     Group,
@@ -362,14 +363,26 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
     try:
         out = run.go()
     except Exception as exc:
+        code = "lock_lost" if isinstance(exc, LockLost) else getattr(exc, "code",
+                                                                      "failover_failed")
         failed = exc if isinstance(exc, FailoverFailed) else FailoverFailed(
-            getattr(exc, "code", "failover_failed"), f"{type(exc).__name__}: {exc}")
+            code, f"{type(exc).__name__}: {exc}")
         stage = run.stage
         nxt = failover_recovery.next_step(stage, gname, retry_txn=run.retry_txn,
                                           vms=run.vms, epoch=run.epoch,
                                           unreplicated_id=run.unreplicated_id)
-        steps.mark("failed", {"code": failed.code, "stage": stage, "error": str(failed)[:1000],
-                              "next_step": nxt}, status="failed")
+        try:
+            steps.mark("failed", {"code": failed.code, "stage": stage,
+                                  "error": str(failed)[:1000], "next_step": nxt},
+                       status="failed")
+        except LockLost:
+            # `sf` is fenced by the group lock (grouplock.py): with the lock
+            # lost (Redis gone), it writes nothing more.  The job's own
+            # row is written by the task (tasks.py `_finish`), not through
+            # it: where the failover stopped and what to do next must
+            # still reach it (seen: Redis killed after vm.start at DR).
+            steps.timeline.append({"t_s": steps.now(), "step": "failed", "status": "failed",
+                                   "code": failed.code, "stage": stage, "next_step": nxt})
         result = {"mode": mode, "stage": stage,
                   "production_touched": failover_recovery.production_touched(stage),
                   "next_step": nxt, "requested_at": float(requested_at),

@@ -37,6 +37,12 @@ from cutpoint.coordinator import GroupSpec, load_group_file, pool_for
 # The lab every cell of the suite shares (one bring-up for `make faults`).
 FAULT_LAB = pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd")
 MARKS = [pytest.mark.lab, pytest.mark.fault, FAULT_LAB]
+# The same with the lab's writer workload in every guest: a write is always
+# in flight (the Ceph cells), and a drill's writer check has records to pass
+# on (the kill -9 DR cells).
+WRITER_LAB = pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
+                                    workload="writer")
+WRITER_MARKS = [pytest.mark.lab, pytest.mark.fault, WRITER_LAB]
 
 AGENT_PORT = 7443
 # The invariant the matrix checks in every cell: no VM stays paused longer

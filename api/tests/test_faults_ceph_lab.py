@@ -42,6 +42,7 @@ from fastapi.testclient import TestClient
 from faultkit import (  # api/tests/faultkit.py
     LEASE_MS,
     PAUSE_SLACK_MS,
+    WRITER_MARKS,
     assert_pause_bound,
     ceph_pid,
     fault_plane,
@@ -57,9 +58,7 @@ from faultkit import (  # api/tests/faultkit.py
 )
 from plane import Plane, wait_for  # api/tests/plane.py
 
-WRITER_LAB = pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
-                                    workload="writer")
-pytestmark = [pytest.mark.lab, pytest.mark.fault, WRITER_LAB]
+pytestmark = WRITER_MARKS
 
 HANG_S = 8.0          # how long the OSD stays stopped in the stop cell
 QMP_TIMEOUT_MS = 2000  # the lab agents' qmp_timeout_ms: one retry's `cont`
