@@ -1,6 +1,6 @@
 # The two commands: `make demo` and `make test`.  Both run the idempotent
 # setup first (Debian packages, .venv, C build).
-.PHONY: all setup build test test-slow faults demo fuzz lint docs package clean
+.PHONY: all setup build test test-slow faults faults-slow demo fuzz lint docs package clean
 
 all: build
 
@@ -18,10 +18,22 @@ test-slow: setup
 drills: setup
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow -s dr-tests/tests/test_postgres_drill.py dr-tests/tests/test_cassandra_drill.py
 
-# The fault matrix of docs/reliability.md: one injected fault per test, on
-# one shared lab (marker `fault`; the other suites leave these out).
+# The fault matrix of docs/reliability.md: one injected fault per test
+# (marker `fault`; the other suites leave these out).  `make faults`: the
+# cells on the shared lab, then the Ceph cells on a lab whose guests write;
+# `make faults-slow` (marker `slow` too): the cells that each replicate a
+# recovery point and boot it at DR (a failover leaves the primary VMs
+# stopped, so the test after it brings up a fresh lab).
+FAULTS = api/tests/test_faults_lab.py api/tests/test_faults_plane_lab.py \
+	api/tests/test_faults_retention_lab.py api/tests/test_redelivery_lab.py \
+	api/tests/test_faults_ceph_lab.py
+FAULTS_SLOW = api/tests/test_faults_plane_lab.py api/tests/test_faults_dr_lab.py \
+	api/tests/test_faults_kill_dr_lab.py
 faults: setup
-	.venv/bin/python -m pytest -p no:cacheprovider --durations=0 -m 'fault and not slow' -s api/tests/test_faults_lab.py api/tests/test_faults_plane_lab.py api/tests/test_faults_retention_lab.py api/tests/test_redelivery_lab.py
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=0 -m 'fault and not slow' -s $(FAULTS)
+
+faults-slow: setup
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=0 -m 'fault and slow' -s $(FAULTS_SLOW)
 
 test-ansible: setup ; .venv/bin/pytest -m slow -s -v dr-tests/tests/test_ansible_vms.py
 

@@ -5,7 +5,8 @@ Same lab as the other cells (faultkit.MARKS); the control plane on a Redis
 of the test's own (faultkit `fault_plane`, `redis_box`), the lab's booter.
 Each cell takes minutes (a full replication, a boot at DR under TCG) and
 the failover cell leaves the primary VMs stopped (the next test gets a
-fresh lab): both are `slow`, out of `make faults`, run by `make test-slow`.
+fresh lab): all are `slow`, out of `make faults`, run by `make faults-slow`
+(.ci/run's last stage).
 Each asserts the matrix's outcomes where they apply: the job ends in a
 clear state with its reason, nothing at DR started twice or left running
 half-way, production running (a drill) or stopped with a recorded reason

@@ -256,11 +256,11 @@ def test_worker_kill9_mid_replication(lab: dict[str, Any], plane: Plane,
     _identical(lab, images, after["txn"])
 
 
-# Out of `make faults` (so out of CI) until its recovery half is made
-# deterministic: in the fresh-clone CI run of 2026-11-26 the failure half
-# held (failed after 181 s, not offered), but with the OSD back the copy
-# was not completed within 300 s: the second attempt, which only a
-# redelivery had started, failed too after 60 s.  `make test-slow` runs it.
+# Slow (`make faults-slow`, run by .ci/run after `make faults`): a full
+# copy, a 60 s stall bound, then the copy again.  In the fresh-clone CI run
+# of 2026-11-26, before the stall bound, the failure half held (failed
+# after 181 s, not offered) but with the OSD back the copy was not
+# completed within 300 s.
 @pytest.mark.slow
 def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
                                      client: TestClient) -> None:
