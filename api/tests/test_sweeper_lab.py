@@ -177,3 +177,45 @@ def test_sweeper_deletes_old_orphans_only(lab: dict[str, Any], plane: Plane,
         [(r.path, r.status, r.detail) for r in rows]
     _rbd(lab, "snap", "rm", f"{d0}@by-hand")
     _rbd(lab, "snap", "rm", f"{d0}@{lookalike}")
+
+
+def test_sweeper_refuses_a_snapshot_changed_since_the_listing(
+        lab: dict[str, Any], plane: Plane, client: TestClient) -> None:
+    """An orphan listed by the sweeper, then removed and made again under the
+    same name (another snap id, no owner key) before the sweeper's delete
+    (injected through the run's own progress hook, called before each
+    host's deletes): each agent refuses (`NOT_OWNED`), nothing is deleted,
+    each refusal is audited 409."""
+    from cutpoint.api.services import sweeper
+
+    c = client
+    plane.start("worker")
+    register(c, lab, plane, rpo=None)
+    txn = _orphan(c, lab, plane)
+    name = f"cp.app.{txn}"
+    changed: list[str] = []
+
+    def progress(_frac: float, msg: str) -> None:
+        if msg.startswith("deleting") and not changed:
+            for spec, snaps in _snaps(lab).items():
+                if name in snaps:
+                    _rbd(lab, "snap", "rm", f"{spec}@{name}")
+                    _rbd(lab, "snap", "create", f"{spec}@{name}")
+                    changed.append(spec)
+
+    res = sweeper.sweep(plane.sf, plane.settings, grace_s=0, progress=progress)
+    print(f"\nchanged {changed}; refused {[r['error'] for r in res.refused]}; deleted "
+          f"{res.deleted}; failed {res.failed}")
+    assert changed, "no member of the orphan to change"
+    assert len(res.refused) == len(changed) and res.deleted == [] and res.failed == [], \
+        res.to_dict()
+    assert all("NOT_OWNED" in r["error"] for r in res.refused), res.refused
+    after = _snaps(lab)
+    assert all(name in after[spec] for spec in changed), after
+    with plane.sf() as s:
+        rows = list(s.scalars(select(AuditEntry).where(AuditEntry.path.like("agent:%"))))
+    assert len(rows) == len(changed) and all(
+        r.status == 409 and r.detail and r.detail["outcome"] == "refused" for r in rows), \
+        [(r.path, r.status, r.detail) for r in rows]
+    for spec in changed:
+        _rbd(lab, "snap", "rm", f"{spec}@{name}")
