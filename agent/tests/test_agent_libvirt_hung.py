@@ -39,6 +39,9 @@ pytestmark = pytest.mark.lab
 DOMAIN = "cp-lvhung-dom"
 LEASE_MS = 2000                 # the coordinator's default lease
 PREPARE_TIMEOUT_S = LEASE_MS / 2 / 1000     # and its prepare timeout
+# The fault matrix's bound (docs/reliability.md): the QMP VM resumed within
+# the lease plus this, although its libvirt peer hangs.
+PAUSE_SLACK_MS = 100
 
 
 @pytest.fixture
@@ -134,7 +137,7 @@ async def test_sigstop_libvirtd_during_prepare(
           f"{t_abort * 1000:.0f} ms after PREPARE (lease {LEASE_MS} ms); qv paused "
           f"{vms['qv']['paused_ms']:.0f} ms; domain running {took * 1000:.0f} ms "
           f"after SIGCONT")
-    assert vms["qv"]["paused_ms"] <= LEASE_MS + 500
+    assert vms["qv"]["paused_ms"] <= LEASE_MS + PAUSE_SLACK_MS
     assert t_abort <= LEASE_MS / 1000 + 1.0
 
 
@@ -160,5 +163,5 @@ async def test_sigstop_domain_qemu_during_prepare(
           f"{t_abort * 1000:.0f} ms after PREPARE (lease {LEASE_MS} ms); qv paused "
           f"{vms['qv']['paused_ms']:.0f} ms; domain running {took * 1000:.0f} ms "
           f"after SIGCONT")
-    assert vms["qv"]["paused_ms"] <= LEASE_MS + 500
+    assert vms["qv"]["paused_ms"] <= LEASE_MS + PAUSE_SLACK_MS
     assert t_abort <= LEASE_MS / 1000 + 1.0
