@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,8 @@ from cutpoint.api.models import (
     utcnow,
 )
 from cutpoint.api.services import rpo
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("cutpoint.capture")
@@ -189,58 +191,70 @@ def txlog_for(url: str) -> Any:
     from cutpoint.coordinator.txlog import TxLog
 
     if url not in _txlogs:
-        # Tables come from Alembic (migration 0002), not create_all.
-        _txlogs[url] = TxLog(get_engine(url), create=False)
+        # Tables come from Alembic (migration 0002), not create_all.  On
+        # SQLite, reads of the log go through the engine whose BEGIN does
+        # not take the write lock.
+        reads = get_engine(url, immediate=False) if url.startswith("sqlite") else None
+        _txlogs[url] = TxLog(get_engine(url), create=False, read_engine=reads)
     return _txlogs[url]
 
 
-def _set_phase(sf: sessionmaker[Session], snap_id: int, job_id: str | None, phase: str) -> None:
-    with sf() as s:
-        snap = s.get(GroupSnapshot, snap_id)
-        if snap is None:
+def _phase_hook(snapshot_id: int, job_id: str | None, txn: str,
+                quiesce: str) -> Callable[[Connection, str, str], None]:
+    """What each state write of `txn` also records about the API's rows,
+    inside the log's own transaction (TxLog.hooked): the snapshot's state,
+    start and cut times, the job's progress.  One commit per protocol phase,
+    not two, and none inside the pause window but the COMMITTING decision's
+    own (the "prepared" progress mark is not written at all)."""
+    snaps, jobs = GroupSnapshot.__table__, Job.__table__
+
+    def hook(c: Connection, t: str, state: str) -> None:
+        if t != txn:  # an earlier txn of the group, resolved by this run
             return
-        st = PHASE_STATE.get(phase)
-        if st is not None and snap.state not in (SnapState.committed, SnapState.aborted):
-            snap.state = st
-        if phase == "committing" and snap.cut_at is None:
-            snap.cut_at = utcnow()
-        if job_id:
-            job = s.get(Job, job_id)
-            if job is not None:
-                job.progress = PHASE_PROGRESS.get(phase, job.progress)
-                job.message = phase
-        s.commit()
+        now = utcnow()
+        row = snaps.c.id == snapshot_id
+        st = PHASE_STATE.get(state)
+        if st is not None:
+            c.execute(update(snaps).where(row, snaps.c.state.not_in(
+                [SnapState.committed, SnapState.aborted])).values(state=st))
+        if state == "preparing":
+            c.execute(update(snaps).where(row).values(quiesce=quiesce))
+            c.execute(update(snaps).where(row, snaps.c.started_at.is_(None))
+                      .values(started_at=now))
+        if state == "committing":
+            c.execute(update(snaps).where(row, snaps.c.cut_at.is_(None)).values(cut_at=now))
+        if job_id and state in PHASE_PROGRESS:
+            c.execute(update(jobs).where(jobs.c.id == job_id).values(
+                progress=PHASE_PROGRESS[state], message=state))
+    return hook
 
 
 def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict[str, Any]:
     """Drive one group snapshot to a final state; returns a summary for the job."""
+    from cutpoint.api.db import get_sessionmaker
     from cutpoint.coordinator.twophase import resolve_in_doubt, take_group_snapshot
 
-    with sf() as s:
+    # Read only: the snapshot's start is written with PREPARING, in the
+    # log's transaction (_phase_hook).
+    with get_sessionmaker(settings.database_url, readonly=True)() as s:
         snap = s.get(GroupSnapshot, snapshot_id)
         assert snap is not None
         g = s.get(Group, snap.group_id)
         assert g is not None
         plan = build_spec(s, g, settings)
         job_id, txn = snap.job_id, snap.txn
-        if snap.started_at is None:
-            snap.started_at = utcnow()
-        snap.state = SnapState.preparing if snap.state == SnapState.pending else snap.state
-        snap.quiesce = plan.spec.quiesce
-        s.commit()
 
-    def on_event(_txn: str, phase: str) -> None:
-        _set_phase(sf, snapshot_id, job_id, phase)
-
-    log_ = txlog(sf, settings)  # the worker's group lock guards the log too
+    # The worker's group lock guards the log too; the hook writes the
+    # snapshot's and job's rows with each state.
+    log_ = txlog(sf, settings).hooked(_phase_hook(snapshot_id, job_id, txn,
+                                                  plan.spec.quiesce))
     # Earlier txns of this group left in doubt (a dead worker's, an
     # unconfirmed abort) are resolved first, and their snapshots settled.
     for res in _run_async(resolve_in_doubt(log_, _pool_for(plan.spec), group=plan.spec.name,
                                            wait=False)):
         settle(sf, settings, res)
     t0 = time.monotonic()
-    result = _run_async(take_group_snapshot(plan.spec, log_,
-                                            txn=txn, on_event=on_event,
+    result = _run_async(take_group_snapshot(plan.spec, log_, txn=txn,
                                             pool=_pool_for(plan.spec)))
     elapsed_ms = (time.monotonic() - t0) * 1000
     return record(sf, snapshot_id, plan, result, elapsed_ms)
