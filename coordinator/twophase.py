@@ -28,7 +28,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cutpoint.agentclient import AgentClient, AgentError, AgentPool, AgentReplyError
 from cutpoint.agentclient.tls import client_context
@@ -60,6 +60,7 @@ ABORT_TIMEOUT_MAX_S = 10.0
 STALE_MARGIN_S = 2.0
 
 EventHook = Callable[[str, str], Awaitable[None] | None]
+T = TypeVar("T")
 
 
 class CoordinatorError(RuntimeError):
@@ -78,6 +79,12 @@ class TxnInFlight(CoordinatorError):
     def __init__(self, txn: str, state: str) -> None:
         self.txn, self.state = txn, state
         super().__init__(f"txn {txn} is in flight ({state}) in another coordinator")
+
+
+async def _db(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """Run a blocking call of the log on a thread and wait for it (see
+    `_Run.write`)."""
+    return await asyncio.to_thread(fn, *args, **kw)
 
 
 def new_txn_id() -> str:
@@ -167,18 +174,24 @@ class _Run:
                  "thaw_error": t.thaw_error, "pause_path": t.pause_path}
                 for t in self.vms.values()]
 
-    def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:
+    async def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:
         """Record a transition; a log failure is kept and reported at the end.
 
         light: only the state and its event row.  The COMMITTING write is
         inside every VM's pause window, so it carries nothing else; the
         per-VM facts of phase 1 are written with the final state.
+
+        The write runs on a thread (`_db`): the event loop may be driving
+        other groups' transactions meanwhile (the control plane runs many
+        at once on one loop, their agent calls pipelined per host), and a
+        blocking commit would hold up their replies.  It is awaited, so the
+        state is durable before the next phase is sent (R1-R5).
         """
         if not light:
             kw.setdefault("errors", list(self.errors))
             kw.setdefault("vms", self.vm_rows())
         try:
-            self.txlog.transition(self.txn, state, **kw)
+            await _db(self.txlog.transition, self.txn, state, **kw)
             return True
         except TxLogError as exc:
             log.error("event=txlog_failed txn=%s state=%s error=%s", self.txn, state, exc)
@@ -392,20 +405,20 @@ class _Run:
         return ok
 
     async def finish_abort(self, reason: str) -> GroupSnapshotResult:
-        self.write(ABORTING, reason=reason)  # R4 (sent even if this fails)
+        await self.write(ABORTING, reason=reason)  # R4 (sent even if this fails)
         try:
             await self.emit("aborting")
         except Exception as exc:  # noqa: BLE001  a progress hook must not keep VMs paused
             log.warning("event=hook_failed phase=aborting txn=%s error=%r", self.txn, exc)
         clean = await self.abort()
         if clean:
-            self.write(ABORTED, timings=dict(self.result(ABORTED, reason).timings),
+            await self.write(ABORTED, timings=dict(self.result(ABORTED, reason).timings),
                        snapshots={d["disk"]: {"state": "deleted"} for d in self.all_disks()}
                        if self.commit_sent else None)
             await self.emit("aborted")
             return self.result(ABORTED, reason)
         reason += "; cleanup incomplete, retried by resolve_in_doubt"
-        self.write(ABORTING, reason=reason)
+        await self.write(ABORTING, reason=reason)
         return self.result(ABORTING, reason)
 
     async def finish_commit(self) -> GroupSnapshotResult:
@@ -418,7 +431,7 @@ class _Run:
         for d in self.all_disks():
             snaps.setdefault(d["disk"], {"state": "created"})
         res = self.result(COMMITTED, None)
-        if self.write(COMMITTED, timings=dict(res.timings), snapshots=snaps):  # R3
+        if await self.write(COMMITTED, timings=dict(res.timings), snapshots=snaps):  # R3
             await self.emit("committed")
         return res
 
@@ -445,14 +458,14 @@ async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None 
     own_pool = pool is None
     pool = pool or pool_for(spec)
     try:
-        existing = txlog.get(txn)
+        existing = await _db(txlog.get, txn)
         if existing is not None:
             if existing.state in FINAL:
                 return GroupSnapshotResult.from_record(existing)
             if utcnow() < _stale_at(existing):
                 raise TxnInFlight(txn, existing.state)
             return await _resolve(existing, txlog, pool)
-        for rec in txlog.in_doubt(group=spec.name):
+        for rec in await _db(txlog.in_doubt, group=spec.name):
             if utcnow() >= _stale_at(rec):
                 await _resolve(rec, txlog, pool)
             elif rec.state in (PREPARING, COMMITTING):
@@ -468,8 +481,8 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
     run = _Run(spec, txlog, pool, txn, on_event)
     # R1: durable PREPARING before anything is paused.  If this raises, no
     # agent was contacted.
-    txlog.begin(txn, spec.name, spec.to_dict(), run.all_disks(),
-                lease_ms=spec.lease_ms, budget_ms=spec.budget_ms)
+    await _db(txlog.begin, txn, spec.name, spec.to_dict(), run.all_disks(),
+              lease_ms=spec.lease_ms, budget_ms=spec.budget_ms)
     await run.emit("preparing")
     try:
         reason = await run.prepare()
@@ -478,7 +491,7 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
         await run.emit("prepared")
         # R2: the cut is fixed; record the decision before any COMMIT.
         t = time.monotonic()
-        if not run.write(COMMITTING, light=True):
+        if not await run.write(COMMITTING, light=True):
             await run.finish_abort(f"could not record the commit decision: {run.log_error}")
             assert run.log_error is not None
             raise run.log_error
@@ -504,7 +517,7 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
 
 async def _best_effort_abort(run: _Run) -> None:
     try:
-        rec = run.txlog.get(run.txn)
+        rec = await _db(run.txlog.get, run.txn)
     except TxLogError:
         rec = None
     if rec is not None and rec.state in FINAL:
@@ -548,14 +561,14 @@ async def resolve_in_doubt(txlog: TxLog, pool: AgentPool, *, group: str | None =
     passed, otherwise it is skipped.  Returns the results of resolved txns.
     """
     out = []
-    for rec in sorted(txlog.in_doubt(group=group), key=lambda r: r.created_at):
+    for rec in sorted(await _db(txlog.in_doubt, group=group), key=lambda r: r.created_at):
         delay = (_stale_at(rec) - utcnow()).total_seconds()
         if delay > 0:
             if not wait:
                 log.info("event=txn_in_flight txn=%s skipped", rec.txn)
                 continue
             await asyncio.sleep(delay)
-            fresh = txlog.get(rec.txn)
+            fresh = await _db(txlog.get, rec.txn)
             if fresh is None or fresh.state in FINAL:
                 continue
             rec = fresh

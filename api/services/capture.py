@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -120,8 +122,15 @@ _txlogs: dict[str, Any] = {}
 # One event loop and one agent connection pool per worker process: agent
 # connections stay open across snapshots (agent-protocol §1.3), so a
 # snapshot pays no TCP/TLS handshake.  A dropped connection is re-opened
-# by the client on its next call.
+# by the client on its next call.  The loop runs on its own thread, and
+# every task thread of the worker (Celery's threads pool) hands its
+# coroutines to it: many group snapshots are then in flight at once in
+# one process, and those to the same host share its one connection, their
+# requests pipelined (agent-protocol §1.3: replies may come in any order).
 _loop: asyncio.AbstractEventLoop | None = None
+_loop_thread: threading.Thread | None = None
+_loop_pid: int | None = None
+_lock = threading.RLock()
 _pools: dict[tuple[str, str, str], Any] = {}
 # Per pool: the pin (and TLS server name) each agent's connection was
 # opened under.  The pool reuses a connection by address alone, so a
@@ -129,11 +138,32 @@ _pools: dict[tuple[str, str, str], Any] = {}
 _pins: dict[tuple[str, str, str], dict[tuple[str, int], tuple[str | None, str | None]]] = {}
 
 
+def _agent_loop() -> asyncio.AbstractEventLoop:
+    """This process's agent loop, started on first use (and again in a
+    forked child: the parent's loop thread and connections are not its)."""
+    global _loop, _loop_thread, _loop_pid
+    with _lock:
+        if (_loop is None or _loop.is_closed() or _loop_pid != os.getpid()
+                or _loop_thread is None or not _loop_thread.is_alive()):
+            if _loop_pid is not None and _loop_pid != os.getpid():
+                _pools.clear()
+                _pins.clear()
+            _loop = asyncio.new_event_loop()
+            _loop_thread = threading.Thread(target=_loop.run_forever, daemon=True,
+                                            name="cutpoint-agent-loop")
+            _loop_thread.start()
+            _loop_pid = os.getpid()
+        return _loop
+
+
 def _run_async(coro: Any) -> Any:
-    global _loop
-    if _loop is None or _loop.is_closed():
-        _loop = asyncio.new_event_loop()
-    return _loop.run_until_complete(coro)
+    """Run `coro` on the agent loop and wait for its result (from any thread
+    but the loop's own)."""
+    loop = _agent_loop()
+    if threading.current_thread() is _loop_thread:
+        coro.close()
+        raise RuntimeError("_run_async called on the agent loop's own thread")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
 
 def _pool_for(spec: Any) -> Any:
@@ -144,6 +174,11 @@ def _pool_for(spec: Any) -> Any:
     connection was checked against, the pool is closed and a new one made:
     every connection of the new pool checks the pins it is given (a pin
     changes rarely; the others reconnect once)."""
+    with _lock:
+        return _pool_for_locked(spec)
+
+
+def _pool_for_locked(spec: Any) -> Any:
     from cutpoint.agentclient.client import normalize_fingerprint
     from cutpoint.coordinator.twophase import pool_for
 
@@ -174,9 +209,10 @@ def pool(settings: Settings) -> Any:
     if not (settings.agent_ca and settings.agent_cert and settings.agent_key):
         raise CaptureError("agent_tls_unset", "CUTPOINT_AGENT_CA/CERT/KEY are not configured")
     key = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key))
-    if key not in _pools:
-        _pools[key] = AgentPool(client_context(*key))
-    return _pools[key]
+    with _lock:
+        if key not in _pools:
+            _pools[key] = AgentPool(client_context(*key))
+        return _pools[key]
 
 
 def txlog(sf: sessionmaker[Session], settings: Settings) -> Any:
