@@ -18,6 +18,7 @@ import asyncio
 import datetime as dt
 import logging
 import os
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -128,6 +129,7 @@ _txlogs: dict[str, Any] = {}
 # one process, and those to the same host share its one connection, their
 # requests pipelined (agent-protocol §1.3: replies may come in any order).
 _loop: asyncio.AbstractEventLoop | None = None
+SWITCH_INTERVAL_S = 0.0005
 _loop_thread: threading.Thread | None = None
 _loop_pid: int | None = None
 _lock = threading.RLock()
@@ -149,6 +151,13 @@ def _agent_loop() -> asyncio.AbstractEventLoop:
                 _pools.clear()
                 _pins.clear()
             _loop = asyncio.new_event_loop()
+            # The loop's thread is inside every VM's pause window whenever a
+            # reply comes in; other threads of a threads-pool worker (the
+            # tasks' database work) hold the GIL meanwhile.  CPython hands it
+            # over only every switch interval (5 ms by default), and a
+            # protocol step may wait for several handovers: 0.5 ms bounds
+            # each wait tighter, for a little more switching overhead.
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             _loop_thread = threading.Thread(target=_loop.run_forever, daemon=True,
                                             name="cutpoint-agent-loop")
             _loop_thread.start()

@@ -29,9 +29,17 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from cutpoint.api.models import Group, GroupSnapshot, RpoMiss, SnapState, as_utc, utcnow
+from cutpoint.api.models import (
+    Group,
+    GroupSnapshot,
+    Policy,
+    RpoMiss,
+    SnapState,
+    as_utc,
+    utcnow,
+)
 from cutpoint.api.schemas.rpo import RpoMissPublic, RpoStatus
 from cutpoint.api.services import drill_schedule, webhooks
 from sqlalchemy import func, select
@@ -64,11 +72,37 @@ class Assessment:
         return self.due_at is not None and now >= self.due_at and self.in_flight is None
 
 
+class Sched(NamedTuple):
+    """What the schedule of one group depends on, read without the ORM (the
+    scheduler reads it for every group at every tick)."""
+
+    id: int
+    enabled: bool
+    created_at: dt.datetime
+    rpo_seconds: int | None
+    replication_target_id: int | None
+
+    @classmethod
+    def of(cls, g: Group) -> Sched:
+        p = g.policy
+        return cls(g.id, g.enabled, g.created_at, p.rpo_seconds, p.replication_target_id)
+
+
+def scheduled(session: Session, ids: list[int] | None = None) -> list[Sched]:
+    """Every group with an RPO (or those of `ids`), in one query."""
+    q = (select(Group.id, Group.enabled, Group.created_at, Policy.rpo_seconds,
+                Policy.replication_target_id)
+         .join(Policy, Policy.group_id == Group.id).where(Policy.rpo_seconds.is_not(None)))
+    if ids is not None:
+        q = q.where(Group.id.in_(ids))
+    return [Sched(*row) for row in session.execute(q)]
+
+
 def assess(session: Session, g: Group, now: dt.datetime, margin_s: float) -> Assessment:
-    return assess_many(session, [g], now, margin_s)[g.id]
+    return assess_many(session, [Sched.of(g)], now, margin_s)[g.id]
 
 
-def first_capture_offset_s(g: Group, window_s: float) -> float:
+def first_capture_offset_s(g: Group | Sched, window_s: float) -> float:
     """When, within `window_s` after the group's creation, its first capture
     is due: a deterministic share of the window, the same at every tick and
     in every process (a Weyl sequence over the group id: consecutive ids
@@ -91,7 +125,7 @@ def _recent(session: Session, cols: tuple[Any, ...], where: Any, ids: list[int])
     return out
 
 
-def assess_many(session: Session, gs: list[Group], now: dt.datetime, margin_s: float) \
+def assess_many(session: Session, gs: list[Sched], now: dt.datetime, margin_s: float) \
         -> dict[int, Assessment]:
     """`assess` for many groups in a fixed number of queries (the
     scheduler's tick looks at every group each second; one query per group
@@ -105,7 +139,7 @@ def assess_many(session: Session, gs: list[Group], now: dt.datetime, margin_s: f
         select(GroupSnapshot.group_id, func.max(GroupSnapshot.cut_at))
         .where(GroupSnapshot.group_id.in_(ids), committed)
         .group_by(GroupSnapshot.group_id)).all())
-    dr_ids = [g.id for g in gs if g.policy.replication_target_id is not None]
+    dr_ids = [g.id for g in gs if g.replication_target_id is not None]
     newest_dr: dict[int, dt.datetime | None] = {}
     lags: dict[int, list[Any]] = {}
     if dr_ids:
@@ -125,9 +159,8 @@ def assess_many(session: Session, gs: list[Group], now: dt.datetime, margin_s: f
         GroupSnapshot.inflight_group_id.in_(ids)))}
     out = {}
     for g in gs:
-        p = g.policy
         lag = 0.0
-        if p.replication_target_id is not None:
+        if g.replication_target_id is not None:
             nc = newest_dr.get(g.id)
             ls = [(as_utc(v) - as_utc(c)).total_seconds() for c, v in lags.get(g.id, [])
                   if c and v]
@@ -140,8 +173,8 @@ def assess_many(session: Session, gs: list[Group], now: dt.datetime, margin_s: f
         duration = max(ld) if ld else DEFAULT_DURATION_S
         achieved = (now - nc).total_seconds() if nc else None
         due_at = None
-        if p.rpo_seconds is not None and g.enabled:
-            window = p.rpo_seconds - duration - lag - margin_s
+        if g.rpo_seconds is not None and g.enabled:
+            window = g.rpo_seconds - duration - lag - margin_s
             if nc is not None:
                 due_at = nc + dt.timedelta(seconds=window)
             else:
@@ -152,12 +185,12 @@ def assess_many(session: Session, gs: list[Group], now: dt.datetime, margin_s: f
                 # at once, the last of which miss.
                 due_at = as_utc(g.created_at) + dt.timedelta(
                     seconds=first_capture_offset_s(g, window))
-        out[g.id] = Assessment(g.id, p.rpo_seconds, nc, achieved, duration, lag, due_at,
+        out[g.id] = Assessment(g.id, g.rpo_seconds, nc, achieved, duration, lag, due_at,
                                inflight.get(g.id))
     return out
 
 
-def overdue_s(a: Assessment, g: Group, now: dt.datetime) -> float:
+def overdue_s(a: Assessment, g: Group | Sched, now: dt.datetime) -> float:
     """Seconds the group has been out of compliance (0 when compliant)."""
     if a.rpo_seconds is None:
         return 0.0

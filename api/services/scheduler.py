@@ -19,10 +19,10 @@ from typing import Any
 
 import redis
 from cutpoint.api.config import Settings
-from cutpoint.api.models import Group, GroupSnapshot, Job, Policy, utcnow
+from cutpoint.api.models import Group, GroupSnapshot, Job, utcnow
 from cutpoint.api.services import queue, rpo, snapshots
 from sqlalchemy import select
-from sqlalchemy.orm import Session, contains_eager, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("cutpoint.scheduler")
 
@@ -42,7 +42,7 @@ def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
     # number of queries (rpo.assess_many); take the write lock only for the
     # few groups that need a miss recorded or a capture started.
     with (read_sf or sf)() as s:
-        gs = _scheduled(s)
+        gs = rpo.scheduled(s)
         stats["groups"] = len(gs)
         found = rpo.assess_many(s, gs, now, margin)
         overdue = [g.id for g in gs if rpo.overdue_s(found[g.id], g, now) > 0]
@@ -70,24 +70,16 @@ def tick(sf: sessionmaker[Session], settings: Settings, r: redis.Redis,
     return stats
 
 
-def _scheduled(s: Session, ids: list[int] | None = None) -> list[Group]:
-    q = (select(Group).join(Policy, Policy.group_id == Group.id)
-         .where(Policy.rpo_seconds.is_not(None)).options(contains_eager(Group.policy)))
-    if ids is not None:
-        q = q.where(Group.id.in_(ids))
-    return list(s.scalars(q).unique())
-
-
 def _request_due(sf: sessionmaker[Session], settings: Settings, ids: list[int],
                  now: dt.datetime, margin: float) -> tuple[int, int]:
     """Request a capture of each group in `ids` that is still due, in one
     write transaction (one commit for all, not one per group), then queue
     the jobs.  Returns (queued, errors)."""
     with sf() as s:
-        gs = _scheduled(s, ids)
+        gs = rpo.scheduled(s, ids)
         found = rpo.assess_many(s, gs, now, margin)  # again, under the write lock
         jobs = snapshots.request_many(
-            s, [g for g in gs if g.enabled and found[g.id].due(now)],
+            s, [g.id for g in gs if g.enabled and found[g.id].due(now)],
             trigger="schedule", actor="scheduler")
         queued = errors = 0
         for job in jobs:

@@ -74,7 +74,7 @@ def test_groups_created_together_are_first_captured_spread_over_their_rpo(
     margin = settings.capture_head_start_s
     window = RPO - rpo.DEFAULT_DURATION_S - margin
     with sf() as s:
-        gs = list(s.scalars(select(Group)))
+        gs = rpo.scheduled(s)
         due = sorted((a.due_at - created).total_seconds()
                      for a in rpo.assess_many(s, gs, created, margin).values()
                      if a.due_at is not None)
