@@ -81,9 +81,11 @@ class TxnInFlight(CoordinatorError):
         super().__init__(f"txn {txn} is in flight ({state}) in another coordinator")
 
 
-async def _db(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-    """Run a blocking call of the log on a thread and wait for it (see
-    `_Run.write`)."""
+async def _db(fn: Callable[..., T], *args: Any, offload: bool = True, **kw: Any) -> T:
+    """A blocking call of the log: on a thread, waited for, with `offload`
+    (see `_Run.write`); else here."""
+    if not offload:
+        return fn(*args, **kw)
     return await asyncio.to_thread(fn, *args, **kw)
 
 
@@ -122,8 +124,9 @@ class _Run:
     """One execution of the protocol for one txn (fresh or being resolved)."""
 
     def __init__(self, spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
-                 on_event: EventHook | None) -> None:
+                 on_event: EventHook | None, offload: bool = False) -> None:
         self.spec, self.txlog, self.pool, self.txn = spec, txlog, pool, txn
+        self.offload = offload
         self.on_event = on_event
         self.name = spec.snapshot_name(txn)
         self.vms: dict[str, VMTiming] = {
@@ -181,21 +184,22 @@ class _Run:
         inside every VM's pause window, so it carries nothing else; the
         per-VM facts of phase 1 are written with the final state.
 
-        The write runs on a thread (`_db`): the event loop may be driving
-        other groups' transactions meanwhile (the control plane runs many
-        at once on one loop, their agent calls pipelined per host), and a
-        blocking commit would hold up their replies.  The light write, the
-        commit decision, is the exception: it is inside every VM's pause
-        window, where two thread handovers cost more than the short commit
-        holds up the loop (on a loaded machine each handover waits for the
-        OS to run the other thread).  Either way it is done before the next
-        phase is sent (R1-R5).
+        With `offload` the write runs on a thread (`_db`): the event loop
+        may be driving other groups' transactions meanwhile (the control
+        plane's threads-pool worker runs many at once on one loop, their
+        agent calls pipelined per host), and a blocking commit would hold up
+        their replies.  The light write, the commit decision, is written
+        inline even then: it is inside every VM's pause window, where two
+        thread handovers cost more than the short commit holds up the loop
+        (on a loaded machine each handover waits for the OS to run the other
+        thread).  Either way it is done before the next phase is sent
+        (R1-R5).
         """
         if not light:
             kw.setdefault("errors", list(self.errors))
             kw.setdefault("vms", self.vm_rows())
         try:
-            if light:
+            if light or not self.offload:
                 self.txlog.transition(self.txn, state, **kw)
             else:
                 await _db(self.txlog.transition, self.txn, state, **kw)
@@ -445,7 +449,8 @@ class _Run:
 
 async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None = None,
                               pool: AgentPool | None = None,
-                              on_event: EventHook | None = None) -> GroupSnapshotResult:
+                              on_event: EventHook | None = None,
+                              offload: bool = False) -> GroupSnapshotResult:
     """Take one crash-consistent group snapshot of `spec`.
 
     Idempotent by `txn`: repeating a finished txn returns its stored result
@@ -453,6 +458,8 @@ async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None 
     written before PREPARE (then nothing was paused), GroupBusy when another
     snapshot of the group is in flight.  `pool` keeps agent connections open
     across calls; without it one is made from `spec.tls` and closed at the end.
+    `offload`: run the log's reads and writes on threads (but the commit
+    decision's), for a loop that drives many groups at once (`_Run.write`).
     `on_event(txn, phase)` is called at each phase (preparing, prepared,
     committing, committed, aborting, aborted).  "prepared" and "committing"
     are called *inside* every VM's pause window and are awaited: a hook that
@@ -465,31 +472,31 @@ async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None 
     own_pool = pool is None
     pool = pool or pool_for(spec)
     try:
-        existing = await _db(txlog.get, txn)
+        existing = await _db(txlog.get, txn, offload=offload)
         if existing is not None:
             if existing.state in FINAL:
                 return GroupSnapshotResult.from_record(existing)
             if utcnow() < _stale_at(existing):
                 raise TxnInFlight(txn, existing.state)
-            return await _resolve(existing, txlog, pool)
-        for rec in await _db(txlog.in_doubt, group=spec.name):
+            return await _resolve(existing, txlog, pool, offload)
+        for rec in await _db(txlog.in_doubt, group=spec.name, offload=offload):
             if utcnow() >= _stale_at(rec):
-                await _resolve(rec, txlog, pool)
+                await _resolve(rec, txlog, pool, offload)
             elif rec.state in (PREPARING, COMMITTING):
                 raise GroupBusy(spec.name, rec.txn, rec.state)
-        return await _run(spec, txlog, pool, txn, on_event)
+        return await _run(spec, txlog, pool, txn, on_event, offload)
     finally:
         if own_pool:
             await pool.close()
 
 
 async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
-               on_event: EventHook | None) -> GroupSnapshotResult:
-    run = _Run(spec, txlog, pool, txn, on_event)
+               on_event: EventHook | None, offload: bool) -> GroupSnapshotResult:
+    run = _Run(spec, txlog, pool, txn, on_event, offload)
     # R1: durable PREPARING before anything is paused.  If this raises, no
     # agent was contacted.
     await _db(txlog.begin, txn, spec.name, spec.to_dict(), run.all_disks(),
-              lease_ms=spec.lease_ms, budget_ms=spec.budget_ms)
+              lease_ms=spec.lease_ms, budget_ms=spec.budget_ms, offload=offload)
     await run.emit("preparing")
     try:
         reason = await run.prepare()
@@ -524,7 +531,7 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
 
 async def _best_effort_abort(run: _Run) -> None:
     try:
-        rec = await _db(run.txlog.get, run.txn)
+        rec = await _db(run.txlog.get, run.txn, offload=run.offload)
     except TxLogError:
         rec = None
     if rec is not None and rec.state in FINAL:
@@ -535,7 +542,8 @@ async def _best_effort_abort(run: _Run) -> None:
         log.exception("event=abort_failed txn=%s", run.txn)
 
 
-async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool) -> GroupSnapshotResult:
+async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool,
+                   offload: bool = False) -> GroupSnapshotResult:
     """Resolve one in-doubt txn (docs/design.md §6):
 
     PREPARING  → abort (prepared but undecided means abort; no COMMIT was sent)
@@ -544,7 +552,7 @@ async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool) -> GroupSnapsh
     ABORTING   → ABORT again + cleanup
     """
     spec = GroupSpec.from_dict({k: v for k, v in rec.spec.items() if k != "tls"})
-    run = _Run(spec, txlog, pool, rec.txn, None)
+    run = _Run(spec, txlog, pool, rec.txn, None, offload)
     run.errors = list(rec.errors)
     run.commit_sent = COMMITTING in rec.states
     log.warning("event=txn_in_doubt txn=%s state=%s", rec.txn, rec.state)
@@ -560,7 +568,8 @@ async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool) -> GroupSnapsh
 
 
 async def resolve_in_doubt(txlog: TxLog, pool: AgentPool, *, group: str | None = None,
-                           wait: bool = True) -> list[GroupSnapshotResult]:
+                           wait: bool = True,
+                           offload: bool = False) -> list[GroupSnapshotResult]:
     """Resolve every in-doubt txn (invariant 4), e.g. at coordinator start.
 
     A txn updated less than lease + budget + margin ago may still be driven
@@ -568,16 +577,17 @@ async def resolve_in_doubt(txlog: TxLog, pool: AgentPool, *, group: str | None =
     passed, otherwise it is skipped.  Returns the results of resolved txns.
     """
     out = []
-    for rec in sorted(await _db(txlog.in_doubt, group=group), key=lambda r: r.created_at):
+    for rec in sorted(await _db(txlog.in_doubt, group=group, offload=offload),
+                      key=lambda r: r.created_at):
         delay = (_stale_at(rec) - utcnow()).total_seconds()
         if delay > 0:
             if not wait:
                 log.info("event=txn_in_flight txn=%s skipped", rec.txn)
                 continue
             await asyncio.sleep(delay)
-            fresh = await _db(txlog.get, rec.txn)
+            fresh = await _db(txlog.get, rec.txn, offload=offload)
             if fresh is None or fresh.state in FINAL:
                 continue
             rec = fresh
-        out.append(await _resolve(rec, txlog, pool))
+        out.append(await _resolve(rec, txlog, pool, offload))
     return out

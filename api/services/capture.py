@@ -123,33 +123,57 @@ _txlogs: dict[str, Any] = {}
 # One event loop and one agent connection pool per worker process: agent
 # connections stay open across snapshots (agent-protocol §1.3), so a
 # snapshot pays no TCP/TLS handshake.  A dropped connection is re-opened
-# by the client on its next call.  The loop runs on its own thread, and
-# every task thread of the worker (Celery's threads pool) hands its
-# coroutines to it: many group snapshots are then in flight at once in
-# one process, and those to the same host share its one connection, their
-# requests pipelined (agent-protocol §1.3: replies may come in any order).
+# by the client on its next call.
+#
+# Two ways to run it, chosen by the calling thread:
+# - "inline": from the process's main thread (a prefork worker's child runs
+#   its tasks there, one at a time; the CLI), the loop runs in the caller,
+#   as `run_until_complete`, and the coordinator writes its log inline:
+#   no thread handover anywhere in the protocol;
+# - "shared": from any other thread (the tasks of a threads-pool worker),
+#   the loop runs on a thread of its own and every caller hands its
+#   coroutines to it: many group snapshots are in flight at once in one
+#   process, and those to one host share its connection, their requests
+#   pipelined (agent-protocol §1.3: replies may come in any order).  The
+#   log's writes then run on threads (twophase `offload`), except the one
+#   inside the pause window.
+# Each way has its own pools: a connection belongs to the loop it was
+# opened on.
+INLINE, SHARED = "inline", "shared"
+_inline_loop: asyncio.AbstractEventLoop | None = None
+_inline_pid: int | None = None
 _loop: asyncio.AbstractEventLoop | None = None
 SWITCH_INTERVAL_S = 0.0005
 _loop_thread: threading.Thread | None = None
 _loop_pid: int | None = None
 _lock = threading.RLock()
-_pools: dict[tuple[str, str, str], Any] = {}
+_pools: dict[tuple[str, str, str, str], Any] = {}
 # Per pool: the pin (and TLS server name) each agent's connection was
 # opened under.  The pool reuses a connection by address alone, so a
 # host whose pin changed must not find its old connection there.
-_pins: dict[tuple[str, str, str], dict[tuple[str, int], tuple[str | None, str | None]]] = {}
+_pins: dict[tuple[str, str, str, str],
+            dict[tuple[str, int], tuple[str | None, str | None]]] = {}
+
+
+def _mode() -> str:
+    return INLINE if threading.current_thread() is threading.main_thread() else SHARED
+
+
+def _forget_parent() -> None:
+    """In a forked child: the parent's loops and connections are not ours."""
+    if os.getpid() not in (_inline_pid, _loop_pid, None):
+        _pools.clear()
+        _pins.clear()
 
 
 def _agent_loop() -> asyncio.AbstractEventLoop:
-    """This process's agent loop, started on first use (and again in a
-    forked child: the parent's loop thread and connections are not its)."""
+    """This process's shared agent loop, started on first use (and again in
+    a forked child)."""
     global _loop, _loop_thread, _loop_pid
     with _lock:
         if (_loop is None or _loop.is_closed() or _loop_pid != os.getpid()
                 or _loop_thread is None or not _loop_thread.is_alive()):
-            if _loop_pid is not None and _loop_pid != os.getpid():
-                _pools.clear()
-                _pins.clear()
+            _forget_parent()
             _loop = asyncio.new_event_loop()
             # The loop's thread is inside every VM's pause window whenever a
             # reply comes in; other threads of a threads-pool worker (the
@@ -166,13 +190,34 @@ def _agent_loop() -> asyncio.AbstractEventLoop:
 
 
 def _run_async(coro: Any) -> Any:
-    """Run `coro` on the agent loop and wait for its result (from any thread
-    but the loop's own)."""
+    """Run `coro` on this thread's agent loop (see INLINE, SHARED) and
+    return its result."""
+    global _inline_loop, _inline_pid
+    if _mode() == INLINE:
+        with _lock:
+            if _inline_loop is None or _inline_loop.is_closed() or _inline_pid != os.getpid():
+                _forget_parent()
+                _inline_loop = asyncio.new_event_loop()
+                _inline_pid = os.getpid()
+        return _inline_loop.run_until_complete(coro)
     loop = _agent_loop()
     if threading.current_thread() is _loop_thread:
         coro.close()
         raise RuntimeError("_run_async called on the agent loop's own thread")
     return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+def close_pools() -> None:
+    """Close every agent pool of this process, each on its own loop (tests)."""
+    with _lock:
+        pools = dict(_pools)
+        _pools.clear()
+        _pins.clear()
+    for (mode, *_k), p in pools.items():
+        if mode == INLINE and _inline_loop is not None and not _inline_loop.is_closed():
+            _inline_loop.run_until_complete(p.close())
+        elif mode == SHARED and _loop is not None and not _loop.is_closed():
+            asyncio.run_coroutine_threadsafe(p.close(), _loop).result(30)
 
 
 def _pool_for(spec: Any) -> Any:
@@ -191,7 +236,7 @@ def _pool_for_locked(spec: Any) -> Any:
     from cutpoint.agentclient.client import normalize_fingerprint
     from cutpoint.coordinator.twophase import pool_for
 
-    key = (spec.tls.ca, spec.tls.cert, spec.tls.key)
+    key = (_mode(), spec.tls.ca, spec.tls.cert, spec.tls.key)
     want = {(a.address, a.port): (normalize_fingerprint(a.cert_sha256), a.server_name)
             for a in spec.agents}
     seen = _pins.setdefault(key, {})
@@ -217,10 +262,11 @@ def pool(settings: Settings) -> Any:
 
     if not (settings.agent_ca and settings.agent_cert and settings.agent_key):
         raise CaptureError("agent_tls_unset", "CUTPOINT_AGENT_CA/CERT/KEY are not configured")
-    key = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key))
+    key = (_mode(), str(settings.agent_ca), str(settings.agent_cert),
+           str(settings.agent_key))
     with _lock:
         if key not in _pools:
-            _pools[key] = AgentPool(client_context(*key))
+            _pools[key] = AgentPool(client_context(*key[1:]))
         return _pools[key]
 
 
@@ -295,12 +341,13 @@ def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict
                                                   plan.spec.quiesce))
     # Earlier txns of this group left in doubt (a dead worker's, an
     # unconfirmed abort) are resolved first, and their snapshots settled.
+    offload = _mode() == SHARED
     for res in _run_async(resolve_in_doubt(log_, _pool_for(plan.spec), group=plan.spec.name,
-                                           wait=False)):
+                                           wait=False, offload=offload)):
         settle(sf, settings, res)
     t0 = time.monotonic()
     result = _run_async(take_group_snapshot(plan.spec, log_, txn=txn,
-                                            pool=_pool_for(plan.spec)))
+                                            pool=_pool_for(plan.spec), offload=offload))
     elapsed_ms = (time.monotonic() - t0) * 1000
     return record(sf, snapshot_id, plan, result, elapsed_ms)
 

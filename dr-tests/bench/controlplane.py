@@ -177,13 +177,30 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
+def _fresh_db(step: Path, eps: Any) -> str:
+    """A new, migrated database for one step: a SQLite file, or (eps given)
+    a new database on the bench's PostgreSQL server."""
+    if eps is None:
+        db = f"sqlite:///{step}/cap.db"
+    else:
+        from sqlalchemy import create_engine, text
+
+        name = f"cap_{step.name.replace('-', '_')}_{os.getpid()}"
+        eng = create_engine(eps.admin_url(), isolation_level="AUTOCOMMIT")
+        with eng.connect() as c:
+            c.execute(text(f"CREATE DATABASE {name}"))
+        eng.dispose()
+        db = eps.admin_url(name)
+    upgrade(db)
+    return db
+
+
 def capacity_step(tmp: Path, redis_port: int, pki: dict[str, dict[str, str]], n: int,
                   rpo: int, duration: float, pool: str = "threads",
-                  concurrency: int = 32) -> dict[str, Any]:
+                  concurrency: int = 32, pg: Any = None) -> dict[str, Any]:
     step = tmp / f"cap-{n}"
     step.mkdir()
-    db = f"sqlite:///{step}/cap.db"
-    upgrade(db)
+    db = _fresh_db(step, pg)
     peer = Peer(pki, n)
     _seed(db, n, address="127.0.0.1", port=peer.port, rpo=rpo)
     redis_url = f"redis://127.0.0.1:{redis_port}/9"
@@ -254,12 +271,13 @@ def capacity_step(tmp: Path, redis_port: int, pki: dict[str, dict[str, str]], n:
 
 def run(*, out: Path, steps: list[int], rpo: int = 60, duration: float | None = None,
         latency_groups: int = 200, latency_requests: int = 300, pool: str = "threads",
-        concurrency: int = 32, keep_going: bool = False) -> dict[str, Any]:
+        concurrency: int = 32, keep_going: bool = False,
+        database: str = "sqlite") -> dict[str, Any]:
     from cutpoint.agentclient.testing import PKI_ROLES, make_pki
 
     tmp = Path(tempfile.mkdtemp(prefix="cp-bench-"))
-    eps = services_local.start(tmp / "svc", postgres=False)
-    res: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}, "database": "sqlite",
+    eps = services_local.start(tmp / "svc", postgres=database == "postgresql")
+    res: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}, "database": database,
                            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                            "worker": {"pool": pool, "concurrency": concurrency},
                            "latency": {}, "capacity": []}
@@ -269,7 +287,8 @@ def run(*, out: Path, steps: list[int], rpo: int = 60, duration: float | None = 
         for n in steps:
             r = capacity_step(tmp, int(eps.redis_port or 0), pki, n, rpo,
                               duration if duration is not None else 2 * rpo + 10,
-                              pool=pool, concurrency=concurrency)
+                              pool=pool, concurrency=concurrency,
+                              pg=eps if database == "postgresql" else None)
             res["capacity"].append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
             if r["rpo_misses"] and not keep_going:
@@ -313,10 +332,12 @@ def control_plane(
     pool: str = "threads",
     concurrency: int = 32,
     keep_going: bool = False,
+    database: str = "sqlite",
 ) -> None:
     """Control-plane benchmark: API p50/p99 and scheduler capacity at an RPO."""
     out.parent.mkdir(parents=True, exist_ok=True)
     res = run(out=out, steps=[int(x) for x in steps.split(",") if x], rpo=rpo,
-              duration=duration, pool=pool, concurrency=concurrency, keep_going=keep_going)
+              duration=duration, pool=pool, concurrency=concurrency, keep_going=keep_going,
+              database=database)
     print_table(res)
     print(f"JSON: {out}")
