@@ -240,8 +240,9 @@ def run_scale(status: dict[str, Any], cfg: ScaleConfig, log: Log) -> dict[str, A
 def scale_table(doc: dict[str, Any]) -> str:
     rtt = doc["agent_rtt_ms"]
     lines = [("| VMs | disks | hosts | pause p50 / p99 (ms) | backend p50 / p99 (ms) | "
-             "overhead p50 / p99 (ms) | group total p50 / p99 (ms) | committed / aborted |"),
-             "|" + "---|" * 8]
+              "overhead p50 / p99 (ms) | of which stop / barrier / cont p99 (ms) | "
+              "group total p50 / p99 (ms) | committed / aborted |"),
+             "|" + "---|" * 9]
     for r in doc["rows"]:
         def two(k: str, r: dict[str, Any] = r) -> str:
             return f"{_f(r[k]['p50'])} / {_f(r[k]['p99'])}"

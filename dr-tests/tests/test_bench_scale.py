@@ -46,5 +46,6 @@ def test_table_states_the_goal_and_the_spread() -> None:
            "qemu_rss_mib": 100.0, "agent_rtt_ms": {"p50": 0.2, "p99": 1.0},
            "goal": {"overhead_p99_max_ms": 2.4}, "overhead_p99_spread": 0.5}
     text = sb.scale_table(doc)
-    assert "| 100 | 300 | 4 |" in text
+    assert "| 100 | 300 | 4 |" in text and "stop / barrier / cont" in text
+    assert all(line.count("|") == 10 for line in text.splitlines()[:4])
     assert "2 x p50 + 2 ms = 2.40 ms" in text and "spread 50%" in text
