@@ -276,6 +276,8 @@ def run(*, out: Path, steps: list[int], rpo: int = 60, duration: float | None = 
     from cutpoint.agentclient.testing import PKI_ROLES, make_pki
 
     tmp = Path(tempfile.mkdtemp(prefix="cp-bench-"))
+    if database == "postgresql":
+        tmp.chmod(0o711)  # the postgres user reaches its data directory through it
     eps = services_local.start(tmp / "svc", postgres=database == "postgresql")
     res: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}, "database": database,
                            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
