@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -26,8 +26,10 @@ def get_engine(url: str, immediate: bool = True) -> Engine:
     if url.startswith("sqlite"):
         # A threads-pool worker runs many group snapshots at once: enough
         # connections for its threads and the coordinator log's.
+        memory = make_url(url).database in (None, "", ":memory:")
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
-                               pool_size=20, max_overflow=40)
+                               # (an in-memory database has one connection per thread)
+                               **({} if memory else {"pool_size": 20, "max_overflow": 40}))
         gate = _WriteGate() if immediate else None
 
         @event.listens_for(engine, "connect")
