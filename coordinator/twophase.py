@@ -28,7 +28,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cutpoint.agentclient import AgentClient, AgentError, AgentPool, AgentReplyError
 from cutpoint.agentclient.tls import client_context
@@ -60,6 +60,7 @@ ABORT_TIMEOUT_MAX_S = 10.0
 STALE_MARGIN_S = 2.0
 
 EventHook = Callable[[str, str], Awaitable[None] | None]
+T = TypeVar("T")
 
 
 class CoordinatorError(RuntimeError):
@@ -78,6 +79,14 @@ class TxnInFlight(CoordinatorError):
     def __init__(self, txn: str, state: str) -> None:
         self.txn, self.state = txn, state
         super().__init__(f"txn {txn} is in flight ({state}) in another coordinator")
+
+
+async def _db(fn: Callable[..., T], *args: Any, offload: bool = True, **kw: Any) -> T:
+    """A blocking call of the log: on a thread, waited for, with `offload`
+    (see `_Run.write`); else here."""
+    if not offload:
+        return fn(*args, **kw)
+    return await asyncio.to_thread(fn, *args, **kw)
 
 
 def new_txn_id() -> str:
@@ -115,8 +124,9 @@ class _Run:
     """One execution of the protocol for one txn (fresh or being resolved)."""
 
     def __init__(self, spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
-                 on_event: EventHook | None) -> None:
+                 on_event: EventHook | None, offload: bool = False) -> None:
         self.spec, self.txlog, self.pool, self.txn = spec, txlog, pool, txn
+        self.offload = offload
         self.on_event = on_event
         self.name = spec.snapshot_name(txn)
         self.vms: dict[str, VMTiming] = {
@@ -167,18 +177,32 @@ class _Run:
                  "thaw_error": t.thaw_error, "pause_path": t.pause_path}
                 for t in self.vms.values()]
 
-    def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:
+    async def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:
         """Record a transition; a log failure is kept and reported at the end.
 
         light: only the state and its event row.  The COMMITTING write is
         inside every VM's pause window, so it carries nothing else; the
         per-VM facts of phase 1 are written with the final state.
+
+        With `offload` the write runs on a thread (`_db`): the event loop
+        may be driving other groups' transactions meanwhile (the control
+        plane's threads-pool worker runs many at once on one loop, their
+        agent calls pipelined per host), and a blocking commit would hold up
+        their replies.  The light write, the commit decision, is written
+        inline even then: it is inside every VM's pause window, where two
+        thread handovers cost more than the short commit holds up the loop
+        (on a loaded machine each handover waits for the OS to run the other
+        thread).  Either way it is done before the next phase is sent
+        (R1-R5).
         """
         if not light:
             kw.setdefault("errors", list(self.errors))
             kw.setdefault("vms", self.vm_rows())
         try:
-            self.txlog.transition(self.txn, state, **kw)
+            if light or not self.offload:
+                self.txlog.transition(self.txn, state, **kw)
+            else:
+                await _db(self.txlog.transition, self.txn, state, **kw)
             return True
         except TxLogError as exc:
             log.error("event=txlog_failed txn=%s state=%s error=%s", self.txn, state, exc)
@@ -397,20 +421,20 @@ class _Run:
         return ok
 
     async def finish_abort(self, reason: str) -> GroupSnapshotResult:
-        self.write(ABORTING, reason=reason)  # R4 (sent even if this fails)
+        await self.write(ABORTING, reason=reason)  # R4 (sent even if this fails)
         try:
             await self.emit("aborting")
         except Exception as exc:  # noqa: BLE001  a progress hook must not keep VMs paused
             log.warning("event=hook_failed phase=aborting txn=%s error=%r", self.txn, exc)
         clean = await self.abort()
         if clean:
-            self.write(ABORTED, timings=dict(self.result(ABORTED, reason).timings),
+            await self.write(ABORTED, timings=dict(self.result(ABORTED, reason).timings),
                        snapshots={d["disk"]: {"state": "deleted"} for d in self.all_disks()}
                        if self.commit_sent else None)
             await self.emit("aborted")
             return self.result(ABORTED, reason)
         reason += "; cleanup incomplete, retried by resolve_in_doubt"
-        self.write(ABORTING, reason=reason)
+        await self.write(ABORTING, reason=reason)
         return self.result(ABORTING, reason)
 
     async def finish_commit(self) -> GroupSnapshotResult:
@@ -423,14 +447,15 @@ class _Run:
         for d in self.all_disks():
             snaps.setdefault(d["disk"], {"state": "created"})
         res = self.result(COMMITTED, None)
-        if self.write(COMMITTED, timings=dict(res.timings), snapshots=snaps):  # R3
+        if await self.write(COMMITTED, timings=dict(res.timings), snapshots=snaps):  # R3
             await self.emit("committed")
         return res
 
 
 async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None = None,
                               pool: AgentPool | None = None,
-                              on_event: EventHook | None = None) -> GroupSnapshotResult:
+                              on_event: EventHook | None = None,
+                              offload: bool = False) -> GroupSnapshotResult:
     """Take one crash-consistent group snapshot of `spec`.
 
     Idempotent by `txn`: repeating a finished txn returns its stored result
@@ -438,6 +463,8 @@ async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None 
     written before PREPARE (then nothing was paused), GroupBusy when another
     snapshot of the group is in flight.  `pool` keeps agent connections open
     across calls; without it one is made from `spec.tls` and closed at the end.
+    `offload`: run the log's reads and writes on threads (but the commit
+    decision's), for a loop that drives many groups at once (`_Run.write`).
     `on_event(txn, phase)` is called at each phase (preparing, prepared,
     committing, committed, aborting, aborted).  "prepared" and "committing"
     are called *inside* every VM's pause window and are awaited: a hook that
@@ -450,31 +477,31 @@ async def take_group_snapshot(spec: GroupSpec, txlog: TxLog, *, txn: str | None 
     own_pool = pool is None
     pool = pool or pool_for(spec)
     try:
-        existing = txlog.get(txn)
+        existing = await _db(txlog.get, txn, offload=offload)
         if existing is not None:
             if existing.state in FINAL:
                 return GroupSnapshotResult.from_record(existing)
             if utcnow() < _stale_at(existing):
                 raise TxnInFlight(txn, existing.state)
-            return await _resolve(existing, txlog, pool)
-        for rec in txlog.in_doubt(group=spec.name):
+            return await _resolve(existing, txlog, pool, offload)
+        for rec in await _db(txlog.in_doubt, group=spec.name, offload=offload):
             if utcnow() >= _stale_at(rec):
-                await _resolve(rec, txlog, pool)
+                await _resolve(rec, txlog, pool, offload)
             elif rec.state in (PREPARING, COMMITTING):
                 raise GroupBusy(spec.name, rec.txn, rec.state)
-        return await _run(spec, txlog, pool, txn, on_event)
+        return await _run(spec, txlog, pool, txn, on_event, offload)
     finally:
         if own_pool:
             await pool.close()
 
 
 async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
-               on_event: EventHook | None) -> GroupSnapshotResult:
-    run = _Run(spec, txlog, pool, txn, on_event)
+               on_event: EventHook | None, offload: bool) -> GroupSnapshotResult:
+    run = _Run(spec, txlog, pool, txn, on_event, offload)
     # R1: durable PREPARING before anything is paused.  If this raises, no
     # agent was contacted.
-    txlog.begin(txn, spec.name, spec.to_dict(), run.all_disks(),
-                lease_ms=spec.lease_ms, budget_ms=spec.budget_ms)
+    await _db(txlog.begin, txn, spec.name, spec.to_dict(), run.all_disks(),
+              lease_ms=spec.lease_ms, budget_ms=spec.budget_ms, offload=offload)
     await run.emit("preparing")
     try:
         reason = await run.prepare()
@@ -483,7 +510,7 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
         await run.emit("prepared")
         # R2: the cut is fixed; record the decision before any COMMIT.
         t = time.monotonic()
-        if not run.write(COMMITTING, light=True):
+        if not await run.write(COMMITTING, light=True):
             await run.finish_abort(f"could not record the commit decision: {run.log_error}")
             assert run.log_error is not None
             raise run.log_error
@@ -509,7 +536,7 @@ async def _run(spec: GroupSpec, txlog: TxLog, pool: AgentPool, txn: str,
 
 async def _best_effort_abort(run: _Run) -> None:
     try:
-        rec = run.txlog.get(run.txn)
+        rec = await _db(run.txlog.get, run.txn, offload=run.offload)
     except TxLogError:
         rec = None
     if rec is not None and rec.state in FINAL:
@@ -520,7 +547,8 @@ async def _best_effort_abort(run: _Run) -> None:
         log.exception("event=abort_failed txn=%s", run.txn)
 
 
-async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool) -> GroupSnapshotResult:
+async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool,
+                   offload: bool = False) -> GroupSnapshotResult:
     """Resolve one in-doubt txn (docs/design.md §6):
 
     PREPARING  → abort (prepared but undecided means abort; no COMMIT was sent)
@@ -529,7 +557,7 @@ async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool) -> GroupSnapsh
     ABORTING   → ABORT again + cleanup
     """
     spec = GroupSpec.from_dict({k: v for k, v in rec.spec.items() if k != "tls"})
-    run = _Run(spec, txlog, pool, rec.txn, None)
+    run = _Run(spec, txlog, pool, rec.txn, None, offload)
     run.errors = list(rec.errors)
     run.commit_sent = COMMITTING in rec.states
     log.warning("event=txn_in_doubt txn=%s state=%s", rec.txn, rec.state)
@@ -545,7 +573,8 @@ async def _resolve(rec: TxnRecord, txlog: TxLog, pool: AgentPool) -> GroupSnapsh
 
 
 async def resolve_in_doubt(txlog: TxLog, pool: AgentPool, *, group: str | None = None,
-                           wait: bool = True) -> list[GroupSnapshotResult]:
+                           wait: bool = True,
+                           offload: bool = False) -> list[GroupSnapshotResult]:
     """Resolve every in-doubt txn (invariant 4), e.g. at coordinator start.
 
     A txn updated less than lease + budget + margin ago may still be driven
@@ -553,16 +582,17 @@ async def resolve_in_doubt(txlog: TxLog, pool: AgentPool, *, group: str | None =
     passed, otherwise it is skipped.  Returns the results of resolved txns.
     """
     out = []
-    for rec in sorted(txlog.in_doubt(group=group), key=lambda r: r.created_at):
+    for rec in sorted(await _db(txlog.in_doubt, group=group, offload=offload),
+                      key=lambda r: r.created_at):
         delay = (_stale_at(rec) - utcnow()).total_seconds()
         if delay > 0:
             if not wait:
                 log.info("event=txn_in_flight txn=%s skipped", rec.txn)
                 continue
             await asyncio.sleep(delay)
-            fresh = txlog.get(rec.txn)
+            fresh = await _db(txlog.get, rec.txn, offload=offload)
             if fresh is None or fresh.state in FINAL:
                 continue
             rec = fresh
-        out.append(await _resolve(rec, txlog, pool))
+        out.append(await _resolve(rec, txlog, pool, offload))
     return out

@@ -234,7 +234,11 @@ class TxLog:
     `url`: any SQLAlchemy URL; SQLite (default) and PostgreSQL are tested.
     """
 
-    def __init__(self, url_or_engine: str | Engine, *, create: bool = True) -> None:
+    def __init__(self, url_or_engine: str | Engine, *, create: bool = True,
+                 read_engine: Engine | None = None) -> None:
+        """`read_engine`: where reads go, when not `engine` (the control
+        plane gives SQLite reads a plain BEGIN, so that they do not take the
+        write lock behind every other writer)."""
         if isinstance(url_or_engine, Engine):
             self.engine = url_or_engine
         else:
@@ -244,8 +248,10 @@ class TxLog:
                 # while we wait for a dead server.
                 kwargs["connect_args"] = {"connect_timeout": 5}
             self.engine = create_engine(url_or_engine, **kwargs)
+        self.read_engine = read_engine or self.engine
         self.url = self.engine.url.render_as_string(hide_password=True)
         self.guard: Callable[[Connection], None] | None = None
+        self.on_write: Callable[[Connection, str, str], None] | None = None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         if create:
@@ -268,10 +274,21 @@ class TxLog:
         other.guard = guard
         return other
 
+    def hooked(self, on_write: Callable[[Connection, str, str], None]) -> TxLog:
+        """This log (same engine, same guard) with `on_write(conn, txn,
+        state)` run inside every state write's transaction, after the log's
+        own rows: the caller's rows about the txn (the control plane's
+        snapshot and job) then commit with the state, in one transaction
+        and one fsync, instead of one more commit per phase.  Whatever it
+        raises fails the write (TxLogError)."""
+        other = copy.copy(self)
+        other.on_write = on_write
+        return other
+
     @contextmanager
     def _tx(self, operation: str, *, write: bool = False) -> Iterator[Connection]:
         try:
-            with self.engine.begin() as conn:
+            with (self.engine if write else self.read_engine).begin() as conn:
                 if write and self.guard is not None:
                     try:
                         self.guard(conn)
@@ -304,6 +321,7 @@ class TxLog:
                 c.execute(insert(coord_txn_snapshot), rows)
             c.execute(insert(coord_txn_event).values(
                 txn=txn, at=now, state=PREPARING, detail=detail))
+            self._hook(c, txn, PREPARING)
 
     def transition(self, txn: str, state: str, *, reason: str | None = None,
                    detail: dict[str, Any] | None = None,
@@ -338,6 +356,17 @@ class TxLog:
                           .values(**vals))
             c.execute(insert(coord_txn_event).values(txn=txn, at=now, state=state,
                                                      detail=detail))
+            self._hook(c, txn, state)
+
+    def _hook(self, c: Connection, txn: str, state: str) -> None:
+        if self.on_write is None:
+            return
+        try:
+            self.on_write(c, txn, state)
+        except SQLAlchemyError:
+            raise
+        except Exception as exc:
+            raise TxLogError(f"{state} {txn} (hook)", self.url, exc) from exc
 
     @staticmethod
     def _upsert_vm(c: Connection, txn: str, v: dict[str, Any]) -> None:

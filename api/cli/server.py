@@ -154,6 +154,11 @@ def migrate() -> None:
 
 @app.command("worker")
 def worker(concurrency: int = typer.Option(2, "--concurrency", "-c", min=1),
+           pool: str = typer.Option("prefork", "--pool", "-P",
+                                    help="prefork (processes) or threads: a threads "
+                                    "worker of cutpoint.snapshots runs many group "
+                                    "snapshots at once in one process, their agent "
+                                    "calls pipelined per host (docs/operations.md)"),
            queues: str = typer.Option(ALL_QUEUES, "--queues", "-Q"),
            sites: str = typer.Option("", "--sites", help="also take the DR jobs of these "
                                      "sites (comma-separated; with dr_site_queues): give "
@@ -161,13 +166,15 @@ def worker(concurrency: int = typer.Option(2, "--concurrency", "-c", min=1),
     """Run one Celery worker."""
     from cutpoint.api.worker import site_queue
 
+    if pool not in ("prefork", "threads"):
+        raise typer.BadParameter(f"--pool wants prefork or threads, got {pool!r}")
     queues = ",".join([queues, *(site_queue(x.strip()) for x in sites.split(",") if x.strip())])
     st = _settings()
     from cutpoint.api.worker_metrics import multiproc_dir
 
     os.environ.update(multiproc_dir(st.worker_metrics_port))
     os.execv(sys.executable, [*CELERY, "worker", "-Q", queues, "-c", str(concurrency),
-                              "--loglevel", st.log_level])
+                              "-P", pool, "--loglevel", st.log_level])
 
 
 @app.command("beat")

@@ -17,8 +17,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
+import sys
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +41,8 @@ from cutpoint.api.models import (
     utcnow,
 )
 from cutpoint.api.services import rpo
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("cutpoint.capture")
@@ -119,19 +124,100 @@ _txlogs: dict[str, Any] = {}
 # connections stay open across snapshots (agent-protocol §1.3), so a
 # snapshot pays no TCP/TLS handshake.  A dropped connection is re-opened
 # by the client on its next call.
+#
+# Two ways to run it, chosen by the calling thread:
+# - "inline": from the process's main thread (a prefork worker's child runs
+#   its tasks there, one at a time; the CLI), the loop runs in the caller,
+#   as `run_until_complete`, and the coordinator writes its log inline:
+#   no thread handover anywhere in the protocol;
+# - "shared": from any other thread (the tasks of a threads-pool worker),
+#   the loop runs on a thread of its own and every caller hands its
+#   coroutines to it: many group snapshots are in flight at once in one
+#   process, and those to one host share its connection, their requests
+#   pipelined (agent-protocol §1.3: replies may come in any order).  The
+#   log's writes then run on threads (twophase `offload`), except the one
+#   inside the pause window.
+# Each way has its own pools: a connection belongs to the loop it was
+# opened on.
+INLINE, SHARED = "inline", "shared"
+_inline_loop: asyncio.AbstractEventLoop | None = None
+_inline_pid: int | None = None
 _loop: asyncio.AbstractEventLoop | None = None
-_pools: dict[tuple[str, str, str], Any] = {}
+SWITCH_INTERVAL_S = 0.0005
+_loop_thread: threading.Thread | None = None
+_loop_pid: int | None = None
+_lock = threading.RLock()
+_pools: dict[tuple[str, str, str, str], Any] = {}
 # Per pool: the pin (and TLS server name) each agent's connection was
 # opened under.  The pool reuses a connection by address alone, so a
 # host whose pin changed must not find its old connection there.
-_pins: dict[tuple[str, str, str], dict[tuple[str, int], tuple[str | None, str | None]]] = {}
+_pins: dict[tuple[str, str, str, str],
+            dict[tuple[str, int], tuple[str | None, str | None]]] = {}
+
+
+def _mode() -> str:
+    return INLINE if threading.current_thread() is threading.main_thread() else SHARED
+
+
+def _forget_parent() -> None:
+    """In a forked child: the parent's loops and connections are not ours."""
+    if os.getpid() not in (_inline_pid, _loop_pid, None):
+        _pools.clear()
+        _pins.clear()
+
+
+def _agent_loop() -> asyncio.AbstractEventLoop:
+    """This process's shared agent loop, started on first use (and again in
+    a forked child)."""
+    global _loop, _loop_thread, _loop_pid
+    with _lock:
+        if (_loop is None or _loop.is_closed() or _loop_pid != os.getpid()
+                or _loop_thread is None or not _loop_thread.is_alive()):
+            _forget_parent()
+            _loop = asyncio.new_event_loop()
+            # The loop's thread is inside every VM's pause window whenever a
+            # reply comes in; other threads of a threads-pool worker (the
+            # tasks' database work) hold the GIL meanwhile.  CPython hands it
+            # over only every switch interval (5 ms by default), and a
+            # protocol step may wait for several handovers: 0.5 ms bounds
+            # each wait tighter, for a little more switching overhead.
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+            _loop_thread = threading.Thread(target=_loop.run_forever, daemon=True,
+                                            name="cutpoint-agent-loop")
+            _loop_thread.start()
+            _loop_pid = os.getpid()
+        return _loop
 
 
 def _run_async(coro: Any) -> Any:
-    global _loop
-    if _loop is None or _loop.is_closed():
-        _loop = asyncio.new_event_loop()
-    return _loop.run_until_complete(coro)
+    """Run `coro` on this thread's agent loop (see INLINE, SHARED) and
+    return its result."""
+    global _inline_loop, _inline_pid
+    if _mode() == INLINE:
+        with _lock:
+            if _inline_loop is None or _inline_loop.is_closed() or _inline_pid != os.getpid():
+                _forget_parent()
+                _inline_loop = asyncio.new_event_loop()
+                _inline_pid = os.getpid()
+        return _inline_loop.run_until_complete(coro)
+    loop = _agent_loop()
+    if threading.current_thread() is _loop_thread:
+        coro.close()
+        raise RuntimeError("_run_async called on the agent loop's own thread")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+def close_pools() -> None:
+    """Close every agent pool of this process, each on its own loop (tests)."""
+    with _lock:
+        pools = dict(_pools)
+        _pools.clear()
+        _pins.clear()
+    for (mode, *_k), p in pools.items():
+        if mode == INLINE and _inline_loop is not None and not _inline_loop.is_closed():
+            _inline_loop.run_until_complete(p.close())
+        elif mode == SHARED and _loop is not None and not _loop.is_closed():
+            asyncio.run_coroutine_threadsafe(p.close(), _loop).result(30)
 
 
 def _pool_for(spec: Any) -> Any:
@@ -142,10 +228,15 @@ def _pool_for(spec: Any) -> Any:
     connection was checked against, the pool is closed and a new one made:
     every connection of the new pool checks the pins it is given (a pin
     changes rarely; the others reconnect once)."""
+    with _lock:
+        return _pool_for_locked(spec)
+
+
+def _pool_for_locked(spec: Any) -> Any:
     from cutpoint.agentclient.client import normalize_fingerprint
     from cutpoint.coordinator.twophase import pool_for
 
-    key = (spec.tls.ca, spec.tls.cert, spec.tls.key)
+    key = (_mode(), spec.tls.ca, spec.tls.cert, spec.tls.key)
     want = {(a.address, a.port): (normalize_fingerprint(a.cert_sha256), a.server_name)
             for a in spec.agents}
     seen = _pins.setdefault(key, {})
@@ -171,10 +262,12 @@ def pool(settings: Settings) -> Any:
 
     if not (settings.agent_ca and settings.agent_cert and settings.agent_key):
         raise CaptureError("agent_tls_unset", "CUTPOINT_AGENT_CA/CERT/KEY are not configured")
-    key = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key))
-    if key not in _pools:
-        _pools[key] = AgentPool(client_context(*key))
-    return _pools[key]
+    key = (_mode(), str(settings.agent_ca), str(settings.agent_cert),
+           str(settings.agent_key))
+    with _lock:
+        if key not in _pools:
+            _pools[key] = AgentPool(client_context(*key[1:]))
+        return _pools[key]
 
 
 def txlog(sf: sessionmaker[Session], settings: Settings) -> Any:
@@ -189,59 +282,72 @@ def txlog_for(url: str) -> Any:
     from cutpoint.coordinator.txlog import TxLog
 
     if url not in _txlogs:
-        # Tables come from Alembic (migration 0002), not create_all.
-        _txlogs[url] = TxLog(get_engine(url), create=False)
+        # Tables come from Alembic (migration 0002), not create_all.  On
+        # SQLite, reads of the log go through the engine whose BEGIN does
+        # not take the write lock.
+        reads = get_engine(url, immediate=False) if url.startswith("sqlite") else None
+        _txlogs[url] = TxLog(get_engine(url), create=False, read_engine=reads)
     return _txlogs[url]
 
 
-def _set_phase(sf: sessionmaker[Session], snap_id: int, job_id: str | None, phase: str) -> None:
-    with sf() as s:
-        snap = s.get(GroupSnapshot, snap_id)
-        if snap is None:
+def _phase_hook(snapshot_id: int, job_id: str | None, txn: str,
+                quiesce: str) -> Callable[[Connection, str, str], None]:
+    """What each state write of `txn` also records about the API's rows,
+    inside the log's own transaction (TxLog.hooked): the snapshot's state,
+    start and cut times, the job's progress.  One commit per protocol phase,
+    not two, and none inside the pause window but the COMMITTING decision's
+    own (the "prepared" progress mark is not written at all)."""
+    snaps, jobs = GroupSnapshot.__table__, Job.__table__
+
+    def hook(c: Connection, t: str, state: str) -> None:
+        if t != txn:  # an earlier txn of the group, resolved by this run
             return
-        st = PHASE_STATE.get(phase)
-        if st is not None and snap.state not in (SnapState.committed, SnapState.aborted):
-            snap.state = st
-        if phase == "committing" and snap.cut_at is None:
-            snap.cut_at = utcnow()
-        if job_id:
-            job = s.get(Job, job_id)
-            if job is not None:
-                job.progress = PHASE_PROGRESS.get(phase, job.progress)
-                job.message = phase
-        s.commit()
+        now = utcnow()
+        row = snaps.c.id == snapshot_id
+        st = PHASE_STATE.get(state)
+        if st is not None:
+            c.execute(update(snaps).where(row, snaps.c.state.not_in(
+                [SnapState.committed, SnapState.aborted])).values(state=st))
+        if state == "preparing":
+            c.execute(update(snaps).where(row).values(quiesce=quiesce))
+            c.execute(update(snaps).where(row, snaps.c.started_at.is_(None))
+                      .values(started_at=now))
+        if state == "committing":
+            c.execute(update(snaps).where(row, snaps.c.cut_at.is_(None)).values(cut_at=now))
+        if job_id and state in PHASE_PROGRESS:
+            c.execute(update(jobs).where(jobs.c.id == job_id).values(
+                progress=PHASE_PROGRESS[state], message=state))
+    return hook
 
 
 def run(sf: sessionmaker[Session], settings: Settings, snapshot_id: int) -> dict[str, Any]:
     """Drive one group snapshot to a final state; returns a summary for the job."""
+    from cutpoint.api.db import get_sessionmaker
     from cutpoint.coordinator.twophase import resolve_in_doubt, take_group_snapshot
 
-    with sf() as s:
+    # Read only: the snapshot's start is written with PREPARING, in the
+    # log's transaction (_phase_hook).
+    with get_sessionmaker(settings.database_url, readonly=True)() as s:
         snap = s.get(GroupSnapshot, snapshot_id)
         assert snap is not None
         g = s.get(Group, snap.group_id)
         assert g is not None
         plan = build_spec(s, g, settings)
         job_id, txn = snap.job_id, snap.txn
-        if snap.started_at is None:
-            snap.started_at = utcnow()
-        snap.state = SnapState.preparing if snap.state == SnapState.pending else snap.state
-        snap.quiesce = plan.spec.quiesce
-        s.commit()
 
-    def on_event(_txn: str, phase: str) -> None:
-        _set_phase(sf, snapshot_id, job_id, phase)
-
-    log_ = txlog(sf, settings)  # the worker's group lock guards the log too
+    # The worker's group lock guards the log too; the hook writes the
+    # snapshot's and job's rows with each state.
+    log_ = txlog(sf, settings).hooked(_phase_hook(snapshot_id, job_id, txn,
+                                                  plan.spec.quiesce))
     # Earlier txns of this group left in doubt (a dead worker's, an
     # unconfirmed abort) are resolved first, and their snapshots settled.
+    offload = _mode() == SHARED
     for res in _run_async(resolve_in_doubt(log_, _pool_for(plan.spec), group=plan.spec.name,
-                                           wait=False)):
+                                           wait=False, offload=offload)):
         settle(sf, settings, res)
     t0 = time.monotonic()
-    result = _run_async(take_group_snapshot(plan.spec, log_,
-                                            txn=txn, on_event=on_event,
-                                            pool=_pool_for(plan.spec)))
+    result = _run_async(take_group_snapshot(plan.spec, log_, txn=txn,
+                                            pool=_pool_for(plan.spec), offload=offload))
     elapsed_ms = (time.monotonic() - t0) * 1000
     return record(sf, snapshot_id, plan, result, elapsed_ms)
 

@@ -49,8 +49,9 @@ def resolve_group(sf: sessionmaker[Session], settings: Settings, group: str) -> 
 
     txlog = capture.txlog(sf, settings)
     before = {r.txn for r in txlog.in_doubt(group=group)}
-    results = capture._run_async(resolve_in_doubt(txlog, capture.pool(settings), group=group,
-                                                  wait=False))
+    results = capture._run_async(resolve_in_doubt(
+        txlog, capture.pool(settings), group=group, wait=False,
+        offload=capture._mode() == capture.SHARED))
     out = Resolution()
     for r in results:
         capture.settle(sf, settings, r)

@@ -77,6 +77,35 @@ def request(session: Session, g: Group, *, trigger: str, actor: str | None) -> J
     return job
 
 
+def request_many(session: Session, group_ids: list[int], *, trigger: str,
+                 actor: str | None) -> list[Job]:
+    """`request` for many groups in one transaction and one commit (the
+    scheduler's tick); a group with no disks, or with a snapshot in flight
+    (the same UNIQUE refusal, in its own savepoint), is left out."""
+    with_disks = set(session.scalars(select(GroupDisk.group_id).where(
+        GroupDisk.group_id.in_(group_ids)).distinct()))
+    out = []
+    for gid in group_ids:
+        if gid not in with_disks:
+            continue
+        job = Job(id=str(uuid.uuid4()), kind="group_snapshot", group_id=gid,
+                  created_by=actor, params={"group_id": gid, "trigger": trigger},
+                  message="queued")
+        snap = GroupSnapshot(group_id=gid, txn=new_txn(), state=SnapState.pending,
+                             inflight_group_id=gid, trigger=trigger, job_id=job.id)
+        try:
+            with session.begin_nested():
+                session.add_all([job, snap])
+                session.flush()
+                job.snapshot_id = snap.id
+                session.flush()
+        except IntegrityError:
+            continue  # in flight already (a request slipped in meanwhile)
+        out.append(job)
+    session.commit()
+    return out
+
+
 def _busy(g: Group, busy: GroupSnapshot | None) -> Conflict:
     extra = {"snapshot_id": busy.id, "job_id": busy.job_id} if busy is not None else {}
     return Conflict(f"group {g.name!r} already has a snapshot in flight",

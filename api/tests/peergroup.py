@@ -92,9 +92,7 @@ class PeerGroup:
 
         # capture keeps one agent pool per worker process; this test's
         # peers go away, so do its connections.
-        for pool in list(capture._pools.values()):
-            capture._run_async(pool.close())
-        capture._pools.clear()
+        capture.close_pools()
         for p in self.peers.values():
             self.run(p.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)

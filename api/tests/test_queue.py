@@ -94,7 +94,10 @@ def test_the_scheduler_goes_through_the_same_door(
     assert r.status_code == 201, r.text
     assert api.post("/v1/groups/sched/members", json={"vm": "primary-h1-vm1"}).status_code == 201
     r = redis.Redis.from_url(dead_broker.redis_url)
-    stats = scheduler.tick(session_factory, dead_broker, r)
+    # One RPO after its creation the group is due whatever its first
+    # capture's offset (services/rpo.py first_capture_offset_s).
+    stats = scheduler.tick(session_factory, dead_broker, r,
+                           now=utcnow() + dt.timedelta(seconds=60))
     assert stats["errors"] == 1 and stats["enqueued"] == 0, stats
     with session_factory() as s:
         job = s.scalar(select(Job).where(Job.kind == "group_snapshot").order_by(

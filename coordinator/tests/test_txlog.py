@@ -148,3 +148,37 @@ def test_a_guard_refuses_writes_and_nothing_is_written(any_txlog: TxLog) -> None
     assert rec is not None and rec.states == [PREPARING]
     assert g.get(t + "-2") is None
     any_txlog.transition(t, ABORTING)  # the unguarded log is not affected
+
+
+def test_a_hook_writes_with_each_state_or_fails_it(any_txlog: TxLog) -> None:
+    """`hooked(fn)`: fn(conn, txn, state) runs inside each state write's
+    transaction, so what it writes commits with the state or not at all;
+    what it raises fails the write (TxLogError) and the state is not moved."""
+    from cutpoint.coordinator.txlog import coord_txn
+    from sqlalchemy import select, update
+
+    t = uniq(any_txlog, "hook")
+    seen: list[tuple[str, str]] = []
+    fail = [False]
+
+    def hook(conn: Any, txn: str, state: str) -> None:
+        seen.append((txn, state))
+        # A write of the caller's, in the same transaction as the state.
+        conn.execute(update(coord_txn).where(coord_txn.c.txn == txn)
+                     .values(reason=f"hook saw {state}"))
+        if fail[0]:
+            raise RuntimeError("the caller's row is gone")
+
+    h = any_txlog.hooked(hook)
+    h.begin(t, "g", SPEC, SNAPS, lease_ms=1000, budget_ms=500)
+    h.transition(t, COMMITTING)
+    assert seen == [(t, PREPARING), (t, COMMITTING)]
+    with any_txlog.engine.connect() as c:
+        assert c.scalar(select(coord_txn.c.reason).where(coord_txn.c.txn == t)) \
+            == "hook saw committing"
+    fail[0] = True
+    with pytest.raises(TxLogError, match="hook"):
+        h.transition(t, COMMITTED)
+    rec = any_txlog.get(t)
+    assert rec is not None and rec.state == COMMITTING, rec
+    assert rec.reason == "hook saw committing"  # the failed write's hook row rolled back too

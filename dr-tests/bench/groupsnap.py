@@ -142,7 +142,8 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                    "committed": 0, "aborted": 0, "reasons": [],
                                    "pause_ms": [], "snapshot_ms": [],
                                    "overhead_ms": [], "total_ms": [],
-                                   "stop_ms": [], "cont_ms": [], "paths": {}}
+                                   "stop_ms": [], "cont_ms": [], "barrier_ms": [],
+                                   "paths": {}}
             try:
                 for i in range(cfg.warmup + cfg.rounds):
                     r = await take_group_snapshot(spec, txlog, pool=pool)
@@ -161,7 +162,8 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                          ("snapshot_ms", v.snapshot_ms),
                                          ("overhead_ms", v.overhead_ms),
                                          ("stop_ms", v.stop_ms),
-                                         ("cont_ms", v.cont_ms)):
+                                         ("cont_ms", v.cont_ms),
+                                         ("barrier_ms", v.barrier_ms)):
                             if val is not None:
                                 row[key].append(val)
                     total = r.timings.get("total_ms")
@@ -170,7 +172,7 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
             finally:
                 await pool.close()
             for key in ("pause_ms", "snapshot_ms", "overhead_ms", "total_ms",
-                        "stop_ms", "cont_ms"):
+                        "stop_ms", "cont_ms", "barrier_ms"):
                 row[key] = {"samples": row[key], **summary(row[key])}
             log(f"pause: +{latency_ms} ms, {n} VMs x {cfg.disks} disks on "
                 f"{row['hosts']} hosts: pause p99 {_f(row['pause_ms']['p99'])} ms, overhead p99 "

@@ -55,7 +55,7 @@ def test_cutpoint_lab_has_the_test_beds_commands() -> None:
         assert f" {cmd} " in r.stdout, (cmd, r.stdout)
     r = cli("bench", "--help")
     for cmd in ("replication", "pause", "snapsize", "overhead", "quiesce", "control-plane",
-                "agent"):
+                "agent", "scale"):
         assert f" {cmd} " in r.stdout, (cmd, r.stdout)
     r = cli("check", "--help")
     for cmd in ("writer", "kvstore", "sharedlog"):

@@ -149,13 +149,29 @@ def control_plane(
     rpo: Annotated[int, typer.Option("--rpo", help="RPO of every group, seconds")] = 60,
     duration: Annotated[float | None, typer.Option(
         "--duration", help="seconds per step (default: 2 RPOs + 10 s)")] = None,
+    pool: Annotated[str, typer.Option("--pool", help="the worker's pool: threads or "
+                                      "prefork")] = "threads",
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, max=512,
+                                             help="the worker's threads or processes")] = 32,
+    keep_going: Annotated[bool, typer.Option(
+        "--keep-going", help="run every step, even after one with a miss")] = False,
+    database: Annotated[str, typer.Option(
+        "--db", help="the capacity steps' database: sqlite or postgresql")] = "sqlite",
 ) -> None:
     """API p50/p99 and scheduler capacity at an RPO (no lab: an in-process agent peer)."""
     from cutpoint.bench.controlplane import control_plane as run
 
-    run(out=out, steps=steps, rpo=rpo, duration=duration)
+    if pool not in ("threads", "prefork"):
+        raise typer.BadParameter(f"--pool wants threads or prefork, got {pool!r}")
+    if database not in ("sqlite", "postgresql"):
+        raise typer.BadParameter(f"--db wants sqlite or postgresql, got {database!r}")
+    run(out=out, steps=steps, rpo=rpo, duration=duration, pool=pool,
+        concurrency=concurrency, keep_going=keep_going, database=database)
 
 
 app.command("quiesce")(quiesce_cli)
 
-from cutpoint.lab.cli import bench_groupsnap  # noqa: F401  (pause, snapsize, overhead)
+from cutpoint.lab.cli import (
+    bench_groupsnap,  # noqa: F401  (pause, snapsize, overhead)
+    bench_scale,  # noqa: F401  (scale)
+)
