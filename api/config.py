@@ -38,6 +38,10 @@ class DefinitionTarget(BaseModel):
     secret_uuid: str = Field(pattern=r"^[0-9a-fA-F-]{36}$")
     mon_hosts: list[str] = Field(min_length=1)
     networks: dict[str, str] = Field(default_factory=dict)
+    # The bridge, on this site's hosts, that drills attach every interface
+    # of their copies to: one with no route to production (no uplink, no
+    # forwarding).  None: no drill boots through the agents at this site.
+    drill_network: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,15}$")
 
     @field_validator("mon_hosts")
     @classmethod

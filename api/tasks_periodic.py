@@ -175,7 +175,8 @@ def drill_tick(ctx: Ctx) -> dict[str, Any] | None:
         for g in drill_schedule.due(s):
             try:
                 job = drills.request(s, g, "latest", drill_schedule.last_checks(s, g),
-                                     drill_schedule.ACTOR, ctx.settings.booter)
+                                     drill_schedule.ACTOR, ctx.settings.booter,
+                                     ctx.settings)
             except ApiError as exc:
                 s.rollback()
                 refused[g.name] = f"{exc.code}: {exc}"

@@ -27,7 +27,7 @@ def start_drill(group: GroupRef, data: DrillRequest, session: SessionDep, token:
     Follow the job (`GET /v1/jobs/{id}`); its result is the drill report."""
     g = groups.resolve(session, group)
     job = drills.request(session, g, data.recovery_point, list(data.checks), token.name,
-                         settings.booter)
+                         settings.booter, settings)
     queue.enqueue(session, settings, job)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return jobs.public(job)

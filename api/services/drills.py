@@ -10,9 +10,11 @@ into the job's progress/message (what `cutpoint drill run` follows), and
 stores the report in the job result.  A drill whose check fails is a failed
 job whose result still holds the whole report (evidence).
 
-A booter that cannot boot a drill's clones (the agent booter: see
-cutpoint.coordinator.dr.boot) is refused at the request, 409
-`drill_boot_unsupported`, before any job or clone exists.
+The agent booter (the default) boots the drill's VMs on the DR agents
+from their captured definitions (drill_boot.py); a site where it cannot
+(no signing key, no `definition_targets` entry or no `drill_network`
+there), or a booter that boots no drill at all, is refused at the request,
+409 `drill_boot_unsupported`, before any job or clone exists.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def recovery_point(s: Session, g: Group, ref: str | int | None) -> GroupSnapshot
 
 
 def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
-            actor: str | None, booter: str) -> Job:
+            actor: str | None, booter: str, settings: Any = None) -> Job:
     from cutpoint.api.errors import ApiError
     from cutpoint.api.services import jobs
     from cutpoint.coordinator.dr import checks as drill_checks
@@ -82,18 +84,27 @@ def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
                        f"{running.id}); one drill per group at a time", code="drill_in_progress")
     snap = recovery_point(s, g, ref)
     try:
-        can_drill = DRILL in load_booter(booter).purposes
+        b = load_booter(booter)
     except UnknownBooter as exc:
         raise Conflict(str(exc), code="unknown_booter") from exc
-    if not can_drill:
-        raise Conflict(f"booter {booter!r} cannot boot a drill: {DRILL_REFUSAL}",
-                       code="drill_boot_unsupported")
+    if DRILL not in b.purposes:
+        raise Conflict(f"booter {booter!r} cannot boot a drill", code="drill_boot_unsupported")
+    if getattr(b, "needs_definitions", False):
+        from cutpoint.api.services import drill_boot
+
+        target = g.policy.replication_target if g.policy else None
+        why = ("the group has no replication target" if target is None or settings is None
+               else drill_boot.check(settings, target.name))
+        if why:
+            raise Conflict(f"booter {booter!r} cannot boot this drill: {why}; "
+                           f"{DRILL_REFUSAL}", code="drill_boot_unsupported")
     return jobs.create(s, "drill", actor=actor, group_id=g.id, snapshot_id=snap.id,
                        params={"group_id": g.id, "recovery_point": snap.txn,
                                "checks": checks or ["writer"]})
 
 
-def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str) -> Any:
+def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str,
+               sf: Any = None, settings: Any = None) -> Any:
     """The DrillSpec of a recovery point: its member VMs and their images at DR."""
     from cutpoint.api.services.replication import ReplicationFailed, site_of
     from cutpoint.coordinator.dr.boot import BootDisk, BootVM
@@ -115,10 +126,17 @@ def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str
             raise DrillFailed("not_replicable", f"member {m.disk} has no RBD image")
         by_vm.setdefault(m.vm, []).append(BootDisk(disk.node, disk.image, disk.pool or "rbd"))
     vms = [BootVM(vm, tuple(sorted(d, key=lambda x: x.node))) for vm, d in sorted(by_vm.items())]
+    definitions, tls = None, None
+    if sf is not None and settings is not None:
+        from cutpoint.api.services import drill_boot
+
+        definitions = drill_boot.definitions(sf, settings, target.name)
+        if settings.agent_ca and settings.agent_cert and settings.agent_key:
+            tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key))
     return DrillSpec(site=site, recovery_point=snap.members[0].name, vms=vms,
                      checks=checks,
                      report_dir=os.environ.get("CP_DRILL_DIR", "/var/lib/cutpoint/drills"),
-                     drill_id=drill_id)
+                     drill_id=drill_id, definitions=definitions, agent_tls=tls)
 
 
 def _interrupted(sf: Any, settings: Any, job_id: str, spec: Any,
@@ -153,7 +171,7 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
         if snap is None or snap.dr_verified_at is None:
             raise DrillFailed("not_a_recovery_point", "the recovery point is gone")
         spec = build_spec(s, snap, list(job.params.get("checks") or ["writer"]),
-                          job_id.replace("-", "")[:8])
+                          job_id.replace("-", "")[:8], sf, settings)
         attempt = job.attempts
     if attempt > 1:
         # An earlier delivery ran this drill and its worker died (a drill

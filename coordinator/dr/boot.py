@@ -28,11 +28,14 @@ in by name (entry-point group `cutpoint.booters`, see plugins.py) and chosen
 with the `booter` setting.
 
 Drills boot clones of the replicated images.  An agent starts only the
-VMs its configuration defines, and a clone is none of them: booting one
-needs the VM's captured definition rewritten for the clone (its disks,
-a new name and UUID, an isolated network: api/services/vmdef_rewrite.py
-does that rewrite), which the drill job does not build yet, so
-`AgentBooter` refuses a drill with `DrillBootUnsupported`.
+VMs its configuration defines, and a clone is none of them: a drill sends
+each VM's captured definition rewritten for the clone (its disks, the
+name `drill-<id>-<vm>`, a new UUID, every interface on the isolated drill
+network: api/services/drill_boot.py, with vmdef_rewrite.py), signed and
+`transient`, so that `vm.stop` leaves no domain defined.  `AgentBooter`
+refuses a drill VM that comes without such a spec.  A drill VM is ready by
+its readiness rule (readiness.py: running plus guest-ping, or a TCP port
+open), never by a console line.
 """
 
 from __future__ import annotations
@@ -73,10 +76,9 @@ class UnknownBooter(LookupError):
 
 
 DRILL_REFUSAL = (
-    "the agent booter cannot boot a drill: a drill boots clones of the replicated "
-    "images, and an agent starts only the VMs its configuration defines; booting a "
-    "clone needs the VM's captured definition rewritten for the clone, which the "
-    "drill does not send yet")
+    "the agent booter boots a drill's clones only from each VM's captured definition, "
+    "rewritten for the clone and signed (definition_signing_key, and a "
+    "definition_targets entry with a drill_network for the DR site)")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,9 @@ class BootRequest:
     specs: dict[str, dict[str, Any]] = field(default_factory=dict)
     tls: tuple[str, str, str] | None = None  # (ca, cert, key) to reach the agents
     evidence_dir: str | None = None  # where a booter may keep consoles and logs
+    # VM -> its readiness rule (readiness.Readiness.parse: guest-ping by
+    # default for a drill; a failover without rules waits for `running`)
+    readiness: dict[str, dict[str, Any]] = field(default_factory=dict)
     start_timeout_s: float = 180
     check_timeout_s: float = 10  # `preflight`: each agent must answer within it
 
@@ -195,7 +200,10 @@ def load_booter(name: str) -> Booter:
 class AgentBooter:
     """Start and stop VMs through the agents of the site (`vm.start`, `vm.stop`)."""
 
-    purposes = frozenset({FAILOVER})
+    purposes = frozenset({FAILOVER, DRILL})
+    # A drill's VMs are started only from signed definitions (the drill
+    # builds them: coordinator/dr/drill.py `DrillSpec.definitions`).
+    needs_definitions = True
     poll_s = 0.5
 
     def preflight(self, req: BootRequest) -> list[Unbootable]:
@@ -247,7 +255,11 @@ class AgentBooter:
 
     def start(self, req: BootRequest, on_event: EventHook | None = None) -> list[Guest]:
         if req.purpose == DRILL:
-            raise DrillBootUnsupported(DRILL_REFUSAL)
+            bare = [v.name for v in req.vms if not req.specs.get(v.name, {}).get("xml")
+                    or not req.specs[v.name].get("transient")]
+            if bare:
+                raise DrillBootUnsupported(f"{', '.join(bare)}: no signed transient "
+                                           f"definition; {DRILL_REFUSAL}")
         if req.purpose not in self.purposes:
             raise BootError(f"the agent booter cannot boot for {req.purpose!r}")
         by_agent = self._by_agent(req)
@@ -277,7 +289,14 @@ class AgentBooter:
 
     def wait_ready(self, req: BootRequest, guests: list[Guest], timeout_s: float,
                    on_event: EventHook | None = None) -> None:
-        """Until every guest's agent lists it `running` in its inventory."""
+        """Until every guest is ready: by its readiness rule for a drill or
+        when the request gives rules (readiness.py); otherwise until its
+        agent lists it `running` in its inventory."""
+        if req.purpose == DRILL or req.readiness:
+            from cutpoint.coordinator.dr import readiness
+
+            readiness.wait(self, req, guests, timeout_s, on_event)
+            return
         end = time.monotonic() + timeout_s
         pending = {g.vm for g in guests}
         last: dict[str, str] = {}
@@ -330,17 +349,17 @@ class AgentBooter:
 
     def leftovers(self, req: BootRequest) -> dict[str, list[str]]:
         """The request's VMs that their agents still list as anything but shut
-        off (an unreachable agent's are listed: nobody can say they stopped).
-        Nothing for a request it started nothing for: a drill, or VMs no
-        agent was named for."""
+        off (an unreachable agent's are listed: nobody can say they stopped);
+        for a drill, anything but absent (its transient domains leave no
+        definition once stopped).  Nothing for VMs no agent was named for."""
         if req.purpose not in self.purposes:
             return {}
         try:
             states = self.states(req, [v.name for v in req.vms])
         except NoAgent:
             return {}
-        return {"vms": sorted(f"{vm} ({s})" for vm, s in states.items()
-                              if s not in ("shutoff", "absent"))}
+        gone = ("absent",) if req.purpose == DRILL else ("shutoff", "absent")
+        return {"vms": sorted(f"{vm} ({s})" for vm, s in states.items() if s not in gone)}
 
     # -- agent calls --
 

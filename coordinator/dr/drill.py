@@ -9,7 +9,13 @@ Steps, each a timeline event in the report:
     boot       the booter starts one VM per member VM from the clones, on a
                network with no route to production (the booter's own
                events, e.g. `isolate`, go into the timeline too), then waits
-               until each is ready (`boot ok` per VM)
+               until each is ready by its readiness rule (`boot ok` per VM).
+               A booter that starts VMs only from definitions
+               (`needs_definitions`: the agent booter) gets them from
+               `DrillSpec.definitions`: each VM's captured definition
+               rewritten for its clones as `drill-<id>-<vm>` on the
+               isolated drill network, signed, transient (the control
+               plane builds them: api/services/drill_boot.py)
     check      each check over the clones (checks.py; built in: `writer`)
     verdict    pass iff every guest booted and every check passed
     cleanup    (always, in `finally`) the booter stops what it started,
@@ -56,6 +62,23 @@ from cutpoint.coordinator.dr.site import CephConnection, CephSite, ImageRef
 EventHook = Callable[[dict[str, Any]], None]
 
 
+@dataclass
+class DrillBoot:
+    """How the drill's VMs are started by a booter that needs definitions:
+    the VMs under their drill names (`drill-<id>-<vm>`, clone disks), the
+    agent and the signed vm.start spec of each, the TLS files to reach
+    them, and each drill name's original VM."""
+    vms: list[BootVM]
+    agents: dict[str, Any]
+    specs: dict[str, dict[str, Any]]
+    tls: tuple[str, str, str] | None
+    original: dict[str, str]
+
+
+# (tag, the clone VMs under their original names) -> DrillBoot
+Definitions = Callable[[str, list[BootVM]], DrillBoot]
+
+
 class DrillError(RuntimeError):
     pass
 
@@ -69,6 +92,13 @@ class DrillSpec:
     report_dir: str = "/var/lib/cutpoint/drills"
     drill_id: str = ""
     boot_timeout_s: float = 240
+    # for a booter that needs definitions (see the module's `boot` step)
+    definitions: Definitions | None = None
+    # the TLS files (ca, cert, key) that reach the DR agents (a sweep of an
+    # interrupted drill stops its VMs through them)
+    agent_tls: tuple[str, str, str] | None = None
+    # original VM name -> its readiness rule (readiness.Readiness.parse)
+    readiness: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Drill:
@@ -92,6 +122,7 @@ class Drill:
         self.clone_vms: list[BootVM] = []
         self.protected: list[ImageRef] = []
         self.guests: list[Guest] = []
+        self.original: dict[str, str] = {}  # drill VM name -> the group's VM
         self.request = BootRequest(DRILL, spec.site, [], self.tag, evidence_dir=str(self.dir))
 
     def event(self, step: str, status: str, **detail: Any) -> None:
@@ -124,7 +155,24 @@ class Drill:
         self._save_state()
         self.event("clone", "ok", clones=[c.image for c in self.clones])
 
+    def _definitions(self) -> None:
+        """The booter's VMs, agents and signed specs (a booter that needs
+        definitions), and each VM's readiness rule under its boot name."""
+        if getattr(self.booter, "needs_definitions", False) and self.spec.definitions:
+            db = self.spec.definitions(self.tag, self.clone_vms)
+            self.original = dict(db.original)
+            self.request.vms, self.request.agents = db.vms, dict(db.agents)
+            self.request.specs, self.request.tls = dict(db.specs), db.tls
+            self._save_state()
+            self.event("define", "ok", vms={v.name: self.original.get(v.name, v.name)
+                                            for v in db.vms},
+                       agents={v: str(a) for v, a in db.agents.items()})
+        name_of = {orig: boot for boot, orig in self.original.items()}
+        self.request.readiness = {name_of.get(vm, vm): rule
+                                  for vm, rule in self.spec.readiness.items()}
+
     def boot(self) -> None:
+        self._definitions()
         try:
             self.guests = self.booter.start(self.request, self._booter_event)
         except Exception as exc:
@@ -144,7 +192,12 @@ class Drill:
               "vms": [[v.name, [[d.node, d.image, d.pool] for d in v.disks]]
                       for v in self.clone_vms],
               "guests": [{"vm": g.vm, "agent": g.agent, "detail": g.detail}
-                         for g in self.guests]}
+                         for g in self.guests],
+              # a booter that needs definitions: what it was asked to start
+              "boot_vms": [v.name for v in self.request.vms] if self.original else [],
+              "agents": {vm: [a.address, a.port, a.cert_sha256]
+                         for vm, a in self.request.agents.items()},
+              "original": self.original}
         tmp = self.dir / "state.json.tmp"
         tmp.write_text(json.dumps(st, default=str))
         tmp.replace(self.dir / "state.json")
@@ -163,6 +216,14 @@ class Drill:
         self.request.vms = self.clone_vms
         self.guests = [Guest(g["vm"], g.get("agent"), detail=dict(g.get("detail") or {}))
                        for g in st["guests"]]
+        self.original = dict(st.get("original") or {})
+        if st.get("boot_vms"):
+            self.request.vms = [BootVM(n, ()) for n in st["boot_vms"]]
+        from cutpoint.coordinator.dr.boot import AgentRef
+
+        self.request.agents = {vm: AgentRef(a, int(p), pin)
+                               for vm, (a, p, pin) in (st.get("agents") or {}).items()}
+        self.request.tls = self.spec.agent_tls
         return True
 
     def _ready_event(self, step: str, detail: dict[str, Any]) -> None:
