@@ -88,7 +88,8 @@ class DrillSpec:
     site: CephSite  # the DR site
     recovery_point: str  # snapshot name at DR, cp.<group>.<txn>
     vms: list[BootVM]  # the member VMs, with their replicated images at DR
-    checks: list[str] = field(default_factory=lambda: ["writer"])
+    # names or {name, params, timeout_s} (checks.CheckSpec)
+    checks: list[Any] = field(default_factory=lambda: ["writer"])
     report_dir: str = "/var/lib/cutpoint/drills"
     drill_id: str = ""
     boot_timeout_s: float = 240
@@ -106,7 +107,11 @@ class Drill:
                  on_event: EventHook | None = None) -> None:
         if not spec.vms:
             raise DrillError("a drill needs at least one VM")
-        unknown = [c for c in spec.checks if c not in drill_checks.known()]
+        try:
+            self.checks = [drill_checks.CheckSpec.parse(c) for c in spec.checks]
+        except drill_checks.CheckError as exc:
+            raise DrillError(str(exc)) from exc
+        unknown = [c.name for c in self.checks if c.name not in drill_checks.known()]
         if unknown:
             raise DrillError(f"unknown check(s) {unknown}; known: {drill_checks.known()}")
         self.spec = spec
@@ -228,21 +233,33 @@ class Drill:
 
     def _ready_event(self, step: str, detail: dict[str, Any]) -> None:
         if step == "ready":  # the drill's timeline says `boot ok` per VM
-            self.event("boot", "ok", **detail)
+            d = dict(detail)
+            if d.get("vm") in self.original:  # the group's VM; its drill name beside
+                d["boot_name"], d["vm"] = d["vm"], self.original[d["vm"]]
+            self.event("boot", "ok", **d)
         else:
             self._booter_event(step, detail)
 
+    def check_context(self) -> drill_checks.CheckContext:
+        vms = [drill_checks.DrillVM(v.name, self.original.get(v.name, v.name),
+                                    self.request.agents.get(v.name))
+               for v in self.request.vms]
+        return drill_checks.CheckContext(self.spec.site, list(self.clones), vms,
+                                         tls=self.request.tls, drill_id=self.id)
+
     def run_checks(self) -> list[dict[str, Any]]:
         out = []
-        for name in self.spec.checks:
-            t = time.monotonic()
-            try:
-                r = drill_checks.get(name)(self.spec.site, list(self.clones))
-            except Exception as exc:  # noqa: BLE001  a crashed check is a failed check
-                r = {"ok": False, "summary": f"check crashed: {type(exc).__name__}: {exc}"}
-            r = {"name": name, "seconds": round(time.monotonic() - t, 3), **r}
-            (self.dir / f"check-{name}.json").write_text(json.dumps(r, indent=2, default=str))
-            self.event("check", "ok" if r["ok"] else "failed", check=name,
+        base = self.check_context()
+        for c in self.checks:
+            ctx = drill_checks.CheckContext(base.site, base.images, base.vms, dict(c.params),
+                                            c.timeout_s, base.tls, base.drill_id,
+                                            base._addresses)
+            self.event("check", "started", check=c.name)
+            r = drill_checks.run(c, ctx)
+            n = sum(1 for x in out if x["name"] == c.name)
+            fname = f"check-{c.name}{f'-{n + 1}' if n else ''}.json"
+            (self.dir / fname).write_text(json.dumps(r, indent=2, default=str))
+            self.event("check", "ok" if r["ok"] else "failed", check=c.name,
                        summary=r["summary"])
             out.append(r)
         return out
@@ -299,7 +316,7 @@ class Drill:
     def run(self) -> dict[str, Any]:
         verdict, error, checks = "failed", None, []
         self.event("start", "ok", recovery_point=self.spec.recovery_point,
-                   vms=[v.name for v in self.spec.vms], checks=self.spec.checks,
+                   vms=[v.name for v in self.spec.vms], checks=[c.name for c in self.checks],
                    booter=type(self.booter).__name__)
         cleanup: dict[str, Any] = {}
         consoles: dict[str, str] = {}
@@ -323,7 +340,8 @@ class Drill:
         report = {"drill_id": self.id, "recovery_point": self.spec.recovery_point,
                   "verdict": verdict, "error": error, "checks": checks,
                   "booter": type(self.booter).__name__,
-                  "guests": [g.as_dict() for g in self.guests],
+                  "guests": [{**g.as_dict(), "original": self.original.get(g.vm, g.vm)}
+                             for g in self.guests],
                   "consoles": consoles, "boot_s": boot_s, "cleanup": cleanup,
                   "timeline": self.timeline,
                   "report_json": str(self.dir / "report.json"),

@@ -42,7 +42,7 @@ def vm_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     start = _first(tl, "start")
     vms = list((start or {}).get("vms") or [])
     for g in report.get("guests") or []:
-        name = g.get("vm") or g.get("name")
+        name = g.get("original") or g.get("vm") or g.get("name")
         if name and name not in vms:
             vms.append(name)
     t_start = _t(start) or 0.0
@@ -52,7 +52,7 @@ def vm_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     t_end_of_run = _t(failed) or _t(cleanup) or (float(tl[-1]["t_s"]) if tl else 0.0)
     ready = {e.get("vm"): float(e["t_s"]) for e in tl
              if e.get("step") == "boot" and e.get("status") == "ok" and e.get("vm")}
-    checks = [e for e in tl if e.get("step") == "check"]
+    checks = [e for e in tl if e.get("step") == "check" and e.get("status") != "started"]
     t_checks_from = max(ready.values(), default=t_clone or t_start)
     rows = []
     for vm in vms:
