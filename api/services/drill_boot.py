@@ -37,14 +37,16 @@ class DrillBootError(RuntimeError):
     pass
 
 
-def check(settings: Any, site: str) -> str | None:
-    """Why drills cannot boot through the agents at `site`; None when they can."""
+def check(settings: Any, site: str, plan_network: str | None = None) -> str | None:
+    """Why drills cannot boot through the agents at `site`; None when they
+    can.  `plan_network`: the drill bridge the group's plan names (it
+    overrides the site's)."""
     conf = settings.definition_targets.get(site)
     if settings.definition_signing_key is None:
         return "no definition_signing_key: captured definitions cannot be signed"
     if conf is None:
         return f"no definition_targets entry for site {site!r}"
-    if not conf.drill_network:
+    if not (plan_network or conf.drill_network):
         return (f"definition_targets.{site} has no drill_network: a drill's copies are "
                 "never attached to a production network")
     if not (settings.agent_ca and settings.agent_cert and settings.agent_key):
@@ -63,8 +65,9 @@ def _newest(s: Session, target: str, vm: str) -> VmDefinition | None:
                     .limit(1))
 
 
-def definitions(sf: Any, settings: Any, target: str) -> Any:
-    """The DrillSpec.definitions of a drill at site `target`."""
+def definitions(sf: Any, settings: Any, target: str, plan_network: str | None = None) -> Any:
+    """The DrillSpec.definitions of a drill at site `target` (on the plan's
+    drill bridge when it names one, else the site's drill_network)."""
     from cutpoint.api.services import vmdef_sign
     from cutpoint.api.services.failover import dr_agent_for
     from cutpoint.api.services.vmdef_rewrite import DrTarget, RewriteError, rewrite
@@ -72,7 +75,7 @@ def definitions(sf: Any, settings: Any, target: str) -> Any:
     from cutpoint.coordinator.dr.drill import DrillBoot
 
     def build(tag: str, clone_vms: list[BootVM]) -> DrillBoot:
-        why = check(settings, target)
+        why = check(settings, target, plan_network)
         if why:
             raise DrillBootError(why)
         conf = settings.definition_targets[target]
@@ -99,7 +102,8 @@ def definitions(sf: Any, settings: Any, target: str) -> Any:
                              auth_user=conf.auth_user, secret_uuid=conf.secret_uuid,
                              by_target={dk.node: f"{pools.get(dk.pool, dk.pool)}/{dk.image}"
                                         for dk in v.disks},
-                             name=name, uuid=str(uuid.uuid4()), isolate=conf.drill_network)
+                             name=name, uuid=str(uuid.uuid4()),
+                             isolate=plan_network or conf.drill_network)
                 try:
                     xml = rewrite(d.definition, t)
                 except RewriteError as exc:

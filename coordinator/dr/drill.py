@@ -100,6 +100,9 @@ class DrillSpec:
     agent_tls: tuple[str, str, str] | None = None
     # original VM name -> its readiness rule (readiness.Readiness.parse)
     readiness: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the boot order, hooks and readiness per VM (plan.RecoveryPlan);
+    # None: every VM at once
+    plan: Any = None
 
 
 class Drill:
@@ -177,17 +180,21 @@ class Drill:
                                   for vm, rule in self.spec.readiness.items()}
 
     def boot(self) -> None:
+        from cutpoint.coordinator.dr.plan import RecoveryPlan, boot_in_order
+
         self._definitions()
+        names = {orig: boot for boot, orig in self.original.items()}
         try:
-            self.guests = self.booter.start(self.request, self._booter_event)
+            self.guests = boot_in_order(self.booter, self.request,
+                                        self.spec.plan or RecoveryPlan(),
+                                        self.spec.boot_timeout_s, self._ready_event, names)
         except Exception as exc:
             self.guests = list(getattr(exc, "guests", []))
             self._save_state()
             raise
-        self._save_state()
-        self.event("boot", "started", guests=[g.as_dict() for g in self.guests])
-        self.booter.wait_ready(self.request, self.guests, self.spec.boot_timeout_s,
-                               self._ready_event)
+        finally:
+            if self.guests:
+                self._save_state()
 
     def _save_state(self) -> None:
         """What exists because of this drill, for `sweep_interrupted` if the
@@ -232,6 +239,13 @@ class Drill:
         return True
 
     def _ready_event(self, step: str, detail: dict[str, Any]) -> None:
+        if step == "boot":  # a boot group's VMs started: saved before waiting
+            self.guests = list(self.guests) + [g for g in detail.get("started", [])
+                                               if g not in self.guests]
+            self._save_state()
+            self.event("boot", "started", group=detail.get("group"),
+                       guests=[g.as_dict() for g in detail.get("started", [])])
+            return
         if step == "ready":  # the drill's timeline says `boot ok` per VM
             d = dict(detail)
             if d.get("vm") in self.original:  # the group's VM; its drill name beside
@@ -337,12 +351,16 @@ class Drill:
         self.event("verdict", verdict)
         boot_s = next((e["t_s"] for e in reversed(self.timeline)
                        if e["step"] == "boot" and e["status"] == "ok"), None)
+        boot_order = [{"group": e.get("group"), "order": e.get("order"), "vms": e.get("vms"),
+                       "ready_t_s": e["t_s"]} for e in self.timeline
+                      if e["step"] == "boot_group" and e["status"] == "ok"]
         report = {"drill_id": self.id, "recovery_point": self.spec.recovery_point,
                   "verdict": verdict, "error": error, "checks": checks,
                   "booter": type(self.booter).__name__,
                   "guests": [{**g.as_dict(), "original": self.original.get(g.vm, g.vm)}
                              for g in self.guests],
-                  "consoles": consoles, "boot_s": boot_s, "cleanup": cleanup,
+                  "consoles": consoles, "boot_s": boot_s, "boot_order": boot_order,
+                  "cleanup": cleanup,
                   "timeline": self.timeline,
                   "report_json": str(self.dir / "report.json"),
                   "report_html": str(self.dir / "report.html")}

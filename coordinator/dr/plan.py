@@ -226,6 +226,8 @@ def boot_in_order(booter: Any, req: Any, plan: RecoveryPlan, timeout_s: float,
                 _hook(h, req, {o: b.name for o, b in by_orig.items()})
             started = booter.start(sub, on_event)
             guests += started
+            if on_event:
+                on_event("boot", {"status": "started", "group": g.name, "started": started})
             booter.wait_ready(sub, started, timeout_s, on_event)
             for h in g.post:
                 _hook(h, req, {o: b.name for o, b in by_orig.items()})
