@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     drill_reports_kept: int = Field(default=20, ge=1, le=10000)
     # How often beat looks for groups whose drill schedule is due.
     drill_tick_s: float = Field(default=60.0, gt=0)
+    # How often the sweeper of drill leftovers (services/drill_sweeper.py)
+    # looks for clones and VMs tagged by a drill that is no longer running;
+    # it also runs at worker start.
+    drill_sweep_interval_s: float = Field(default=300.0, gt=0)
     # How often the worker sends the webhook deliveries that are due.
     webhook_tick_s: float = Field(default=2.0, gt=0, le=3600)
     # A group lock outlives a killed worker by at most this long.
