@@ -233,7 +233,10 @@ def boot_in_order(booter: Any, req: Any, plan: RecoveryPlan, timeout_s: float,
                 _hook(h, req, {o: b.name for o, b in by_orig.items()})
         except BootError as exc:
             more = [x for x in exc.guests if x not in guests]
-            raise BootError(f"boot group {g.name}: {exc}", guests + more) from exc
+            if not plan.boot_groups:  # no plan: the booter's own error, as it was
+                exc.guests = guests + more
+                raise
+            raise type(exc)(f"boot group {g.name}: {exc}", guests + more) from exc
         if on_event:
             on_event("boot_group", {"status": "ok", "group": g.name, "order": n + 1,
                                     "vms": [v.vm for v in g.vms]})

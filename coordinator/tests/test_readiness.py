@@ -40,3 +40,34 @@ def test_tcp_probe_open_and_closed() -> None:
         port = srv.getsockname()[1]
         assert tcp_open("127.0.0.1", port, 1)
     assert not tcp_open("127.0.0.1", port, 1)  # closed now: refused
+
+
+def test_boot_in_order_without_a_plan_keeps_the_booters_error() -> None:
+    """No plan: one start of every VM, and the booter's own error type and
+    message (a drill report names DrillBootUnsupported as it did); with a
+    plan of two groups: the first group's failure names its group, keeps
+    the type, and the second group is never started."""
+    from cutpoint.coordinator.dr.boot import (
+        DRILL,
+        AgentBooter,
+        BootDisk,
+        BootRequest,
+        BootVM,
+        DrillBootUnsupported,
+    )
+    from cutpoint.coordinator.dr.plan import RecoveryPlan, boot_in_order
+    from cutpoint.coordinator.dr.site import CephSite
+
+    site = CephSite("dr", pools={"rbd": "rbd"}, ceph_conf="/nonexistent/ceph.conf")
+    req = BootRequest(DRILL, site, [BootVM(v, (BootDisk("vda", f"{v}-d"),)) for v in
+                                    ("a", "b")], "drill-x")
+    with pytest.raises(DrillBootUnsupported) as exc:
+        boot_in_order(AgentBooter(), req, RecoveryPlan(), 10)
+    assert str(exc.value).startswith("a, b: no signed transient definition")
+    seen: list[tuple[str, dict]] = []
+    plan = RecoveryPlan.parse({"boot_groups": [{"name": "one", "vms": ["b"]},
+                                               {"name": "two", "vms": ["a"]}]})
+    with pytest.raises(DrillBootUnsupported) as exc:
+        boot_in_order(AgentBooter(), req, plan, 10, lambda s, d: seen.append((s, d)))
+    assert str(exc.value).startswith("boot group one: b: no signed transient definition")
+    assert [(s, d["group"], d["status"]) for s, d in seen] == [("boot_group", "one", "started")]
