@@ -96,6 +96,15 @@ class RecoveryPlan:
 
     @classmethod
     def parse(cls, body: Any) -> RecoveryPlan:
+        try:
+            return cls._parse(body)
+        except (TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, PlanError):
+                raise
+            raise PlanError(f"not a plan: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _parse(cls, body: Any) -> RecoveryPlan:
         from cutpoint.coordinator.dr.checks import CheckError, CheckSpec
 
         if body is None:
@@ -105,6 +114,9 @@ class RecoveryPlan:
         extra = set(body) - {"boot_groups", "networks", "drill_checks"}
         if extra:
             raise PlanError(f"unknown key(s) {sorted(extra)}")
+        for key in ("boot_groups", "drill_checks"):
+            if not isinstance(body.get(key) or [], list):
+                raise PlanError(f"{key} is a list")
         groups: list[BootGroup] = []
         seen: set[str] = set()
         for i, g in enumerate(body.get("boot_groups") or []):
@@ -114,6 +126,9 @@ class RecoveryPlan:
             if set(g) - {"name", "vms", "pre", "post"}:
                 raise PlanError(f"{where}: unknown key(s) "
                                 f"{sorted(set(g) - {'name', 'vms', 'pre', 'post'})}")
+            for k in ("pre", "post"):
+                if not isinstance(g.get(k) or [], list):
+                    raise PlanError(f"{where}.{k} is a list of hooks")
             vms = []
             for j, v in enumerate(g["vms"]):
                 v = {"vm": v} if isinstance(v, str) else v
@@ -125,6 +140,8 @@ class RecoveryPlan:
                 if v["vm"] in seen:
                     raise PlanError(f"VM {v['vm']!r} is in two boot groups")
                 seen.add(v["vm"])
+                if not isinstance(v.get("readiness") or {}, dict):
+                    raise PlanError(f"{where}.vms[{j}]: readiness is an object")
                 rule = dict(v.get("readiness") or {})
                 if "delay_s" in v:
                     rule["delay_s"] = v["delay_s"]

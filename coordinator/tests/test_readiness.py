@@ -71,3 +71,15 @@ def test_boot_in_order_without_a_plan_keeps_the_booters_error() -> None:
         boot_in_order(AgentBooter(), req, plan, 10, lambda s, d: seen.append((s, d)))
     assert str(exc.value).startswith("boot group one: b: no signed transient definition")
     assert [(s, d["group"], d["status"]) for s, d in seen] == [("boot_group", "one", "started")]
+
+
+@pytest.mark.parametrize("body", [{"boot_groups": 5}, {"drill_checks": 3},
+                                  {"boot_groups": [{"vms": ["a"], "pre": 5}]},
+                                  {"boot_groups": [{"vms": [{"vm": "a", "readiness": [1]}]}]},
+                                  {"boot_groups": [{"vms": [5]}]}, {"networks": {"drill": 5}},
+                                  {"boot_groups": [{"vms": ["a"], "post": [{"kind": "x"}]}]}])
+def test_a_malformed_plan_is_a_plan_error(body: dict) -> None:
+    from cutpoint.coordinator.dr.plan import PlanError, RecoveryPlan
+
+    with pytest.raises(PlanError):
+        RecoveryPlan.parse(body)
