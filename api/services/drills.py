@@ -27,7 +27,8 @@ from cutpoint.api.models import Disk, Group, GroupSnapshot, Job, SnapState, utcn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-STEPS = {"start": 0.02, "clone": 0.15, "isolate": 0.2, "boot": 0.5, "check": 0.85,
+STEPS = {"start": 0.02, "clone": 0.15, "define": 0.18, "isolate": 0.2, "boot_group": 0.3,
+         "boot": 0.5, "check": 0.85,
          "cleanup": 0.95, "verdict": 0.99, "error": 0.9}
 
 

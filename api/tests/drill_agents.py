@@ -198,8 +198,10 @@ class DrillBed:
         sf = sessionmaker(eng, expire_on_commit=False)
         pool = self.dr["pool"]
         with sf() as s:
+            c = self.dr["clients"]["cutpoint"]
             prim = Site(name="primary")
-            dr = Site(name="dr", ceph_pools={"rbd": pool})
+            dr = Site(name="dr", ceph_pools={"rbd": pool}, ceph_conf=self.dr["ceph_conf"],
+                      ceph_client_id=c["client_id"], ceph_keyring=c["keyring"])
             s.add_all([prim, dr])
             s.flush()
             ph = Host(name="prim-h1", site_id=prim.id, address="127.0.0.1", port=1)
@@ -218,10 +220,59 @@ class DrillBed:
                                    format="libvirt-domain-xml",
                                    sha256=hashlib.sha256(xml.encode()).hexdigest(),
                                    definition=xml))
-            # the standby of the last VM is listed by dr-h2's agent
-            s.add(Vm(name=self.vms[-1], host_id=hs[1].id, driver="libvirt", state="shutoff"))
+            # the standby of every second VM is listed by dr-h2's agent
+            for vm in self.vms[1::2]:
+                s.add(Vm(name=vm, host_id=hs[1].id, driver="libvirt", state="shutoff"))
             s.commit()
         return sf
+
+    def group(self, sf: Any, name: str = "drl") -> int:
+        """Group `name` of the bed's VMs (their disks vda on prim-h1, RBD), replicating
+        to dr, with one committed snapshot verified at DR whose member snapshots
+        are the bed's recovery point RP.  Returns the group's id."""
+        import datetime as dt
+
+        from cutpoint.api.models import (
+            Disk,
+            Group,
+            GroupDisk,
+            GroupMember,
+            GroupSnapshot,
+            MemberSnapshot,
+            Policy,
+            Site,
+            SnapState,
+            Vm,
+            utcnow,
+        )
+        from sqlalchemy import select
+
+        with sf() as s:
+            dr = s.scalar(select(Site).where(Site.name == "dr"))
+            g = Group(name=name)
+            s.add(g)
+            s.flush()
+            s.add(Policy(group_id=g.id, replication_target_id=dr.id))
+            cut = utcnow() - dt.timedelta(seconds=20)
+            snap = GroupSnapshot(group_id=g.id, txn="t1", state=SnapState.committed,
+                                 cut_at=cut, dr_verified_at=cut + dt.timedelta(seconds=5))
+            s.add(snap)
+            s.flush()
+            for vm in self.vms:
+                v = s.scalar(select(Vm).where(Vm.name == vm, Vm.driver == "libvirt",
+                                              Vm.state == "running"))
+                d = Disk(vm_id=v.id, node="vda", key=f"{vm}/vda", backend="rbd", pool="rbd",
+                         image=self.images[vm])
+                s.add(d)
+                s.flush()
+                m = GroupMember(group_id=g.id, vm_id=v.id)
+                s.add(m)
+                s.flush()
+                s.add(GroupDisk(disk_id=d.id, group_id=g.id, member_id=m.id))
+                s.add(MemberSnapshot(group_snapshot_id=snap.id, disk_id=d.id, host="prim-h1",
+                                     vm=vm, disk=f"{vm}/vda", name=RP, state="present"))
+            s.commit()
+            return int(g.id)
 
     def settings(self) -> Any:
         from cutpoint.api.config import DefinitionTarget, Settings
@@ -235,6 +286,23 @@ class DrillBed:
             definition_targets={"dr": DefinitionTarget(
                 host="dr-h1", auth_user=c["client_id"], secret_uuid=self.secret,
                 mon_hosts=[self.mon()], drill_network=BRIDGE)})
+
+    def spec(self, sf: Any, settings: Any, vms: tuple[str, ...] | None = None,
+             **kw: Any) -> Any:
+        """The DrillSpec of a drill of `vms` (default all) at DR."""
+        from cutpoint.api.services import drill_boot
+        from cutpoint.coordinator.dr.boot import BootDisk, BootVM
+        from cutpoint.coordinator.dr.drill import DrillSpec
+        from cutpoint.lab.sites import ceph_site
+
+        return DrillSpec(site=ceph_site(self.status, "dr"), recovery_point=RP,
+                         vms=[BootVM(vm, (BootDisk("vda", self.images[vm], "rbd"),))
+                              for vm in (vms or self.vms)],
+                         report_dir=str(self.tmp / "drills"),
+                         definitions=drill_boot.definitions(sf, settings, "dr"),
+                         agent_tls=(str(settings.agent_ca), str(settings.agent_cert),
+                                    str(settings.agent_key)),
+                         boot_timeout_s=240, **kw)
 
     def domains(self) -> dict[str, list[str]]:
         """Every domain each DR libvirtd knows (running or defined)."""

@@ -95,3 +95,205 @@ def test_drill_boots_captured_definitions_isolated_on_two_agents(bed: DrillBed,
     assert bed.taps() == []
     assert not any(leftovers(site, tag, [bed.dr["pool"]]).values())
     assert "transient=yes" in bed.agent_log(0) and "transient=yes" in bed.agent_log(1)
+
+
+def _t(report: dict[str, Any], step: str, status: str, **match: Any) -> float:
+    return next(e["t_s"] for e in report["timeline"] if e["step"] == step
+                and e["status"] == status and all(e.get(k) == v for k, v in match.items()))
+
+
+def test_plan_order_hooks_and_guest_checks(bed: DrillBed, tmp_path: Path) -> None:
+    """A plan of two boot groups (db: vm1, ready by guest-ping then 1 s more,
+    with a post hook run in it; app: vm2), and checks run in the guests:
+    each clone's disk holds its VM's marker (`head -c` of /dev/vda through
+    guest-exec).  A third check, vm1's disk against vm2's marker, must fail
+    (the negative control): the drill fails on it alone, and still cleans
+    up.  The report keeps the order: vm2 starts after vm1 is ready."""
+    from cutpoint.coordinator.dr.boot import AgentBooter
+    from cutpoint.coordinator.dr.drill import run_drill
+    from cutpoint.coordinator.dr.plan import RecoveryPlan
+
+    sf = bed.database(tiny_image())
+    settings = bed.settings()
+    plan = RecoveryPlan.parse({"boot_groups": [
+        {"name": "db", "vms": [{"vm": "drl-vm1", "delay_s": 1}],
+         "post": [{"kind": "guest-exec", "vm": "drl-vm1", "path": "/bin/sh",
+                   "args": ["-c", "test -b /dev/vda"]}]},
+        {"name": "app", "vms": ["drl-vm2"]}]})
+    head = ["-c", "head -c 80 /dev/vda | tr -d '\\000'"]
+    checks = [{"name": "guest-exec", "params": {"vm": vm, "path": "/bin/sh", "args": head,
+                                                "regex": bed.markers[vm]}}
+              for vm in bed.vms]
+    checks.append({"name": "guest-exec", "timeout_s": 60,
+                   "params": {"vm": "drl-vm1", "path": "/bin/sh", "args": head,
+                              "regex": bed.markers["drl-vm2"]}})
+    report = run_drill(bed.spec(sf, settings, checks=checks, plan=plan), AgentBooter(),
+                       lambda ev: print(f"  {ev['t_s']:7.2f} {ev['step']} {ev['status']} "
+                                        f"{ev.get('vm') or ev.get('group') or ''}"))
+    print(f"checks: {[(c['name'], c['ok'], c['summary']) for c in report['checks']]}")
+    print(f"boot order: {report['boot_order']}")
+    assert [c["ok"] for c in report["checks"]] == [True, True, False], report["checks"]
+    assert "does not match" in report["checks"][2]["summary"]
+    assert bed.markers["drl-vm1"] in report["checks"][0]["output"]
+    assert report["verdict"] == "failed" and report["error"] is None
+    assert [(b["group"], b["order"], b["vms"]) for b in report["boot_order"]] == \
+        [("db", 1, ["drl-vm1"]), ("app", 2, ["drl-vm2"])]
+    tag = f"drill-{report['drill_id']}"
+    vm1_ready = _t(report, "boot", "ok", vm="drl-vm1")
+    vm2_start = _t(report, "vm_start", "ok", vm=f"{tag}-drl-vm2")
+    assert vm1_ready + 1 <= vm2_start, (vm1_ready, vm2_start)  # ready, the delay, then app
+    assert report["cleanup"]["ok"], report["cleanup"]
+    assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+
+
+@pytest.fixture
+def bed4(lab: dict[str, Any], tmp_path: Path) -> Any:
+    b = DrillBed(lab, tmp_path, ("drl-a1", "drl-a2", "drl-b1", "drl-b2"))
+    try:
+        b.make_images()
+        b.start()
+        yield b
+    finally:
+        b.stop()
+
+
+def test_two_groups_drill_at_once(bed4: DrillBed) -> None:
+    """Two drills (groups a and b, two VMs each) at the same time: four drill
+    VMs up together on the two hosts, both pass, nothing of either left."""
+    import threading
+
+    from cutpoint.coordinator.dr.boot import AgentBooter
+    from cutpoint.coordinator.dr.drill import run_drill
+
+    sf = bed4.database(tiny_image())
+    settings = bed4.settings()
+    up: list[dict[str, list[str]]] = []
+    reports: dict[str, Any] = {}
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev["step"] == "check":
+            up.append(bed4.domains())
+
+    def go(name: str, vms: tuple[str, ...]) -> None:
+        reports[name] = run_drill(bed4.spec(sf, settings, vms, checks=[
+            {"name": "guest-exec", "params": {"path": "/bin/true"}}]), AgentBooter(), on_event)
+
+    ts = [threading.Thread(target=go, args=("a", ("drl-a1", "drl-a2"))),
+          threading.Thread(target=go, args=("b", ("drl-b1", "drl-b2")))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(600)
+    for name, r in sorted(reports.items()):
+        print(f"drill {name} {r['drill_id']}: {r['verdict']} boot_s {r['boot_s']}")
+        assert r["verdict"] == "passed", (r["error"], r["checks"], r["cleanup"])
+    most = max(sum(len(v) for v in d.values()) for d in up)
+    print(f"drill VMs up at once: {most}")
+    assert most == 4
+    assert bed4.domains() == {"dr-h1": [], "dr-h2": []} and bed4.taps() == []
+
+
+def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path) -> None:
+    """A drill's process killed (SIGKILL) once its VMs run: its domains and
+    clones stay at DR.  The sweeper leaves them while the drill's job is
+    still running (its tag is active), and removes them by their tag once
+    the job is not: no domain, clone or tap remains."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from cutpoint.api.models import Group, Job, JobState
+    from cutpoint.api.services import drill_sweeper
+    from cutpoint.coordinator.dr.boot import AgentBooter
+    from cutpoint.coordinator.dr.drill import leftovers, run_drill
+
+    sf = bed.database(tiny_image())
+    settings = bed.settings()
+    job_id = "5eed0001-0000-4000-8000-000000000001"
+    with sf() as s:
+        g = Group(name="drl")
+        s.add(g)
+        s.flush()
+        s.add(Job(id=job_id, kind="drill", group_id=g.id, state=JobState.running))
+        s.commit()
+    spec = bed.spec(sf, settings, checks=[], drill_id="5eed0001")
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=run_drill, args=(spec, AgentBooter()))
+    p.start()
+    t0 = time.monotonic()
+    while sum(len(v) for v in bed.domains().values()) < 2:
+        assert p.is_alive() and time.monotonic() - t0 < 120, "the drill's VMs never ran"
+        time.sleep(0.5)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    left = bed.domains()
+    site = spec.site
+    clones = leftovers(site, "drill-5eed0001", [bed.dr["pool"]])["images"]
+    print(f"\nafter kill -9: domains {left}, clones {clones}")
+    assert sum(len(v) for v in left.values()) == 2 and len(clones) == 2
+    out = drill_sweeper.sweep(sf, settings)  # the job still runs: nothing of it goes
+    assert out["vms_stopped"] == [] and out["images_removed"] == [], out
+    assert bed.domains() == left
+    with sf() as s:
+        s.get(Job, job_id).state = JobState.failed
+        s.commit()
+    t0 = time.monotonic()
+    out = drill_sweeper.sweep(sf, settings)
+    print(f"sweep in {time.monotonic() - t0:.2f} s: {out}")
+    assert sorted(v.split(":")[1] for v in out["vms_stopped"]) == \
+        ["drill-5eed0001-drl-vm1", "drill-5eed0001-drl-vm2"], out
+    assert sorted(out["images_removed"]) == sorted(f"dr:{bed.dr['pool']}/{c}" for c in clones)
+    assert out["errors"] == [], out
+    assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+    assert leftovers(site, "drill-5eed0001", [bed.dr["pool"]])["images"] == []
+
+
+def test_drill_job_with_the_groups_plan_and_its_report(bed: DrillBed, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control plane's path of a drill job: the request (drills.request:
+    the group's stored plan, whose drill_checks are used as the request names
+    none), the job as the worker runs it (drills.run_job: DrillSpec from the
+    job's params, definitions, plan), then the evidence the API serves
+    (drill_reports.evidence: RTO, one row per VM, the boot order) and its HTML."""
+    import json
+
+    from cutpoint.api.models import Group, Job, JobState, utcnow
+    from cutpoint.api.services import drill_reports, drills, plans
+
+    monkeypatch.setenv("CP_DRILL_DIR", str(tmp_path / "drills"))
+    sf = bed.database(tiny_image())
+    settings = bed.settings()
+    gid = bed.group(sf)
+    head = ["-c", "head -c 80 /dev/vda | tr -d '\\000'"]
+    with sf() as s:
+        g = s.get(Group, gid)
+        plans.put(s, g, {"boot_groups": [{"name": "first", "vms": ["drl-vm2"]},
+                                         {"name": "second", "vms": ["drl-vm1"]}],
+                         "drill_checks": [{"name": "guest-exec", "params": {
+                             "vm": vm, "path": "/bin/sh", "args": head,
+                             "regex": bed.markers[vm]}} for vm in bed.vms]}, "op")
+        job = drills.request(s, g, "latest", None, "op", "agent", settings)
+        job_id = job.id
+        assert job.params["plan_version"] == 1
+    report = drills.run_job(sf, settings, job_id)  # raises DrillFailed unless passed
+    with sf() as s:  # what the task's wrapper records
+        j = s.get(Job, job_id)
+        j.state, j.result, j.finished_at = JobState.succeeded, report, utcnow()
+        s.commit()
+        ev = drill_reports.evidence(s, j)
+    doc = ev.model_dump(mode="json")
+    out = Path("out/drill-agents")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(doc, indent=1))
+    (out / "report.html").write_text(drill_reports.as_html(ev))
+    print(f"\nverdict {doc['verdict']}, RTO {doc['rto_s']} s, point age {doc['point_age_s']} s,"
+          f" boot order {[(b['group'], b['vms']) for b in report['boot_order']]}")
+    for e in doc["timeline"]:
+        print(f"  {e['t_s']:7.2f} {e['step']} {e['status']} "
+              f"{e.get('vm') or e.get('group') or e.get('check') or ''}")
+    assert doc["verdict"] == "passed" and [c["ok"] for c in doc["checks"]] == [True, True]
+    assert [r["vm"] for r in doc["vms"]] == ["drl-vm1", "drl-vm2"]
+    assert all(r["ready_s"] is not None for r in doc["vms"]) and doc["rto_s"] is not None
+    assert [b["group"] for b in report["boot_order"]] == ["first", "second"]
+    assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
