@@ -205,6 +205,7 @@ class AgentBooter:
     # builds them: coordinator/dr/drill.py `DrillSpec.definitions`).
     needs_definitions = True
     poll_s = 0.5
+    adopt_wait_s = 15.0  # stop: how long a drill VM may take to be adopted
 
     def preflight(self, req: BootRequest) -> list[Unbootable]:
         """Each VM's agent is named, answers within `req.check_timeout_s`,
@@ -343,6 +344,20 @@ class AgentBooter:
             return [str(exc)]
         replies = asyncio.run(self._each_agent(req, by_agent, "vm.stop",
                                                lambda vm: {"vm": vm}, 60))
+        # A drill VM its agent has not adopted yet (discovery follows
+        # libvirt's event, usually within milliseconds): asked again for a
+        # while, never left running because the agent did not know it yet.
+        end = time.monotonic() + (self.adopt_wait_s if req.purpose == DRILL else 0)
+        while time.monotonic() < end:
+            again = {agent: [vm for vm, r in per_vm.items() if _unknown_vm(r)]
+                     for agent, per_vm in replies.items()}
+            again = {a: vms for a, vms in again.items() if vms}
+            if not again:
+                break
+            time.sleep(self.poll_s)
+            for agent, per_vm in asyncio.run(self._each_agent(
+                    req, again, "vm.stop", lambda vm: {"vm": vm}, 60)).items():
+                replies[agent].update(per_vm)
         return [f"{vm}: vm.stop on {agent}: {_why(r)}"
                 for agent, per_vm in replies.items() for vm, r in per_vm.items()
                 if isinstance(r, BaseException)]
@@ -449,6 +464,12 @@ class AgentBooter:
 
         done = await asyncio.gather(*(one(a) for a in agents))
         return dict(zip(agents, done, strict=True))
+
+
+def _unknown_vm(r: object) -> bool:
+    from cutpoint.agentclient.errors import AgentReplyError
+
+    return isinstance(r, AgentReplyError) and r.code == "UNKNOWN_VM"
 
 
 def _why(exc: BaseException) -> str:
