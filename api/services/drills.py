@@ -82,6 +82,8 @@ def request(s: Session, g: Group, ref: str | int | None, checks: list[Any] | Non
     from cutpoint.coordinator.dr.readiness import Readiness, RuleError
     from sqlalchemy.exc import IntegrityError
 
+    plans.storable("checks", checks, "bad_check")
+    plans.storable("readiness", readiness, "bad_readiness")
     plan_obj, plan_version = (plans.validate(s, g, plan), None) if plan is not None \
         else plans.current(s, g)
     if checks is None:

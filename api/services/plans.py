@@ -38,11 +38,24 @@ def members(s: Session, g: Group) -> set[str]:
                                .where(GroupMember.group_id == g.id)))
 
 
+def storable(what: str, body: Any, code: str) -> None:
+    """ApiError 400 unless `body` is text a database stores as it is: no lone
+    surrogate (not UTF-8) and no NUL anywhere in it."""
+    try:
+        text = json.dumps(body, ensure_ascii=False)
+        text.encode("utf-8")
+    except (UnicodeEncodeError, TypeError, ValueError) as exc:
+        raise ApiError(f"{what}: not storable text: {exc}", code=code) from None
+    if "\\u0000" in json.dumps(body):
+        raise ApiError(f"{what}: a string holds NUL", code=code)
+
+
 def validate(s: Session, g: Group, body: Any) -> Any:
     """The parsed plan; ApiError 400 when it cannot be used for `g`."""
     from cutpoint.coordinator.dr.plan import PlanError
     from cutpoint.coordinator.dr.plan import RecoveryPlan as Plan
 
+    storable("plan", body, "bad_plan")
     try:
         plan = Plan.parse(body)
     except PlanError as exc:

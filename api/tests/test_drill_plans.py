@@ -145,3 +145,17 @@ def test_two_requests_that_both_saw_no_drill_make_one(
         drills.request(s, g, "latest", None, "b", "agent", settings)
         assert len(list(s.scalars(select(Job).where(Job.kind == "drill")))) == 2
         s.rollback()
+
+
+def test_text_no_database_stores_is_refused(api: Any, dr_snapshot: Callable[..., int]) -> None:
+    """A lone surrogate or a NUL in a plan or a check's params is a 400, not
+    a database error (PostgreSQL's json refuses both)."""
+    dr_snapshot(disks=(0,), dr_verified_after_s=5)
+    for bad in ('{"drill_checks": [{"name": "tcp", "params": {"x": "\\ud800"}}]}',
+                '{"drill_checks": [{"name": "tcp", "params": {"x": "a\\u0000"}}]}'):
+        r = api.put("/v1/groups/app/plan", content=bad,
+                    headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["code"] == "bad_plan", r.text
+    r = api.post("/v1/groups/app/drills", content='{"checks": [{"name": "tcp", "params": '
+                 '{"address": "\\ud800"}}]}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["code"] == "bad_check", r.text

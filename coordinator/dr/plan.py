@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,8 +164,10 @@ class RecoveryPlan:
                                                for k, v in fo.items()):
             raise PlanError("networks.failover maps a production network to a DR one")
         drill = nets.get("drill")
-        if drill is not None and (not isinstance(drill, str) or not drill):
-            raise PlanError("networks.drill names the isolated drill bridge")
+        if drill is not None and (not isinstance(drill, str)
+                                  or not re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", drill)):
+            raise PlanError("networks.drill names the isolated drill bridge (an interface "
+                            "name: 1-15 of A-Z a-z 0-9 _ . -)")
         try:
             dchecks = tuple(CheckSpec.parse(c) for c in body.get("drill_checks") or [])
         except CheckError as exc:
