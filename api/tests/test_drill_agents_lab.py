@@ -198,6 +198,7 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
     clones stay at DR.  The sweeper leaves them while the drill's job is
     still running (its tag is active), and removes them by their tag once
     the job is not: no domain, clone or tap remains."""
+    import json
     import multiprocessing
     import os
     import signal
@@ -217,13 +218,21 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
         s.flush()
         s.add(Job(id=job_id, kind="drill", group_id=g.id, state=JobState.running))
         s.commit()
-    spec = bed.spec(sf, settings, checks=[], drill_id="5eed0001")
+    from cutpoint.coordinator.dr.plan import RecoveryPlan
+
+    # a post hook that holds the drill once its VMs are ready, until the kill
+    hold = RecoveryPlan.parse({"boot_groups": [{"name": "all", "vms": list(bed.vms), "post": [
+        {"kind": "script", "path": "/bin/sleep", "args": ["600"], "timeout_s": 900}]}]})
+    spec = bed.spec(sf, settings, checks=[], drill_id="5eed0001", plan=hold)
     ctx = multiprocessing.get_context("fork")
     p = ctx.Process(target=run_drill, args=(spec, AgentBooter()))
     p.start()
     t0 = time.monotonic()
-    while sum(len(v) for v in bed.domains().values()) < 2:
-        assert p.is_alive() and time.monotonic() - t0 < 120, "the drill's VMs never ran"
+    state = Path(spec.report_dir) / "drill-5eed0001" / "state.json"
+    while sum(len(v) for v in bed.domains().values()) < 2 or not state.exists() \
+            or len(json.loads(state.read_text())["guests"]) < 2:
+        assert p.is_alive() and time.monotonic() - t0 < 180, \
+            f"the drill's VMs never ran: {sorted(Path(spec.report_dir).rglob('*'))}"
         time.sleep(0.5)
     os.kill(p.pid, signal.SIGKILL)
     p.join()

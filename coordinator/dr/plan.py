@@ -228,7 +228,7 @@ def boot_in_order(booter: Any, req: Any, plan: RecoveryPlan, timeout_s: float,
     from cutpoint.coordinator.dr.boot import BootError
 
     names = dict(names or {})
-    original = {names.get(v.name, v.name): v.name for v in req.vms}
+    original = {boot: orig for orig, boot in names.items()}  # req's name -> the group's
     orig_of = {v.name: original.get(v.name, v.name) for v in req.vms}
     by_orig = {orig_of[v.name]: v for v in req.vms}
     guests: list[Any] = []

@@ -83,3 +83,34 @@ def test_a_malformed_plan_is_a_plan_error(body: dict) -> None:
 
     with pytest.raises(PlanError):
         RecoveryPlan.parse(body)
+
+
+def test_boot_in_order_maps_the_groups_vms_to_their_boot_names() -> None:
+    """A drill's request names drill-<id>-<vm>; the plan names the group's
+    VMs: each boot group starts its own VMs, under their boot names, in the
+    plan's order (a booter that records what it was asked)."""
+    from cutpoint.coordinator.dr.boot import DRILL, BootRequest, BootVM, Guest
+    from cutpoint.coordinator.dr.plan import RecoveryPlan, boot_in_order
+
+    asked: list[list[str]] = []
+
+    class Recording:
+        purposes = frozenset({DRILL})
+
+        def start(self, req: BootRequest, on_event: object = None) -> list[Guest]:
+            asked.append([v.name for v in req.vms])
+            return [Guest(v.name) for v in req.vms]
+
+        def wait_ready(self, req: BootRequest, guests: list[Guest], timeout_s: float,
+                       on_event: object = None) -> None:
+            asked[-1].append(f"ready:{sorted(req.readiness)}")
+
+    req = BootRequest(DRILL, None, [BootVM(f"drill-x-{v}", ()) for v in ("a", "b", "c")],
+                      "drill-x")
+    plan = RecoveryPlan.parse({"boot_groups": [
+        {"name": "db", "vms": [{"vm": "b", "delay_s": 1}]}, {"name": "app", "vms": ["a"]}]})
+    guests = boot_in_order(Recording(), req, plan, 10, None,
+                           {v: f"drill-x-{v}" for v in ("a", "b", "c")})
+    assert asked == [["drill-x-b", "ready:['drill-x-b']"], ["drill-x-a", "ready:[]"],
+                     ["drill-x-c", "ready:[]"]]
+    assert [g.vm for g in guests] == ["drill-x-b", "drill-x-a", "drill-x-c"]
