@@ -9,10 +9,11 @@ sweeper does not wait for that.  A pass:
 
 1. the tags of the drills that may still be running: every drill job
    queued or running (their VMs and clones are theirs, not leftovers);
-2. at each site the control plane reaches (its Ceph access as set through
-   the API): every image of its pools named `drill-<8 hex>-*` whose tag is
-   not one of those is removed (EBUSY: a watch of a killed QEMU lingers;
-   left for the next pass);
+2. at each site some group replicates to (where drills run), through its
+   Ceph access as set through the API: every image of its pools named
+   `drill-<8 hex>-*` whose tag is not one of those is removed (EBUSY: a
+   watch of a stopped QEMU lingers; retried for 10 s, then left for the
+   next pass);
 3. at each pinned host of those sites: every VM its agent's inventory
    lists named `drill-<8 hex>-*` whose tag is not active is stopped
    (`vm.stop`: a drill's VMs are transient, so nothing stays defined).
@@ -29,7 +30,7 @@ import logging
 import re
 from typing import Any
 
-from cutpoint.api.models import Host, Job, JobState, Site
+from cutpoint.api.models import Host, Job, JobState, Policy, Site
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -56,9 +57,12 @@ def sweep(sf: Any, settings: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"vms_stopped": [], "images_removed": [], "errors": []}
     with sf() as s:
         active = active_tags(s)
-        sites = [r for r in s.scalars(select(Site).where(Site.ceph_pools.is_not(None)))]
+        targets = select(Policy.replication_target_id).where(
+            Policy.replication_target_id.is_not(None))
+        sites = list(s.scalars(select(Site).where(Site.id.in_(targets))))
         hosts = [(h.name, h.address, h.port, h.cert_fingerprint) for h in s.scalars(
-            select(Host).where(Host.cert_fingerprint.is_not(None)))]
+            select(Host).where(Host.cert_fingerprint.is_not(None),
+                               Host.site_id.in_(targets)))]
         ceph = {}
         for site in sites:
             try:
@@ -123,7 +127,7 @@ def _stop_vms(settings: Any, hosts: list[tuple[str, str, int, str]],
         stopped: list[str] = []
         try:
             async with AgentClient(addr, port, ssl_context=ctx, cert_sha256=pin,
-                                   connect_timeout=5, call_timeout=30) as c:
+                                   connect_timeout=5, call_timeout=15) as c:
                 inv = await c.inventory()
                 for vm in inv.get("vms", []):
                     if _stale(vm["name"], active):

@@ -202,6 +202,7 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
     import multiprocessing
     import os
     import signal
+    import subprocess
     import time
 
     from cutpoint.api.models import Group, Job, JobState
@@ -212,10 +213,15 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
     sf = bed.database(tiny_image())
     settings = bed.settings()
     job_id = "5eed0001-0000-4000-8000-000000000001"
-    with sf() as s:
+    from cutpoint.api.models import Policy, Site
+    from sqlalchemy import select
+
+    with sf() as s:  # a group that replicates to dr: the sweeper looks there
         g = Group(name="drl")
         s.add(g)
         s.flush()
+        s.add(Policy(group_id=g.id, replication_target_id=s.scalar(
+            select(Site.id).where(Site.name == "dr"))))
         s.add(Job(id=job_id, kind="drill", group_id=g.id, state=JobState.running))
         s.commit()
     from cutpoint.coordinator.dr.plan import RecoveryPlan
@@ -234,8 +240,12 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
         assert p.is_alive() and time.monotonic() - t0 < 180, \
             f"the drill's VMs never ran: {sorted(Path(spec.report_dir).rglob('*'))}"
         time.sleep(0.5)
+    hook = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                                           text=True, check=False).stdout.split()]
     os.kill(p.pid, signal.SIGKILL)
     p.join()
+    for pid in hook:  # the hook's sleep: ours, orphaned by the kill
+        os.kill(pid, signal.SIGKILL)
     left = bed.domains()
     site = spec.site
     clones = leftovers(site, "drill-5eed0001", [bed.dr["pool"]])["images"]
