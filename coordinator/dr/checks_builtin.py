@@ -6,10 +6,13 @@ In the guest, through its agent's vm.guest_exec (qemu-guest-agent):
                 the program's exit code must be exit_code and, with regex,
                 its stdout must match it (re.search, multiline), on each
                 selected VM (params vm / vms; default every VM)
-    postgres    {vm?, user?: "postgres", query?, expect?, database?}
-                pg_isready exits 0; `pg_amcheck --all` (every database)
-                exits 0; with query, `psql -AtX -c query` prints exactly
-                expect (stripped); all run as `user` (runuser)
+    postgres    {vm?, user?: "postgres", host?, port?, role?, query?,
+                 expect?, database?}
+                pg_isready exits 0; `pg_amcheck --all --install-missing
+                --heapallindexed` (every database; Debian's versioned
+                binary when none is on the PATH) exits 0; with query, `psql
+                -AtX -c query` prints exactly expect (stripped); all run as
+                the OS user `user` (runuser), host/port/role passed to each
     cassandra   {vm?, nodetool?: "nodetool", cqlsh?: "cqlsh", query?, expect?}
                 every node of `nodetool status` is UN (up, normal); with
                 query, `cqlsh -e query` prints something that matches the
@@ -88,23 +91,36 @@ def guest_exec(ctx: CheckContext) -> dict[str, Any]:
             f"{len(out)} VM(s)", "output": _cut("\n".join(out))}
 
 
+# Debian's PATH wrappers (postgresql-common) do not cover pg_amcheck: the
+# versioned binary is used when none is on the PATH.
+PG_AMCHECK = ('p=$(command -v pg_amcheck || ls /usr/lib/postgresql/*/bin/pg_amcheck '
+              '2>/dev/null | sort -V | tail -n 1); [ -n "$p" ] || '
+              '{ echo "pg_amcheck: not installed" >&2; exit 127; }; exec "$p" "$@"')
+
+
 def postgres(ctx: CheckContext) -> dict[str, Any]:
     p = ctx.params
     vm = ctx.vm(p.get("vm"))
-    user = str(p.get("user") or "postgres")
-    as_user = ["runuser", "-u", user, "--"]
+    as_user = ["runuser", "-u", str(p.get("user") or "postgres"), "--"]
+    conn: list[str] = []
+    for key, flag in (("host", "-h"), ("port", "-p"), ("role", "-U")):
+        if p.get(key) is not None:
+            conn += [flag, str(p[key])]
     out, bad = [], []
-    r, line = _run(ctx, vm, [*as_user, "pg_isready"])
+    r, line = _run(ctx, vm, [*as_user, "pg_isready", *conn])
     out.append(line)
     if r.exitcode != 0:
         bad.append(f"pg_isready exited {r.exitcode}")
     else:
-        r, line = _run(ctx, vm, [*as_user, "pg_amcheck", "--all"])
+        # every database; --install-missing creates the amcheck extension
+        # where it is not (this writes only to the drill's copy)
+        r, line = _run(ctx, vm, [*as_user, "/bin/sh", "-c", PG_AMCHECK, "pg_amcheck",
+                                 *conn, "--all", "--install-missing", "--heapallindexed"])
         out.append(line)
         if r.exitcode != 0:
             bad.append(f"pg_amcheck --all exited {r.exitcode}")
         if p.get("query"):
-            argv = [*as_user, "psql", "-AtX", "-v", "ON_ERROR_STOP=1"]
+            argv = [*as_user, "psql", *conn, "-AtX", "-v", "ON_ERROR_STOP=1"]
             if p.get("database"):
                 argv += ["-d", str(p["database"])]
             r, line = _run(ctx, vm, [*argv, "-c", str(p["query"])])
