@@ -52,6 +52,9 @@ def _print_report(r: dict[str, Any]) -> None:
         detail = ev.get("vm") or ev.get("check") or ev.get("summary") or ev.get("error") or ""
         t.add_row(f"{ev['t_s']:.1f}", ev["step"], ev["status"], str(detail)[:100])
     c.print(t)
+    for b in r.get("boot_order") or []:
+        c.print(f"boot group {b.get('order')} {b.get('group')}: {', '.join(b.get('vms') or [])}"
+                f" ready at {b.get('ready_t_s')} s")
     for chk in r.get("checks", []):
         c.print(f"check {chk['name']}: {'pass' if chk['ok'] else 'FAIL'}: {chk['summary']}")
     c.print(f"report: {r.get('report_html')}  (JSON {r.get('report_json')})")
