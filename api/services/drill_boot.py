@@ -9,8 +9,9 @@ VMs.  For each of the group's VMs:
   domain XML, taken on a host that is not at the DR site);
 - rewritten for the drill (vmdef_rewrite.py): each disk onto its clone
   (by target dev), the DR site's monitors, cephx user and libvirt secret,
-  the name `drill-<id>-<vm>`, a new UUID, no MAC addresses, and every
-  interface on the site's isolated drill bridge (`definition_targets.<site>
+  the name `drill-<id>-<vm>`, a new UUID, no MAC addresses, its taps
+  named `d<id><vm index><n>`, and every interface on the site's isolated
+  drill bridge (`definition_targets.<site>
   .drill_network`: a bridge of the DR hosts with no route to production);
 - signed with the control plane's key (vmdef_sign.py) and sent
   `transient` (agent-protocol 4.9: nothing stays defined after vm.stop);
@@ -92,7 +93,7 @@ def definitions(sf: Any, settings: Any, target: str, plan_network: str | None = 
             listed = dr_agent_for(s, settings, target, [v.name for v in clone_vms])
             host = s.scalar(select(Host).join(Site, Site.id == Host.site_id)
                             .where(Host.name == conf.host, Site.name == target))
-            for v in clone_vms:
+            for k, v in enumerate(clone_vms):
                 d = _newest(s, target, v.name)
                 if d is None:
                     errors.append(f"{v.name}: no captured libvirt definition")
@@ -103,7 +104,10 @@ def definitions(sf: Any, settings: Any, target: str, plan_network: str | None = 
                              by_target={dk.node: f"{pools.get(dk.pool, dk.pool)}/{dk.image}"
                                         for dk in v.disks},
                              name=name, uuid=str(uuid.uuid4()),
-                             isolate=plan_network or conf.drill_network)
+                             isolate=plan_network or conf.drill_network,
+                             # d<drill id><VM index>: 12 characters with the
+                             # interface's index, inside IFNAMSIZ
+                             taps=f"d{tag.removeprefix('drill-')[:8]}{k:02x}")
                 try:
                     xml = rewrite(d.definition, t)
                 except RewriteError as exc:

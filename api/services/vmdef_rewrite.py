@@ -76,6 +76,11 @@ class DrTarget:
     # a drill: every bridge or network interface on this one bridge instead
     # (the isolated drill network; `networks` is then not used)
     isolate: str | None = None
+    # a drill: its interfaces' tap devices are named <taps><n> (n: the
+    # interface's index), not left to libvirt's vnetN: a drill's taps are
+    # then its own by name, and two libvirtds of one network namespace
+    # never pick the same vnetN at once
+    taps: str | None = None
 
 
 def _one(parent: ET.Element, tag: str) -> ET.Element:
@@ -130,7 +135,7 @@ def _disks(devices: ET.Element, t: DrTarget) -> None:
 
 
 def _interfaces(devices: ET.Element, t: DrTarget, new_macs: bool) -> None:
-    for itf in devices.findall("interface"):
+    for n, itf in enumerate(devices.findall("interface")):
         kind = itf.get("type")
         src = itf.find("source")
         if kind in ("bridge", "network") and t.isolate is not None:
@@ -139,6 +144,10 @@ def _interfaces(devices: ET.Element, t: DrTarget, new_macs: bool) -> None:
                 src = ET.SubElement(itf, "source")
             src.attrib.clear()
             src.set("bridge", t.isolate)
+            for tgt in itf.findall("target"):
+                itf.remove(tgt)
+            if t.taps is not None:
+                ET.SubElement(itf, "target", {"dev": f"{t.taps}{n}"})
         elif kind in ("bridge", "network") and src is not None:
             old = src.get(kind, "")
             if old not in t.networks:

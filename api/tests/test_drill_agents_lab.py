@@ -83,7 +83,7 @@ def test_drill_boots_captured_definitions_isolated_on_two_agents(bed: DrillBed,
             [("bridge", BRIDGE)]
         assert "52:54:00:aa:00:01" not in seen["xml"][f"{tag}-{vm}"]  # a MAC of its own
         assert "Persistent:     no" in seen["persistent"][f"{tag}-{vm}"]
-    assert len(seen["taps"]) == 2
+    assert sorted(seen["taps"]) == [f"d{report['drill_id']}000", f"d{report['drill_id']}010"]
     ready = [e for e in report["timeline"] if e["step"] == "boot" and e["status"] == "ok"]
     assert sorted(e["vm"] for e in ready) == ["drl-vm1", "drl-vm2"]
     assert sorted(e["boot_name"] for e in ready) == [f"{tag}-drl-vm1", f"{tag}-drl-vm2"]
