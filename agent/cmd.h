@@ -7,6 +7,7 @@
  *   cmd_snap.c  snapshot.list, snapshot.delete
  *   cmd_vm.c    vm.start, vm.stop
  *   cmd_vmdef.c vm.definition, vm.start of a signed definition
+ *   cmd_guest.c vm.guest_ping, vm.guest_exec (through the guest agent)
  *
  * Every handler gets the request's args, already validated against the
  * table's argument fields (proto.c).  It returns the result object (new
@@ -33,6 +34,7 @@ cmd_handler cmd_hello, cmd_inventory, cmd_stats;
 cmd_handler cmd_prepare, cmd_commit, cmd_abort, cmd_resume;
 cmd_handler cmd_snap_list, cmd_snap_delete;
 cmd_handler cmd_vm_start, cmd_vm_stop, cmd_vm_definition;
+cmd_handler cmd_vm_guest_ping, cmd_vm_guest_exec;
 
 /* vm.start of spec {vm, xml, sig}: only a definition the control plane
  * signed for that VM (cmd_vmdef.c); FORBIDDEN otherwise. */

@@ -6,8 +6,10 @@
  *                       site: a libvirt domain's inactive XML (never the
  *                       secure XML: no passwords), or a qmp VM's `start =`
  *                       command (its start template)
- *   vm.start{spec: {vm, xml, sig}}
+ *   vm.start{spec: {vm, xml, sig, transient?}}
  *                       a domain XML from the wire, defined and started
+ *                       (transient: started with nothing defined, so that
+ *                       vm.stop leaves no domain: a drill's copy)
  *                       only when the control plane's definition-signing
  *                       key ([libvirt] definition_key) signed that XML for
  *                       that VM name (defsig.h); FORBIDDEN otherwise
@@ -99,6 +101,7 @@ cmd_vm_start_signed(struct agent *a, json_t *spec, const char **code,
     const char *name = json_string_value(json_object_get(spec, "vm"));
     const char *xml = json_string_value(json_object_get(spec, "xml"));
     const char *sig = json_string_value(json_object_get(spec, "sig"));
+    json_t *jtransient = json_object_get(spec, "transient");
     const char *state = "shutoff";
     struct domxml *dx = NULL;
     struct qmp_err qe = {0};
@@ -110,6 +113,8 @@ cmd_vm_start_signed(struct agent *a, json_t *spec, const char **code,
     int row, claimed = 0, tmo = START_TIMEOUT_MS;
 
     sha256_hex(xml, strlen(xml), sum);
+    if (jtransient && !json_is_boolean(jtransient))
+        FAIL("BAD_REQUEST", "args.spec.transient must be a boolean");
     if (!a->cfg.definition_key[0]) {
         log_warnx("event=vm_start result=refused why=definition_from_wire");
         FAIL("FORBIDDEN", "vm.start starts only the VMs of this agent's "
@@ -151,10 +156,12 @@ cmd_vm_start_signed(struct agent *a, json_t *spec, const char **code,
         pthread_mutex_unlock(&a->mu);
         tmo = v->cfg->start_timeout_ms;
     }
-    log_info("event=vm_start_begin vm=%s definition=signed sha256=%s", name,
-             sum);
-    if (vm_driver_at(row)->define_start(conn, name, xml, tmo, &state,
-                                        &cmd_ms, &qe) < 0) {
+    log_info("event=vm_start_begin vm=%s definition=signed sha256=%s "
+             "transient=%s", name, sum, json_is_true(jtransient) ? "yes" :
+             "no");
+    if (vm_driver_at(row)->define_start(conn, name, xml,
+                                        json_is_true(jtransient), tmo,
+                                        &state, &cmd_ms, &qe) < 0) {
         log_warnx("event=vm_start_failed vm=%s msg=\"%s\"", name, qe.msg);
         FAIL(vm_err_code(&qe), "%s", qe.msg);
     }

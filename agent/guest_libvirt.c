@@ -113,3 +113,54 @@ guest_libvirt_close(struct vm_guest *g)
 {
     free(GLV(g));
 }
+
+int
+guest_libvirt_command(struct vm *v, const char *cmd, json_t *args,
+                      int timeout_ms, json_t **ret, struct qmp_err *err)
+{
+    struct lvdomain_call a = {.op = LVOP_AGENT};
+    json_t *req = json_pack("{s:s}", "execute", cmd), *m = NULL, *e;
+    struct lvcall_err le = {0};
+    int rc = -1, run = -1;
+
+    *ret = NULL;
+    err->kind = QMP_E_ERROR;
+    err->cls[0] = '\0';
+    if (req && args)
+        json_object_set_new(req, "arguments", args);
+    else
+        json_decref(args);
+    if (!req || !(a.in = json_dumps(req, JSON_COMPACT))) {
+        snprintf(err->msg, sizeof(err->msg), "%s: out of memory", cmd);
+        goto cleanup;
+    }
+    /* libvirt's wait a little inside ours, so that its own "not
+     * responding" comes back before lvcall abandons the call */
+    a.wait_s = timeout_ms > 2000 ? (timeout_ms - 1000) / 1000 : 1;
+    if ((run = lvdomain_run(v, &LV_PRIV(v)->guest_slot, &a, timeout_ms,
+                            &le)) < 0) {
+        snprintf(err->msg, sizeof(err->msg), "%s: %s", cmd, le.msg);
+        if (le.kind == LVCALL_TIMEOUT ||
+            (le.code == VIR_ERR_AGENT_UNRESPONSIVE &&
+             !strstr(le.msg, "not connected")))
+            err->kind = QMP_E_TIMEOUT;
+        goto cleanup;
+    }
+    m = json_loads(a.out ? a.out : "", 0, NULL);
+    if ((e = json_object_get(m, "error"))) {
+        const char *d = json_string_value(json_object_get(e, "desc"));
+        snprintf(err->msg, sizeof(err->msg), "%s: %s", cmd, d ? d : "error");
+        goto cleanup;
+    }
+    if (!(*ret = json_incref(json_object_get(m, "return")))) {
+        snprintf(err->msg, sizeof(err->msg), "%s: the guest agent's reply "
+                 "has neither return nor error", cmd);
+        goto cleanup;
+    }
+    rc = 0;
+cleanup:
+    lvdomain_call_done(&a, &le, run);
+    json_decref(m);
+    json_decref(req);
+    return rc;
+}

@@ -30,5 +30,10 @@ int guest_libvirt_freeze(struct vm_guest *g, int timeout_ms, int *nfs,
 int guest_libvirt_thaw(struct vm_guest *g, int *nfs, char *err,
                        size_t errlen);
 void guest_libvirt_close(struct vm_guest *g);
+/* vm_ops guest_command: virDomainQemuAgentCommand in the VM's guest slot
+ * (libvirt then marks the domain tainted, custom-ga-command: meant for
+ * drill copies and checks, agent-protocol §4.12). */
+int guest_libvirt_command(struct vm *v, const char *cmd, json_t *args,
+                          int timeout_ms, json_t **ret, struct qmp_err *err);
 
 #endif

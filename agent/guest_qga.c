@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "mono.h"
 #include "qga.h"
 
 /* quiesce: fs-freeze deadlines (dr-tests/checkers/quiesce.py) */
@@ -64,4 +65,46 @@ void
 guest_qga_close(struct vm_guest *g)
 {
     qga_free(QGA(g));
+}
+
+int
+guest_qga_command(struct vm *v, const char *cmd, json_t *args,
+                  int timeout_ms, json_t **ret, struct qmp_err *err)
+{
+    double deadline = mono_ms() + timeout_ms;
+    struct qga_conn *q = NULL;
+    int left, rc = -1;
+
+    *ret = NULL;
+    err->kind = QMP_E_ERROR;
+    err->cls[0] = '\0';
+    if (!v->cfg->qga[0]) {
+        snprintf(err->msg, sizeof(err->msg), "%s: no guest agent socket "
+                 "configured (qga =)", cmd);
+        goto cleanup;
+    }
+    if (qga_open(v->cfg->qga, &q, err->msg, sizeof(err->msg)) < 0)
+        goto cleanup;
+    left = (int)(deadline - mono_ms());
+    if (qga_sync(q, (long)(random() & 0x7fffffff),
+                 left < QGA_SYNC_MS ? (left > 1 ? left : 1) : QGA_SYNC_MS,
+                 err->msg, sizeof(err->msg)) < 0) {
+        if (qga_last_error(q) == QGA_E_TIMEOUT)
+            err->kind = QMP_E_TIMEOUT;
+        goto cleanup;
+    }
+    left = (int)(deadline - mono_ms());
+    if (qga_call(q, cmd, args, left > 1 ? left : 1, ret, err->msg,
+                 sizeof(err->msg)) < 0) {
+        args = NULL;        /* stolen by qga_call */
+        if (qga_last_error(q) == QGA_E_TIMEOUT)
+            err->kind = QMP_E_TIMEOUT;
+        goto cleanup;
+    }
+    args = NULL;
+    rc = 0;
+cleanup:
+    json_decref(args);
+    qga_free(q);
+    return rc;
 }

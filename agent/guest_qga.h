@@ -24,5 +24,10 @@ int guest_qga_freeze(struct vm_guest *g, int timeout_ms, int *nfs, char *err,
                      size_t errlen);
 int guest_qga_thaw(struct vm_guest *g, int *nfs, char *err, size_t errlen);
 void guest_qga_close(struct vm_guest *g);
+/* vm_ops guest_command: connect to the `qga =` socket, sync, the
+ * command, close (one connection per command: QEMU's chardev serves one
+ * client at a time, and a freeze may want it next). */
+int guest_qga_command(struct vm *v, const char *cmd, json_t *args,
+                      int timeout_ms, json_t **ret, struct qmp_err *err);
 
 #endif

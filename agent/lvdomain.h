@@ -46,7 +46,7 @@ struct lv_vm {
 
 enum lvdomain_op {
     LVOP_SUSPEND, LVOP_RESUME, LVOP_STATE, LVOP_DESTROY, LVOP_START,
-    LVOP_FREEZE, LVOP_THAW, LVOP_QMP, LVOP_XML,
+    LVOP_FREEZE, LVOP_THAW, LVOP_QMP, LVOP_XML, LVOP_AGENT,
 };
 
 /* One call: its inputs, then its results.  in and out are owned by the
@@ -55,10 +55,12 @@ struct lvdomain_call {
     enum lvdomain_op op;
     char name[256];         /* the domain (set by lvdomain_run) */
     char mounts[1024];      /* FREEZE: blank-separated, "" all */
-    char *in;               /* START: XML to define first; QMP: command */
+    char *in;               /* START: XML to define first; QMP, AGENT:
+                               the command's JSON */
+    int wait_s;             /* AGENT: libvirt's own guest agent timeout */
     int not_found;          /* no such domain */
     int state, ret;         /* virDomainState; FREEZE/THAW's count */
-    char *out;              /* QMP: the reply; XML: the persistent
+    char *out;              /* QMP, AGENT: the reply; XML: the persistent
                                definition (VIR_DOMAIN_XML_INACTIVE) */
 };
 
@@ -85,7 +87,7 @@ int lvdomain_cached(const struct vm *v, struct lvdom *d, int *connected);
 
 /* vm_ops define_start of the libvirt driver (lvstart.c). */
 int lvstart_define_start(void *conn, const char *name, const char *xml,
-                         int timeout_ms, const char **state, double *cmd_ms,
-                         struct qmp_err *err);
+                         int transient, int timeout_ms, const char **state,
+                         double *cmd_ms, struct qmp_err *err);
 
 #endif

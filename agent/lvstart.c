@@ -7,7 +7,8 @@
  *   │                 definition under a running QEMU)
  *   ▼ absent or shut off
  *   virDomainDefineXML (created, or its persistent definition replaced)
- *   ─► virDomainCreate
+ *   ─► virDomainCreate;  transient: virDomainCreateXML, nothing defined
+ *   (a drill's copy, gone once it is destroyed: vm.stop)
  *
  * One lvcall worker, with the start's deadline.  The domain need not be a
  * VM of this agent yet (a DR host's agent learns it from libvirt's
@@ -32,6 +33,7 @@
 struct define_call {
     char name[256];
     char *xml;              /* owned by the call (drop frees it) */
+    int transient;          /* virDomainCreateXML: no persistent domain */
     int state;              /* virDomainState before, -1 not defined */
 };
 
@@ -59,6 +61,12 @@ define_run(virConnectPtr conn, void *p)
     }
     if (lvcall_abandoned())
         return LVCALL_SKIPPED;  /* the caller reported a timeout already */
+    if (a->transient) {
+        if (!(d = virDomainCreateXML(conn, a->xml, 0)))
+            return -1;
+        lvcall_domain_free(d);
+        return 0;
+    }
     if (!(d = virDomainDefineXML(conn, a->xml)))
         return -1;
     rc = virDomainCreate(d);
@@ -68,12 +76,12 @@ define_run(virConnectPtr conn, void *p)
 
 int
 lvstart_define_start(void *conn, const char *name, const char *xml,
-                     int timeout_ms, const char **state, double *cmd_ms,
-                     struct qmp_err *err)
+                     int transient, int timeout_ms, const char **state,
+                     double *cmd_ms, struct qmp_err *err)
 {
     struct lv_host *h = conn;
     struct lvcall_slot *slot = malloc(sizeof(*slot));
-    struct define_call a = {.xml = strdup(xml)};
+    struct define_call a = {.xml = strdup(xml), .transient = transient};
     struct lvcall_err le = {0};
     virConnectPtr c = h ? lvconn_get(h->c, NULL) : NULL;
     double t0 = mono_ms();
@@ -95,7 +103,8 @@ lvstart_define_start(void *conn, const char *name, const char *xml,
     }
     snprintf(a.name, sizeof(a.name), "%s", name);
     lvcall_slot_init(slot);
-    rc = lvcall_run(slot, "virDomainDefineXML+virDomainCreate", c,
+    rc = lvcall_run(slot, transient ? "virDomainCreateXML" :
+                    "virDomainDefineXML+virDomainCreate", c,
                     define_run, &a, sizeof(a), define_drop, timeout_ms, &le);
     virConnectClose(c);
     *cmd_ms = mono_ms() - t0;

@@ -16,6 +16,10 @@ enum ftype {
     F_SNAPMAP,     /* object: disk id -> snapshot name */
     F_OBJECT,
     F_ID,          /* integer 0..2^53 (an RBD snap id; exact in JSON) */
+    F_ARGV,        /* array (maybe empty) of at most 256 strings of at most
+                      4096 bytes without NUL; repeats allowed (a command's
+                      arguments) */
+    F_TEXT,        /* string of at most 65536 bytes without NUL (stdin) */
 };
 
 struct field {
@@ -42,6 +46,8 @@ static const char *type_names[] = {
     [F_SNAPMAP] = "an object of disk id to snapshot name",
     [F_OBJECT] = "an object",
     [F_ID] = "an integer 0..9007199254740992",
+    [F_ARGV] = "an array of at most 256 strings of at most 4096 bytes",
+    [F_TEXT] = "a string of at most 65536 bytes",
 };
 
 void
@@ -207,6 +213,20 @@ check_field(const struct field *f, json_t *v, struct proto_error *err)
     case F_ID:
         if (json_is_integer(v) && json_integer_value(v) >= 0 &&
             json_integer_value(v) <= 9007199254740992LL)
+            return 0;
+        break;
+    case F_ARGV:
+        if (!json_is_array(v) || json_array_size(v) > 256)
+            break;
+        json_array_foreach(v, i, item) {
+            if (!json_is_string(item) || json_string_length(item) > 4096 ||
+                strlen(json_string_value(item)) != json_string_length(item))
+                goto bad;
+        }
+        return 0;
+    case F_TEXT:
+        if (json_is_string(v) && json_string_length(v) <= 65536 &&
+            strlen(json_string_value(v)) == json_string_length(v))
             return 0;
         break;
     case F_NONE:

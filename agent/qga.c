@@ -13,12 +13,17 @@
 
 #include "mono.h"
 
-#define QGA_MAX_LINE 65536
+/* One reply line.  guest-exec-status carries the command's whole output
+ * base64-encoded in one line (qemu-ga keeps up to 16 MiB of it), so a
+ * line longer than this fails the call ("reply line too long") rather
+ * than growing the buffer without bound; freeze and thaw replies are a
+ * few bytes. */
+#define QGA_MAX_LINE (2u << 20)
 
 struct qga_conn {
     int fd;
     enum qga_errkind kind;
-    char buf[QGA_MAX_LINE];
+    char *buf;              /* QGA_MAX_LINE bytes */
     size_t len;
 };
 
@@ -36,7 +41,8 @@ qga_open_fd(int fd)
 {
     struct qga_conn *q = calloc(1, sizeof(*q));
 
-    if (!q) {
+    if (!q || !(q->buf = malloc(QGA_MAX_LINE))) {
+        free(q);
         close(fd);
         return NULL;
     }
@@ -77,6 +83,7 @@ qga_free(struct qga_conn *q)
     if (!q)
         return;
     close(q->fd);
+    free(q->buf);
     free(q);
 }
 
@@ -152,13 +159,13 @@ read_until(struct qga_conn *q, char c, const char *cmd, double deadline,
 
         if (p)
             return p - q->buf;
-        if (q->len == sizeof(q->buf))
+        if (q->len == QGA_MAX_LINE)
             return fail(q, QGA_E_PROTO, err, errlen, "%s: %s", cmd,
                         "reply line too long");
         if (wait_fd(q, POLLIN, deadline) <= 0)
             return fail(q, QGA_E_TIMEOUT, err, errlen, "%s: %s", cmd,
                         "guest agent did not answer before the deadline");
-        k = recv(q->fd, q->buf + q->len, sizeof(q->buf) - q->len,
+        k = recv(q->fd, q->buf + q->len, QGA_MAX_LINE - q->len,
                  MSG_DONTWAIT);
         if (k == 0)
             return fail(q, QGA_E_IO, err, errlen, "%s: %s", cmd,
@@ -228,15 +235,16 @@ qga_sync(struct qga_conn *q, long id, int timeout_ms, char *err,
     }
 }
 
-static int
-simple_cmd(struct qga_conn *q, const char *cmd, int timeout_ms, int *nfs,
-           char *err, size_t errlen)
+int
+qga_call(struct qga_conn *q, const char *cmd, json_t *args, int timeout_ms,
+         json_t **ret, char *err, size_t errlen)
 {
     double deadline = mono_ms() + timeout_ms;
-    json_t *m, *e, *r;
+    json_t *m, *e;
 
+    *ret = NULL;
     q->kind = QGA_E_NONE;
-    if (send_cmd(q, cmd, NULL, deadline, err, errlen) < 0)
+    if (send_cmd(q, cmd, args, deadline, err, errlen) < 0)
         return -1;
     if (!(m = read_reply(q, cmd, deadline, err, errlen)))
         return -1;
@@ -246,16 +254,33 @@ simple_cmd(struct qga_conn *q, const char *cmd, int timeout_ms, int *nfs,
         json_decref(m);
         return -1;
     }
-    r = json_object_get(m, "return");
+    if (!(*ret = json_incref(json_object_get(m, "return")))) {
+        fail(q, QGA_E_PROTO, err, errlen, "%s: %s", cmd,
+             "reply has neither return nor error");
+        json_decref(m);
+        return -1;
+    }
+    json_decref(m);
+    return 0;
+}
+
+static int
+simple_cmd(struct qga_conn *q, const char *cmd, int timeout_ms, int *nfs,
+           char *err, size_t errlen)
+{
+    json_t *r;
+
+    if (qga_call(q, cmd, NULL, timeout_ms, &r, err, errlen) < 0)
+        return -1;
     if (!json_is_integer(r)) {
         fail(q, QGA_E_PROTO, err, errlen, "%s: %s", cmd,
              "reply has no integer return");
-        json_decref(m);
+        json_decref(r);
         return -1;
     }
     if (nfs)
         *nfs = (int)json_integer_value(r);
-    json_decref(m);
+    json_decref(r);
     return 0;
 }
 

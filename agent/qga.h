@@ -24,6 +24,7 @@
 #define CP_QGA_H
 
 #include <stddef.h>
+#include <jansson.h>
 
 enum qga_errkind { QGA_E_NONE, QGA_E_IO, QGA_E_TIMEOUT, QGA_E_PROTO,
                    QGA_E_ERROR };
@@ -39,6 +40,11 @@ void qga_free(struct qga_conn *q);
 /* The kind of the last error. */
 enum qga_errkind qga_last_error(const struct qga_conn *q);
 
+/* Any guest agent command (guest-ping, guest-exec, guest-exec-status):
+ * args stolen (may be NULL); *ret is the reply's "return" (new
+ * reference).  An {"error"} reply fails with QGA_E_ERROR and its desc. */
+int qga_call(struct qga_conn *q, const char *cmd, json_t *args,
+             int timeout_ms, json_t **ret, char *err, size_t errlen);
 int qga_sync(struct qga_conn *q, long id, int timeout_ms, char *err,
              size_t errlen);
 /* *nfs: the number of filesystems the guest froze / thawed. */

@@ -56,10 +56,12 @@ struct vm_ops {
      * called name, when it is not running or paused, is defined from xml
      * (verified by the caller) and started, within timeout_ms; *state is
      * what it was before ("running"/"paused": nothing done), *cmd_ms the
-     * define and start.  NULL: the driver starts no definition. */
+     * define and start.  transient: started without a persistent
+     * definition (a drill's copy: vm.stop leaves nothing defined).  NULL:
+     * the driver starts no definition. */
     int (*define_start)(void *conn, const char *name, const char *xml,
-                        int timeout_ms, const char **state, double *cmd_ms,
-                        struct qmp_err *err);
+                        int transient, int timeout_ms, const char **state,
+                        double *cmd_ms, struct qmp_err *err);
     /* Fills out[0..max) with the VMs the connection knows now that cfg
      * does not name, when cfg asks for discovery; returns how many. */
     int (*discover)(void *conn, const struct agent_config *cfg,
@@ -132,6 +134,14 @@ struct vm_ops {
     int (*guest_thaw)(struct vm_guest *g, int *nfs, char *err,
                       size_t errlen);
     void (*guest_close)(struct vm_guest *g);
+    /* Any guest agent command (vm.guest_ping, vm.guest_exec;
+     * agent-protocol §4.12): cmd with args (stolen, may be NULL) through
+     * the VM's guest agent channel within timeout_ms; *ret is its
+     * "return" (new reference).  err->kind QMP_E_TIMEOUT: no answer in
+     * time; otherwise the channel or the guest agent refused (no channel,
+     * not connected, an error reply).  NULL: the driver has none. */
+    int (*guest_command)(struct vm *v, const char *cmd, json_t *args,
+                         int timeout_ms, json_t **ret, struct qmp_err *err);
 };
 
 /* guest_freeze failed before the freeze was sent (the guest agent did not

@@ -549,4 +549,5 @@ const struct vm_ops vm_libvirt_ops = {
     .guest_freeze = guest_libvirt_freeze,
     .guest_thaw = guest_libvirt_thaw,
     .guest_close = guest_libvirt_close,
+    .guest_command = guest_libvirt_command,
 };

@@ -280,4 +280,5 @@ const struct vm_ops vm_qmp_ops = {
     .guest_freeze = guest_qga_freeze,
     .guest_thaw = guest_qga_thaw,
     .guest_close = guest_qga_close,
+    .guest_command = guest_qga_command,
 };

@@ -38,6 +38,10 @@ class DefinitionTarget(BaseModel):
     secret_uuid: str = Field(pattern=r"^[0-9a-fA-F-]{36}$")
     mon_hosts: list[str] = Field(min_length=1)
     networks: dict[str, str] = Field(default_factory=dict)
+    # The bridge, on this site's hosts, that drills attach every interface
+    # of their copies to: one with no route to production (no uplink, no
+    # forwarding).  None: no drill boots through the agents at this site.
+    drill_network: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,15}$")
 
     @field_validator("mon_hosts")
     @classmethod
@@ -102,6 +106,10 @@ class Settings(BaseSettings):
     drill_reports_kept: int = Field(default=20, ge=1, le=10000)
     # How often beat looks for groups whose drill schedule is due.
     drill_tick_s: float = Field(default=60.0, gt=0)
+    # How often the sweeper of drill leftovers (services/drill_sweeper.py)
+    # looks for clones and VMs tagged by a drill that is no longer running;
+    # it also runs at worker start.
+    drill_sweep_interval_s: float = Field(default=300.0, gt=0)
     # How often the worker sends the webhook deliveries that are due.
     webhook_tick_s: float = Field(default=2.0, gt=0, le=3600)
     # A group lock outlives a killed worker by at most this long.

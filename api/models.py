@@ -40,6 +40,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -387,6 +388,15 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    __table_args__ = (
+        # One drill of a group queued or running at a time, kept by the
+        # database: two requests that both saw none cannot both insert
+        # (services/drills.py answers the loser 409 drill_in_progress;
+        # migration 0016).
+        Index("uq_jobs_one_active_drill", "group_id", unique=True,
+              sqlite_where=text("kind = 'drill' AND state IN ('queued', 'running')"),
+              postgresql_where=text("kind = 'drill' AND state IN ('queued', 'running')")),
+    )
 
 
 class JobEvent(Base):
@@ -578,3 +588,21 @@ class VmDefinition(Base):
     definition: Mapped[str] = mapped_column(Text)
     captured_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     __table_args__ = (UniqueConstraint("vm_id", "version", name="uq_vm_definitions_version"),)
+
+
+class RecoveryPlan(Base):
+    """A group's recovery plan (coordinator/dr/plan.py: boot groups with
+    readiness rules and delays, hooks, the network map per purpose, drill
+    checks), one row per version; the newest is the group's plan.  Drills
+    and failover use it (services/plans.py; migration 0016)."""
+
+    __tablename__ = "recovery_plans"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"),
+                                          index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    __table_args__ = (UniqueConstraint("group_id", "version", name="uq_recovery_plans_version"),)

@@ -67,6 +67,26 @@ def _resolve_at_start(**_: Any) -> None:
         queue.enqueue_sweep(get_settings(), "orphan_sweep_tick", "worker-start")
     except queue.BrokerUnavailable:
         log.exception("event=orphan_sweep_at_start_not_queued")
+    # And what a drill killed with its worker left at DR (tagged clones, VMs).
+    try:
+        queue.enqueue_sweep(get_settings(), "drill_sweep_tick", "worker-start")
+    except queue.BrokerUnavailable:
+        log.exception("event=drill_sweep_at_start_not_queued")
+
+
+@cutpoint_task("drill_sweep_tick", job=False)
+def drill_sweep_tick(ctx: Ctx) -> dict[str, Any] | None:
+    """The sweep of drill leftovers by tag (services/drill_sweeper.py), sent by
+    beat and at worker start; one at a time across workers."""
+    from cutpoint.api.services import drill_sweeper
+
+    lock = ctx.redis.lock("cutpoint:lock:drill-sweep", timeout=600, thread_local=False)
+    if not lock.acquire(blocking=False):
+        raise Skip("another drill sweep is running")
+    try:
+        return drill_sweeper.sweep(ctx.sf, ctx.settings)
+    finally:
+        lock.release()
 
 
 @cutpoint_task("orphan_sweep_tick", job=False)
@@ -175,7 +195,8 @@ def drill_tick(ctx: Ctx) -> dict[str, Any] | None:
         for g in drill_schedule.due(s):
             try:
                 job = drills.request(s, g, "latest", drill_schedule.last_checks(s, g),
-                                     drill_schedule.ACTOR, ctx.settings.booter)
+                                     drill_schedule.ACTOR, ctx.settings.booter,
+                                     ctx.settings)
             except ApiError as exc:
                 s.rollback()
                 refused[g.name] = f"{exc.code}: {exc}"

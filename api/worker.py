@@ -36,6 +36,8 @@ QUEUES = {
     "history_prune_tick": "cutpoint.default",
     # Database only; the drill it asks for runs as a `drill` job.
     "drill_tick": "cutpoint.default",
+    # Talks to the DR agents and the sites' Ceph: never on the scheduler queue.
+    "drill_sweep_tick": "cutpoint.default",
     # HTTP to receivers, each call bounded by 10 s: never on the scheduler queue.
     "webhook_tick": "cutpoint.default",
     # DR: long-running, they talk to agents and both Ceph sites.
@@ -91,6 +93,9 @@ def make_celery(settings: Settings) -> Celery:
             "webhook-deliveries": {"task": "cutpoint.webhook_tick",
                                    "schedule": settings.webhook_tick_s,
                                    "options": {"expires": max(2.0, settings.webhook_tick_s * 2)}},
+            "drill-sweep": {"task": "cutpoint.drill_sweep_tick",
+                            "schedule": settings.drill_sweep_interval_s,
+                            "options": {"expires": settings.drill_sweep_interval_s}},
             "drill-schedule": {"task": "cutpoint.drill_tick",
                                "schedule": settings.drill_tick_s,
                                "options": {"expires": settings.drill_tick_s}},

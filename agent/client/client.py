@@ -343,6 +343,23 @@ class AgentClient:
     async def stats(self) -> dict[str, Any]:
         return await self.call("stats", retry_closed=True)
 
+    async def guest_ping(self, vm: str, *, timeout_ms: int = 5000) -> dict[str, Any]:
+        """qemu-guest-agent guest-ping in the VM (agent-protocol §4.12)."""
+        return await self.call("vm.guest_ping", {"vm": vm, "timeout_ms": timeout_ms},
+                               timeout=timeout_ms / 1000 + 10)
+
+    async def guest_exec(self, vm: str, path: str, args: list[str] | None = None, *,
+                         input: str | None = None, timeout_ms: int = 30000) -> dict[str, Any]:
+        """A program run in the VM through its guest agent, waited for:
+        {exitcode, signal, stdout, stderr, *_truncated, pid, exec_ms}
+        (agent-protocol §4.12); GUEST_TIMEOUT when it runs past timeout_ms."""
+        a: dict[str, Any] = {"vm": vm, "path": path, "timeout_ms": timeout_ms}
+        if args is not None:
+            a["args"] = list(args)
+        if input is not None:
+            a["input"] = input
+        return await self.call("vm.guest_exec", a, timeout=timeout_ms / 1000 + 10)
+
 
 class AgentPool:
     """Open connections to agents, keyed by (address, port), reused across

@@ -13,7 +13,7 @@ PROTOCOL_CODES = frozenset({
     "BAD_FRAME", "BAD_REQUEST", "UNKNOWN_COMMAND", "UNKNOWN_VM",
     "UNKNOWN_DISK", "UNKNOWN_TXN", "BUSY", "QMP_ERROR", "QMP_TIMEOUT",
     "SNAPSHOT_FAILED", "EXPIRED", "BUDGET_EXCEEDED", "ABORTED", "INTERNAL",
-    "FORBIDDEN", "NOT_OWNED",
+    "FORBIDDEN", "NOT_OWNED", "GUEST_ERROR", "GUEST_TIMEOUT",
 })
 
 # Codes made up on the client side; they never come from an agent.

@@ -194,10 +194,10 @@ agent_teardown(void)
     pthread_mutex_destroy(&a.mu);
 }
 
-/* vm.start of spec {vm, xml, sig?}; *code NULL on success. */
+/* vm.start of spec {vm, xml, sig?, transient?}; *code NULL on success. */
 static json_t *
-start(const char *vm, const char *xml, const char *sig, const char **code,
-      char *msg, size_t msglen)
+start_spec(const char *vm, const char *xml, const char *sig,
+           json_t *transient, const char **code, char *msg, size_t msglen)
 {
     json_t *spec = json_pack("{s:s,s:s}", "vm", vm, "xml", xml);
     json_t *req = json_pack("{s:i,s:s,s:{s:o}}", "id", 1, "cmd", "vm.start",
@@ -209,6 +209,8 @@ start(const char *vm, const char *xml, const char *sig, const char **code,
 
     if (sig)
         json_object_set_new(spec, "sig", json_string(sig));
+    if (transient)
+        json_object_set_new(spec, "transient", transient);
     text = json_dumps(req, JSON_COMPACT);
     assert_int_equal(proto_parse_request((const uint8_t *)text, strlen(text),
                                          &pr, &bad_frame, &perr), 0);
@@ -220,6 +222,13 @@ start(const char *vm, const char *xml, const char *sig, const char **code,
     free(text);
     json_decref(req);
     return r;
+}
+
+static json_t *
+start(const char *vm, const char *xml, const char *sig, const char **code,
+      char *msg, size_t msglen)
+{
+    return start_spec(vm, xml, sig, NULL, code, msg, msglen);
 }
 
 /* The test driver's state of domain name: -1 not defined. */
@@ -285,6 +294,44 @@ test_signed_start(void **state)
     assert_non_null(r);
     assert_true(json_is_true(json_object_get(r, "already_running")));
     json_decref(r);
+    agent_teardown();
+}
+
+/* transient: started with nothing defined, so that a destroy (vm.stop)
+ * leaves no domain behind (a drill's copy) */
+static void
+test_signed_transient_start(void **state)
+{
+    const char *code;
+    char sig[89], msg[512];
+    const char *xml = "<domain type='test'><name>dr5</name><memory>1024"
+                      "</memory><os><type>hvm</type></os></domain>";
+    virConnectPtr c;
+    virDomainPtr d;
+    json_t *r;
+
+    (void)state;
+    agent_setup(pub_path);
+    sign(key, "dr5", xml, sig);
+    r = start_spec("dr5", xml, sig, json_string("yes"), &code, msg,
+                   sizeof(msg));
+    assert_null(r);
+    assert_string_equal(code, "BAD_REQUEST");
+    assert_int_equal(domain_state("dr5"), -1);
+    r = start_spec("dr5", xml, sig, json_true(), &code, msg, sizeof(msg));
+    if (!r)
+        fail_msg("transient start: %s %s", code, msg);
+    json_decref(r);
+    assert_int_equal(domain_state("dr5"), VIR_DOMAIN_RUNNING);
+    c = virConnectOpen("test:///default");
+    assert_non_null(c);
+    d = virDomainLookupByName(c, "dr5");
+    assert_non_null(d);
+    assert_int_equal(virDomainIsPersistent(d), 0);
+    assert_int_equal(virDomainDestroy(d), 0);
+    virDomainFree(d);
+    virConnectClose(c);
+    assert_int_equal(domain_state("dr5"), -1);
     agent_teardown();
 }
 
@@ -391,6 +438,7 @@ main(void)
         cmocka_unit_test(test_verify),
         cmocka_unit_test(test_config_key),
         cmocka_unit_test(test_signed_start),
+        cmocka_unit_test(test_signed_transient_start),
         cmocka_unit_test(test_no_key_configured),
         cmocka_unit_test(test_definition_is_the_inactive_xml),
     };

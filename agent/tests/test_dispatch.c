@@ -177,6 +177,11 @@ test_every_command_reaches_its_handler(void **state)
         {"{\"id\":1,\"cmd\":\"stats\"}", NULL, "uptime_ms"},
         {"{\"id\":1,\"cmd\":\"vm.definition\",\"args\":{\"vm\":\"v\"}}",
          "BAD_REQUEST", "keeps no definition"},
+        {"{\"id\":1,\"cmd\":\"vm.guest_ping\",\"args\":{\"vm\":\"v\"}}",
+         "GUEST_ERROR", "no guest agent socket"},
+        {"{\"id\":1,\"cmd\":\"vm.guest_exec\",\"args\":{\"vm\":\"v\","
+         "\"path\":\"/bin/true\",\"args\":[\"-x\",\"-x\",\"\"]}}",
+         "GUEST_ERROR", "guest-exec"},
     };
     const char *code;
     char msg[256];
@@ -244,7 +249,8 @@ test_roles_per_command(void **state)
         {"hello", 1}, {"inventory", 1}, {"prepare", 0}, {"commit", 0},
         {"abort", 0}, {"resume", 0}, {"snapshot.list", 1},
         {"snapshot.delete", 0}, {"vm.start", 0}, {"vm.stop", 0},
-        {"stats", 1}, {"vm.definition", 0},
+        {"stats", 1}, {"vm.definition", 0}, {"vm.guest_ping", 0},
+        {"vm.guest_exec", 0},
     };
     const char *code;
     char msg[256];

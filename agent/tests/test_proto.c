@@ -177,6 +177,13 @@ test_wrong_field_types(void **state)
                  "BAD_REQUEST", 0);
     expect_error("{\"id\":1,\"cmd\":\"abort\",\"args\":{\"txn\":\"t\","
                  "\"snapshot\":{}}}", "BAD_REQUEST", 0);
+    /* vm.guest_exec's args: strings only; input: a string */
+    expect_error("{\"id\":1,\"cmd\":\"vm.guest_exec\",\"args\":{\"vm\":\"a\","
+                 "\"path\":\"/bin/sh\",\"args\":[\"-c\",1]}}", "BAD_REQUEST", 0);
+    expect_error("{\"id\":1,\"cmd\":\"vm.guest_exec\",\"args\":{\"vm\":\"a\","
+                 "\"path\":\"/bin/sh\",\"args\":\"-c\"}}", "BAD_REQUEST", 0);
+    expect_error("{\"id\":1,\"cmd\":\"vm.guest_exec\",\"args\":{\"vm\":\"a\","
+                 "\"path\":\"/bin/sh\",\"input\":[]}}", "BAD_REQUEST", 0);
 }
 
 static void
@@ -208,6 +215,12 @@ test_valid_requests(void **state)
                            "\"disk\":\"vm1/disk0\",\"name\":\"cp.g.t-1\",\"id\":0,"
                            "\"owner\":\"t-1\"}}", &req, &bad, &err), 0);
     assert_int_equal(req.cmd, PROTO_CMD_SNAP_DELETE);
+    proto_request_clear(&req);
+    /* a command's arguments may repeat and be empty */
+    assert_int_equal(parse("{\"id\":9,\"cmd\":\"vm.guest_exec\",\"args\":{"
+                           "\"vm\":\"a\",\"path\":\"/bin/sh\",\"args\":[\"-c\","
+                           "\"-c\",\"\"],\"input\":\"\"}}", &req, &bad, &err), 0);
+    assert_int_equal(req.cmd, PROTO_CMD_VM_GUEST_EXEC);
     proto_request_clear(&req);
     proto_request_clear(NULL);
 }

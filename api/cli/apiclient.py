@@ -62,6 +62,9 @@ class Api:
     def patch(self, path: str, **kw: Any) -> Any:
         return self.call("PATCH", path, **kw)
 
+    def put(self, path: str, **kw: Any) -> Any:
+        return self.call("PUT", path, **kw)
+
     def all(self, path: str, **params: Any) -> list[Any]:
         items: list[Any] = []
         cursor = None

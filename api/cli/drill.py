@@ -1,9 +1,12 @@
-"""`cutpoint drill run|list GROUP`, `cutpoint drill show JOB`, `cutpoint dr status GROUP`, `cutpoint dr replicate SNAPSHOT`,
+"""`cutpoint drill run|list GROUP`, `cutpoint drill show JOB`, `cutpoint plan show|set|versions GROUP`,
+`cutpoint dr status GROUP`, `cutpoint dr replicate SNAPSHOT`,
 `cutpoint dr failover GROUP`, `cutpoint dr re-protect GROUP`, `cutpoint dr failback GROUP`:
 disaster recovery through the API."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -13,7 +16,29 @@ from cutpoint.api.cli.job import watch_job
 from cutpoint.api.cli.output import Console, Table
 
 app = typer.Typer(help="Drills (test failover) at the DR site.", no_args_is_help=True)
-CheckOpt = typer.Option(["writer"], "--check", help="check to run (repeatable)")
+CheckOpt = typer.Option([], "--check", help="check to run (repeatable; default: the "
+                        "checks of the plan, else writer); with parameters, give them "
+                        "in the plan's drill_checks")
+PlanFileOpt = typer.Option(None, "--plan", exists=True, dir_okay=False,
+                           help="a recovery plan (JSON or YAML) for this drill only; "
+                           "default the group's")
+PlanFileArg = typer.Argument(..., exists=True, dir_okay=False, help="the plan, JSON or YAML")
+plan_app = typer.Typer(help="Recovery plans: boot order, readiness, hooks, networks.",
+                       no_args_is_help=True)
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    """A plan file: JSON, or YAML (.yaml/.yml)."""
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        body = yaml.safe_load(text)
+    else:
+        body = json.loads(text)
+    if not isinstance(body, dict):
+        raise typer.BadParameter(f"{path}: a plan is an object")
+    return body
 dr_app = typer.Typer(help="Replication state, replication and failover.", no_args_is_help=True)
 
 
@@ -27,6 +52,9 @@ def _print_report(r: dict[str, Any]) -> None:
         detail = ev.get("vm") or ev.get("check") or ev.get("summary") or ev.get("error") or ""
         t.add_row(f"{ev['t_s']:.1f}", ev["step"], ev["status"], str(detail)[:100])
     c.print(t)
+    for b in r.get("boot_order") or []:
+        c.print(f"boot group {b.get('order')} {b.get('group')}: {', '.join(b.get('vms') or [])}"
+                f" ready at {b.get('ready_t_s')} s")
     for chk in r.get("checks", []):
         c.print(f"check {chk['name']}: {'pass' if chk['ok'] else 'FAIL'}: {chk['summary']}")
     c.print(f"report: {r.get('report_html')}  (JSON {r.get('report_json')})")
@@ -34,14 +62,20 @@ def _print_report(r: dict[str, Any]) -> None:
 
 @app.command("run")
 def drill_run(group: str,
-              recovery_point: str = typer.Option("latest", help="snapshot id, txn or latest"),
+              recovery_point: str = typer.Option("latest", "--point", "--recovery-point",
+                                                 help="snapshot id, txn or latest"),
               check: list[str] = CheckOpt,
+              plan: Path | None = PlanFileOpt,
               url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt,
               timeout: float = typer.Option(900, help="give up following after this")) -> None:
     """Start a drill and follow it live; exit status 1 unless it passed."""
     api = Api(url, token)
-    job = run(lambda: api.post(f"/v1/groups/{group}/drills",
-                               json={"recovery_point": recovery_point, "checks": check}))
+    body: dict[str, Any] = {"recovery_point": recovery_point}
+    if check:
+        body["checks"] = check
+    if plan is not None:
+        body["plan"] = read_plan(plan)
+    job = run(lambda: api.post(f"/v1/groups/{group}/drills", json=body))
     job = watch_job(api, job["id"], quiet=json_out, timeout=timeout, poll=0.5)
     report = job.get("result") or {}
     if json_out:
@@ -50,6 +84,67 @@ def drill_run(group: str,
         _print_report(report)
     if job["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+@plan_app.command("show")
+def plan_show(group: str, version: int | None = typer.Option(None, min=1),
+              url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """The group's recovery plan (newest, or --version N): boot groups in order."""
+    p = run(lambda: Api(url, token).get(f"/v1/groups/{group}/plan",
+                                        params={"version": version} if version else None))
+    if json_out:
+        print_json(p)
+        return
+    c = Console()
+    c.print(f"plan of {p['group']}: version {p['version']} by {p['created_by'] or '-'} "
+            f"at {p['created_at']}")
+    body = p["body"]
+    t = Table("order", "boot group", "vm", "readiness", "delay s", "hooks")
+    for n, g in enumerate(body.get("boot_groups") or [], 1):
+        hooks = ", ".join(f"{k}: {h.get('path')}" for k in ("pre", "post")
+                          for h in g.get(k) or [])
+        for v in g["vms"]:
+            v = {"vm": v} if isinstance(v, str) else v
+            r = v.get("readiness") or {}
+            rule = r.get("kind", "guest-ping") + (f" {r.get('address')}:{r.get('port')}"
+                                                  if r.get("kind") == "tcp" else "")
+            t.add_row(str(n), str(g.get("name") or f"group-{n}"), v["vm"], rule,
+                      str(v.get("delay_s", "")), hooks)
+            hooks = ""
+    c.print(t)
+    nets = body.get("networks") or {}
+    c.print(f"networks: failover {nets.get('failover') or '(the site map)'}; "
+            f"drill {nets.get('drill') or '(the site drill_network)'}")
+    for chk in body.get("drill_checks") or []:
+        c.print(f"drill check: {chk if isinstance(chk, str) else chk.get('name')} "
+                f"{'' if isinstance(chk, str) else json.dumps(chk.get('params') or {})}")
+
+
+@plan_app.command("set")
+def plan_set(group: str, file: Path = PlanFileArg,
+             url: str = UrlOpt, token: str = TokenOpt, json_out: bool = JsonOpt) -> None:
+    """Store FILE (JSON or YAML) as the group's recovery plan: a new version."""
+    p = run(lambda: Api(url, token).put(f"/v1/groups/{group}/plan", json=read_plan(file)))
+    if json_out:
+        print_json(p)
+    else:
+        Console().print(f"plan of {p['group']}: version {p['version']} ({p['sha256'][:12]})")
+
+
+@plan_app.command("versions")
+def plan_versions(group: str, url: str = UrlOpt, token: str = TokenOpt,
+                  json_out: bool = JsonOpt) -> None:
+    """Every version of the group's recovery plan, newest first."""
+    ps = run(lambda: Api(url, token).get(f"/v1/groups/{group}/plan/versions"))
+    if json_out:
+        print_json(ps)
+        return
+    t = Table("version", "created", "by", "sha256", "boot groups")
+    for p in ps:
+        t.add_row(str(p["version"]), p["created_at"], p["created_by"] or "-", p["sha256"][:12],
+                  " -> ".join(str(g.get("name") or "?") for g in
+                              p["body"].get("boot_groups") or []) or "-")
+    Console().print(t)
 
 
 @app.command("list")

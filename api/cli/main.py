@@ -44,6 +44,7 @@ app.add_typer(vm.app, name="vm")
 app.add_typer(webhook.app, name="webhook")
 app.command("snapshot")(snapshot_cmd)
 app.add_typer(drill.app, name="drill"); app.add_typer(drill.dr_app, name="dr")
+app.add_typer(drill.plan_app, name="plan")
 
 
 def _version(value: bool) -> None:

@@ -97,7 +97,7 @@ def start_drill(request: Request, group: GroupRef, session: SessionDep,
         raise _invalid(exc) from None
     g = groups.resolve(session, group)
     job = drills.request(session, g, data.recovery_point, list(data.checks), user.name,
-                         settings.booter)
+                         settings.booter, settings)
     queue.enqueue(session, settings, job)
     return _see(f"/console/jobs/{job.id}")
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import datetime as dt
+from typing import Annotated, Any, Literal
 
 from cutpoint.api.schemas.common import Public, Strict
 from pydantic import Field, StringConstraints
@@ -58,9 +59,47 @@ class ReplicateRequest(Strict):
     jobs: int = Field(default=2, ge=1, le=16)
 
 
+VmName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class CheckRequest(Strict):
+    """A check with its parameters (docs/drills.md lists each built-in's)."""
+    name: CheckName
+    params: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float | None = Field(default=None, gt=0, le=3600)
+
+
+class ReadinessRule(Strict):
+    """When a drill VM counts as ready: running and answering guest-ping, or
+    running with a TCP port open (probed from the control plane)."""
+    kind: Literal["guest-ping", "tcp"] = "guest-ping"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    address: str | None = Field(default=None, max_length=255)
+    timeout_s: float | None = Field(default=None, ge=0, le=3600)
+    delay_s: float | None = Field(default=None, ge=0, le=3600)
+
+
 class DrillRequest(Strict):
     recovery_point: RecoveryRef = "latest"
-    checks: list[CheckName] = Field(default_factory=lambda: ["writer"], max_length=8)
+    checks: list[CheckName | CheckRequest] | None = Field(
+        default=None, max_length=8,
+        description="Names, or {name, params, timeout_s}.  Omitted: the checks of the "
+        "group's recovery plan, else writer.")
+    readiness: dict[VmName, ReadinessRule] = Field(
+        default_factory=dict, max_length=256,
+        description="Per group VM; a VM the plan or this map does not name: guest-ping.")
+    plan: dict[str, Any] | None = Field(
+        default=None, description="A recovery plan for this drill only (docs/drills.md); "
+        "omitted: the group's newest plan.")
+
+
+class PlanPublic(Public):
+    group: str
+    version: int
+    body: dict[str, Any]
+    sha256: str
+    created_by: str | None
+    created_at: dt.datetime
 
 
 class FailoverRequest(Strict):

@@ -50,5 +50,8 @@ class DrillReport(Public):
     booter: str | None
     vms: list[VmRow] = Field(description="The timeline, one row per VM.")
     checks: list[CheckResult]
+    boot_order: list[dict[str, Any]] = Field(
+        default_factory=list, description="The recovery plan's boot groups as they became "
+        "ready: {group, order, vms, ready_t_s}; one group of all VMs without a plan.")
     cleanup: dict[str, Any]
     timeline: list[dict[str, Any]] = Field(description="Every event the drill recorded.")

@@ -67,6 +67,7 @@ def evidence(s: Session, job: Job) -> DrillReport:
         requested_at=requested, finished_at=as_utc(job.finished_at),
         rto_s=_rto_s(rep, requested, rows), booter=rep.get("booter"), vms=rows,  # type: ignore[arg-type]
         checks=checks, cleanup=rep.get("cleanup") or {},  # type: ignore[arg-type]
+        boot_order=list(rep.get("boot_order") or []),
         timeline=list(rep.get("timeline") or []))
 
 

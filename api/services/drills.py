@@ -10,9 +10,11 @@ into the job's progress/message (what `cutpoint drill run` follows), and
 stores the report in the job result.  A drill whose check fails is a failed
 job whose result still holds the whole report (evidence).
 
-A booter that cannot boot a drill's clones (the agent booter: see
-cutpoint.coordinator.dr.boot) is refused at the request, 409
-`drill_boot_unsupported`, before any job or clone exists.
+The agent booter (the default) boots the drill's VMs on the DR agents
+from their captured definitions (drill_boot.py); a site where it cannot
+(no signing key, no `definition_targets` entry or no `drill_network`
+there), or a booter that boots no drill at all, is refused at the request,
+409 `drill_boot_unsupported`, before any job or clone exists.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from cutpoint.api.models import Disk, Group, GroupSnapshot, Job, SnapState, utcn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-STEPS = {"start": 0.02, "clone": 0.15, "isolate": 0.2, "boot": 0.5, "check": 0.85,
+STEPS = {"start": 0.02, "clone": 0.15, "define": 0.18, "isolate": 0.2, "boot_group": 0.3,
+         "boot": 0.5, "check": 0.85,
          "cleanup": 0.95, "verdict": 0.99, "error": 0.9}
 
 
@@ -58,10 +61,17 @@ def recovery_point(s: Session, g: Group, ref: str | int | None) -> GroupSnapshot
     return snap
 
 
-def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
-            actor: str | None, booter: str) -> Job:
+def request(s: Session, g: Group, ref: str | int | None, checks: list[Any] | None,
+            actor: str | None, booter: str, settings: Any = None,
+            readiness: dict[str, dict[str, Any]] | None = None,
+            plan: dict[str, Any] | None = None) -> Job:
+    """The drill job of `g`, checked: its checks (names or {name, params,
+    timeout_s}; None: the plan's, else writer), readiness rules and plan
+    (None: the group's newest), the recovery point, the booter.  One drill
+    of a group at a time: 409 drill_in_progress, also for the loser of two
+    requests at once (the database's unique index on active drill jobs)."""
     from cutpoint.api.errors import ApiError
-    from cutpoint.api.services import jobs
+    from cutpoint.api.services import jobs, plans
     from cutpoint.coordinator.dr import checks as drill_checks
     from cutpoint.coordinator.dr.boot import (
         DRILL,
@@ -69,11 +79,30 @@ def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
         UnknownBooter,
         load_booter,
     )
+    from cutpoint.coordinator.dr.readiness import Readiness, RuleError
+    from sqlalchemy.exc import IntegrityError
 
-    unknown = [c for c in checks if c not in drill_checks.known()]
+    plans.storable("checks", checks, "bad_check")
+    plans.storable("readiness", readiness, "bad_readiness")
+    plan_obj, plan_version = (plans.validate(s, g, plan), None) if plan is not None \
+        else plans.current(s, g)
+    if checks is None:
+        specs = list(plan_obj.drill_checks) if plan_obj and plan_obj.drill_checks else \
+            [drill_checks.CheckSpec("writer")]
+    else:
+        try:
+            specs = [drill_checks.CheckSpec.parse(c) for c in checks]
+        except drill_checks.CheckError as exc:
+            raise ApiError(str(exc), code="bad_check") from exc
+    unknown = [c.name for c in specs if c.name not in drill_checks.known()]
     if unknown:
         raise ApiError(f"unknown check(s) {unknown}; known: {drill_checks.known()}",
                        code="unknown_check")
+    for vm, rule in (readiness or {}).items():
+        try:
+            Readiness.parse(rule)
+        except RuleError as exc:
+            raise ApiError(f"readiness of {vm}: {exc}", code="bad_readiness") from exc
     from cutpoint.api.services import drill_schedule
 
     running = drill_schedule.in_progress(s, g)
@@ -82,18 +111,43 @@ def request(s: Session, g: Group, ref: str | int | None, checks: list[str],
                        f"{running.id}); one drill per group at a time", code="drill_in_progress")
     snap = recovery_point(s, g, ref)
     try:
-        can_drill = DRILL in load_booter(booter).purposes
+        b = load_booter(booter)
     except UnknownBooter as exc:
         raise Conflict(str(exc), code="unknown_booter") from exc
-    if not can_drill:
-        raise Conflict(f"booter {booter!r} cannot boot a drill: {DRILL_REFUSAL}",
-                       code="drill_boot_unsupported")
-    return jobs.create(s, "drill", actor=actor, group_id=g.id, snapshot_id=snap.id,
-                       params={"group_id": g.id, "recovery_point": snap.txn,
-                               "checks": checks or ["writer"]})
+    if DRILL not in b.purposes:
+        raise Conflict(f"booter {booter!r} cannot boot a drill", code="drill_boot_unsupported")
+    if getattr(b, "needs_definitions", False):
+        from cutpoint.api.services import drill_boot
+
+        target = g.policy.replication_target if g.policy else None
+        why = ("the group has no replication target" if target is None or settings is None
+               else drill_boot.check(settings, target.name,
+                                     plan_obj.drill_network if plan_obj else None))
+        if why:
+            raise Conflict(f"booter {booter!r} cannot boot this drill: {why}; "
+                           f"{DRILL_REFUSAL}", code="drill_boot_unsupported")
+    params = {"group_id": g.id, "recovery_point": snap.txn,
+              "checks": [c.as_dict() if c.params or c.timeout_s != drill_checks.
+                         DEFAULT_TIMEOUT_S else c.name for c in specs],
+              "readiness": dict(readiness or {}), "plan": plan,
+              "plan_version": plan_version}
+    try:
+        return jobs.create(s, "drill", actor=actor, group_id=g.id, snapshot_id=snap.id,
+                           params=params)
+    except IntegrityError:
+        # another request of this group's drill was created between our
+        # look and our insert: the index on active drill jobs refused ours
+        s.rollback()
+        running = drill_schedule.in_progress(s, g)
+        raise Conflict(f"a drill of group {g.name} is already "
+                       f"{running.state.value if running else 'queued'}"
+                       f"{f' (job {running.id})' if running else ''}; one drill per group "
+                       "at a time", code="drill_in_progress") from None
 
 
-def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str) -> Any:
+def build_spec(s: Session, snap: GroupSnapshot, checks: list[Any], drill_id: str,
+               sf: Any = None, settings: Any = None, params: dict[str, Any] | None = None) \
+        -> Any:
     """The DrillSpec of a recovery point: its member VMs and their images at DR."""
     from cutpoint.api.services.replication import ReplicationFailed, site_of
     from cutpoint.coordinator.dr.boot import BootDisk, BootVM
@@ -115,10 +169,30 @@ def build_spec(s: Session, snap: GroupSnapshot, checks: list[str], drill_id: str
             raise DrillFailed("not_replicable", f"member {m.disk} has no RBD image")
         by_vm.setdefault(m.vm, []).append(BootDisk(disk.node, disk.image, disk.pool or "rbd"))
     vms = [BootVM(vm, tuple(sorted(d, key=lambda x: x.node))) for vm, d in sorted(by_vm.items())]
+    from cutpoint.api.services import plans
+    from cutpoint.coordinator.dr.plan import RecoveryPlan
+
+    params = params or {}
+    if params.get("plan") is not None:
+        plan = RecoveryPlan.parse(params["plan"])
+    elif params.get("plan_version") is not None:
+        row = plans.get(s, g, int(params["plan_version"]), missing_ok=True)
+        plan = RecoveryPlan.parse(row.body) if row else None
+    else:
+        plan = None
+    definitions, tls = None, None
+    if sf is not None and settings is not None:
+        from cutpoint.api.services import drill_boot
+
+        definitions = drill_boot.definitions(sf, settings, target.name,
+                                             plan.drill_network if plan else None)
+        if settings.agent_ca and settings.agent_cert and settings.agent_key:
+            tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key))
     return DrillSpec(site=site, recovery_point=snap.members[0].name, vms=vms,
                      checks=checks,
                      report_dir=os.environ.get("CP_DRILL_DIR", "/var/lib/cutpoint/drills"),
-                     drill_id=drill_id)
+                     drill_id=drill_id, definitions=definitions, agent_tls=tls,
+                     readiness=dict(params.get("readiness") or {}), plan=plan)
 
 
 def _interrupted(sf: Any, settings: Any, job_id: str, spec: Any,
@@ -153,7 +227,7 @@ def run_job(sf: Any, settings: Any, job_id: str) -> dict[str, Any]:
         if snap is None or snap.dr_verified_at is None:
             raise DrillFailed("not_a_recovery_point", "the recovery point is gone")
         spec = build_spec(s, snap, list(job.params.get("checks") or ["writer"]),
-                          job_id.replace("-", "")[:8])
+                          job_id.replace("-", "")[:8], sf, settings, job.params)
         attempt = job.attempts
     if attempt > 1:
         # An earlier delivery ran this drill and its worker died (a drill

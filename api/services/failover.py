@@ -505,6 +505,10 @@ class _Run:
             boot = failover_checks.boot_request(s, self.settings, plan,
                                                 f"failover-{self.job_id[:8]}",
                                                 self.workload, site)
+            from cutpoint.api.services import plans
+
+            g = s.get(Group, self.g_id)
+            rplan, rplan_version = plans.current(s, g) if g is not None else (None, None)
         try:
             booter = load_booter(self.settings.booter)
         except UnknownBooter as exc:
@@ -523,7 +527,7 @@ class _Run:
 
         try:
             res = failover(booter, boot, rp, lambda: fenced, t_request=self.steps.t_request,
-                           on_event=theirs)
+                           on_event=theirs, plan=rplan)
         except FailoverError as exc:
             raise FailoverFailed("failover_failed", str(exc), stage=FENCED) from exc
         out = res.as_dict()
@@ -533,6 +537,7 @@ class _Run:
         # recovery_point: the group snapshot's txn, as the request names it (the
         # coordinator's is the member snapshot name: snapshot_name).
         return {"mode": self.mode, "snapshot_id": self.snap_id, **self.final, **out,
+                "plan_version": rplan_version,
                 "recovery_point": txn, "snapshot_name": rp, "guests": guests,
                 "timeline": timeline, "breakdown": breakdown(timeline)}
 

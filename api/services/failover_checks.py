@@ -111,7 +111,12 @@ def boot_request(s: Session, settings: Any, plan: Plan, tag: str, workload: str 
               if v.name in found.get("agents", {})}
     # A VM no DR agent defines: its captured definition, signed (failover_signed.py)
     unlisted = {v: d for v, d in plan.vms.items() if v not in agents}
-    more, specs, _ = signed_starts(s, settings, plan.target, plan.source, unlisted) \
+    from cutpoint.api.services import plans
+
+    g = s.scalar(select(Group).where(Group.name == plan.group))
+    rplan, _ = plans.current(s, g) if g is not None else (None, None)
+    more, specs, _ = signed_starts(s, settings, plan.target, plan.source, unlisted,
+                                   rplan.failover_networks if rplan else None) \
         if found else ({}, {}, {})
     agents |= {v: AgentRef(*ref) for v, ref in more.items()}
     tls = (str(settings.agent_ca), str(settings.agent_cert), str(settings.agent_key)) \

@@ -37,7 +37,8 @@ def _newest(s: Session, source: str, vm: str) -> VmDefinition | None:
 
 
 def signed_starts(s: Session, settings: Any, target: str, source: str,
-                  vms: dict[str, list[tuple[str, str, str]]]) \
+                  vms: dict[str, list[tuple[str, str, str]]],
+                  plan_networks: dict[str, str] | None = None) \
         -> tuple[dict[str, tuple[str, int, str]], dict[str, dict[str, Any]], dict[str, str]]:
     """For `vms` (vm -> [(node, logical pool, DR image)]) at site `target`:
     ({vm: (address, port, pin)}, {vm: vm.start spec}, {vm: why not})."""
@@ -62,6 +63,8 @@ def signed_starts(s: Session, settings: Any, target: str, source: str,
     except vmdef_sign.SigningKeyError as exc:
         return agents, specs, dict.fromkeys(vms, str(exc))
     mons = tuple((a, int(p)) for a, _, p in (m.rpartition(":") for m in conf.mon_hosts))
+    # the group's recovery plan maps production networks too (networks.failover)
+    networks = dict(conf.networks) | dict(plan_networks or {})
     for vm, disks in vms.items():
         d = _newest(s, source, vm)
         if d is None or d.format != "libvirt-domain-xml":
@@ -69,7 +72,7 @@ def signed_starts(s: Session, settings: Any, target: str, source: str,
             continue
         t = DrTarget(pool=next(iter(pools.values()), "rbd"), mon_hosts=mons,
                      auth_user=conf.auth_user, secret_uuid=conf.secret_uuid,
-                     networks=dict(conf.networks),
+                     networks=networks,
                      by_target={node: f"{pools.get(pool, pool)}/{image}"
                                 for node, pool, image in disks})
         try:

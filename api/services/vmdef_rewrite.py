@@ -20,7 +20,11 @@ host.  Failover and drills start the VM at DR from a copy rewritten here
     <interface type='bridge'><source bridge=..>
     <interface type='network'><source network=..>
                     -> `networks` (a name missing from the map is an
-                       error: a VM is never attached to a guessed network)
+                       error: a VM is never attached to a guessed network);
+                       a drill's copy (`isolate`): every one becomes
+                       <interface type='bridge'><source bridge=ISOLATE>,
+                       the DR hosts' drill bridge, with no route to
+                       production
     <name>, <uuid>  -> `name` / `uuid` when given (a drill runs beside
                        production: a name and UUID of its own, and no MAC
                        addresses, which libvirt then generates); `uuid=""`
@@ -69,6 +73,14 @@ class DrTarget:
     name: str | None = None                      # a new domain name (drills)
     uuid: str | None = None                      # a new UUID; "" drops <uuid>
     new_macs: bool = False                       # drop <mac> (drills; implied by name)
+    # a drill: every bridge or network interface on this one bridge instead
+    # (the isolated drill network; `networks` is then not used)
+    isolate: str | None = None
+    # a drill: its interfaces' tap devices are named <taps><n> (n: the
+    # interface's index), not left to libvirt's vnetN: a drill's taps are
+    # then its own by name, and two libvirtds of one network namespace
+    # never pick the same vnetN at once
+    taps: str | None = None
 
 
 def _one(parent: ET.Element, tag: str) -> ET.Element:
@@ -123,10 +135,20 @@ def _disks(devices: ET.Element, t: DrTarget) -> None:
 
 
 def _interfaces(devices: ET.Element, t: DrTarget, new_macs: bool) -> None:
-    for itf in devices.findall("interface"):
+    for n, itf in enumerate(devices.findall("interface")):
         kind = itf.get("type")
         src = itf.find("source")
-        if kind in ("bridge", "network") and src is not None:
+        if kind in ("bridge", "network") and t.isolate is not None:
+            itf.set("type", "bridge")
+            if src is None:
+                src = ET.SubElement(itf, "source")
+            src.attrib.clear()
+            src.set("bridge", t.isolate)
+            for tgt in itf.findall("target"):
+                itf.remove(tgt)
+            if t.taps is not None:
+                ET.SubElement(itf, "target", {"dev": f"{t.taps}{n}"})
+        elif kind in ("bridge", "network") and src is not None:
             old = src.get(kind, "")
             if old not in t.networks:
                 raise RewriteError(f"interface on {kind} {old!r}: no DR {kind} mapped "

@@ -11,7 +11,7 @@ import typer
 from cutpoint.api.cli.main import app
 
 OPERATOR = {"snapshot", "server", "token", "group", "job", "rpo", "orphans", "site", "host",
-            "drill", "dr", "vm", "restore", "webhook"}
+            "drill", "dr", "vm", "restore", "webhook", "plan"}
 
 
 def test_cutpoint_has_operator_commands_only() -> None:

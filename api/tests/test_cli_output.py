@@ -76,3 +76,32 @@ def test_drill_list_and_show(tmp_path: Path) -> None:
         assert r.returncode == 1 and "group_not_found" in r.stderr, r.stderr
         r = srv.cli("drill", "show", "00000000-0000-0000-0000-000000000000")
         assert r.returncode == 1 and "404" in r.stderr, r.stderr
+
+
+def test_plan_set_show_versions(tmp_path: Path) -> None:
+    """`cutpoint plan set` from a YAML file, `plan show` lists the boot groups
+    in order, `plan versions` both versions; a plan that does not parse is
+    refused with the API's reason."""
+    with api_server(tmp_path) as srv:
+        assert srv.cli("group", "create", "g1").returncode == 0
+        f = tmp_path / "plan.yaml"
+        f.write_text("boot_groups:\n  - name: db\n    vms: [{vm: pg1, delay_s: 5}]\n"
+                     "  - name: app\n    vms: [app1]\nnetworks: {drill: cpdrill0}\n")
+        r = srv.cli("plan", "set", "g1", str(f))
+        assert r.returncode == 0 and "version 1" in r.stdout, r.stderr
+        r = srv.cli("plan", "show", "g1")
+        assert r.returncode == 0, r.stderr
+        rows = [ln.split("\t") for ln in r.stdout.splitlines() if ln[:1].isdigit()]
+        assert [(c[0], c[1], c[2], c[3], c[4]) for c in rows] == \
+            [("1", "db", "pg1", "guest-ping", "5"), ("2", "app", "app1", "guest-ping", "")]
+        f.write_text('{"boot_groups": [{"name": "all", "vms": ["pg1", "app1"]}]}')
+        f2 = f.with_suffix(".json")
+        f.rename(f2)
+        assert "version 2" in srv.cli("plan", "set", "g1", str(f2)).stdout
+        vs = json.loads(srv.cli("plan", "versions", "g1", "--json").stdout)
+        assert [v["version"] for v in vs] == [2, 1]
+        assert json.loads(srv.cli("plan", "show", "g1", "--version", "1", "--json").stdout)[
+            "body"]["boot_groups"][0]["name"] == "db"
+        f2.write_text('{"boot_groups": [{"vms": []}]}')
+        r = srv.cli("plan", "set", "g1", str(f2))
+        assert r.returncode == 1 and "bad_plan" in r.stderr, r.stderr

@@ -141,3 +141,26 @@ def test_the_newest_drill_reports_of_a_group_outlive_history_pruning(
         left = set(s.scalars(select(Job.id).where(Job.kind == "drill")))
     assert res.jobs == 2
     assert left == set(ids[2:])  # the newest two (created last)
+
+
+def test_a_planned_drill_through_the_agents_shows_the_order_kept() -> None:
+    """The evidence of a real drill of two libvirt VMs through the DR agents
+    with a plan of two boot groups (api/tests/test_drill_agents_lab.py wrote
+    it on this machine): vm2's group first, vm1's after it was ready.  The
+    timeline row of vm1 waits until its group starts, its boot begins after
+    vm2 was ready, and the page's boot-order table lists the groups so."""
+    import json
+
+    from cutpoint.coordinator.dr import drill_report, drill_timeline
+
+    ev = json.loads((Path(__file__).parent / "data" / "drill-report-agents-plan.json")
+                    .read_text())
+    rows = {r["vm"]: r for r in drill_timeline.vm_rows(ev)}
+    seg = {vm: {s["step"]: s for s in r["segments"]} for vm, r in rows.items()}
+    assert "wait" not in seg["drl-vm2"] and "wait" in seg["drl-vm1"]
+    assert seg["drl-vm1"]["boot"]["start_s"] >= rows["drl-vm2"]["ready_s"]
+    assert [(b["group"], b["vms"]) for b in ev["boot_order"]] == \
+        [("first", ["drl-vm2"]), ("second", ["drl-vm1"])]
+    page = drill_report.render_evidence(ev)
+    assert page.index("<td>first</td>") < page.index("<td>second</td>")
+    assert drill_timeline.svg(list(rows.values())).count('data-step="wait"') == 1

@@ -145,3 +145,21 @@ def test_the_guest_agent_channel_stays_without_a_host_path() -> None:
     ch = out.find("devices/channel")
     assert ch is not None and ch.find("source") is None
     assert ch.find("target").get("name") == "org.qemu.guest_agent.0"
+
+
+def test_drill_isolates_every_interface_on_the_drill_bridge() -> None:
+    """A drill's copy: both interfaces (a bridge and a libvirt network) end
+    up on the one drill bridge, with no MAC, whatever `networks` maps; the
+    production names are gone from the output."""
+    t = DrTarget(**{**TARGET.__dict__, "networks": {}, "name": "drill-1-prod-db1",
+                    "uuid": "7d3f0c2e-8b1a-4c5d-9e6f-0a1b2c3d4e5f", "isolate": "cpdrill0",
+                    "taps": "d0000000100"})
+    out = rewrite(XML, t)
+    root = ET.fromstring(out)
+    itfs = root.findall("devices/interface")
+    assert [(i.get("type"), i.find("source").attrib) for i in itfs] == \
+        [("bridge", {"bridge": "cpdrill0"}), ("bridge", {"bridge": "cpdrill0"})]
+    assert all(i.find("model").get("type") == "virtio" for i in itfs)
+    assert [i.find("target").get("dev") for i in itfs] == ["d00000001000", "d00000001001"]
+    assert list(root.iter("mac")) == []
+    assert "br-prod" not in out and "prod-backend" not in out and "br-dr" not in out

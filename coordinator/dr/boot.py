@@ -28,11 +28,14 @@ in by name (entry-point group `cutpoint.booters`, see plugins.py) and chosen
 with the `booter` setting.
 
 Drills boot clones of the replicated images.  An agent starts only the
-VMs its configuration defines, and a clone is none of them: booting one
-needs the VM's captured definition rewritten for the clone (its disks,
-a new name and UUID, an isolated network: api/services/vmdef_rewrite.py
-does that rewrite), which the drill job does not build yet, so
-`AgentBooter` refuses a drill with `DrillBootUnsupported`.
+VMs its configuration defines, and a clone is none of them: a drill sends
+each VM's captured definition rewritten for the clone (its disks, the
+name `drill-<id>-<vm>`, a new UUID, every interface on the isolated drill
+network: api/services/drill_boot.py, with vmdef_rewrite.py), signed and
+`transient`, so that `vm.stop` leaves no domain defined.  `AgentBooter`
+refuses a drill VM that comes without such a spec.  A drill VM is ready by
+its readiness rule (readiness.py: running plus guest-ping, or a TCP port
+open), never by a console line.
 """
 
 from __future__ import annotations
@@ -73,10 +76,9 @@ class UnknownBooter(LookupError):
 
 
 DRILL_REFUSAL = (
-    "the agent booter cannot boot a drill: a drill boots clones of the replicated "
-    "images, and an agent starts only the VMs its configuration defines; booting a "
-    "clone needs the VM's captured definition rewritten for the clone, which the "
-    "drill does not send yet")
+    "the agent booter boots a drill's clones only from each VM's captured definition, "
+    "rewritten for the clone and signed (definition_signing_key, and a "
+    "definition_targets entry with a drill_network for the DR site)")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,9 @@ class BootRequest:
     specs: dict[str, dict[str, Any]] = field(default_factory=dict)
     tls: tuple[str, str, str] | None = None  # (ca, cert, key) to reach the agents
     evidence_dir: str | None = None  # where a booter may keep consoles and logs
+    # VM -> its readiness rule (readiness.Readiness.parse: guest-ping by
+    # default for a drill; a failover without rules waits for `running`)
+    readiness: dict[str, dict[str, Any]] = field(default_factory=dict)
     start_timeout_s: float = 180
     check_timeout_s: float = 10  # `preflight`: each agent must answer within it
 
@@ -195,8 +200,12 @@ def load_booter(name: str) -> Booter:
 class AgentBooter:
     """Start and stop VMs through the agents of the site (`vm.start`, `vm.stop`)."""
 
-    purposes = frozenset({FAILOVER})
+    purposes = frozenset({FAILOVER, DRILL})
+    # A drill's VMs are started only from signed definitions (the drill
+    # builds them: coordinator/dr/drill.py `DrillSpec.definitions`).
+    needs_definitions = True
     poll_s = 0.5
+    adopt_wait_s = 15.0  # stop: how long a drill VM may take to be adopted
 
     def preflight(self, req: BootRequest) -> list[Unbootable]:
         """Each VM's agent is named, answers within `req.check_timeout_s`,
@@ -247,7 +256,11 @@ class AgentBooter:
 
     def start(self, req: BootRequest, on_event: EventHook | None = None) -> list[Guest]:
         if req.purpose == DRILL:
-            raise DrillBootUnsupported(DRILL_REFUSAL)
+            bare = [v.name for v in req.vms if not req.specs.get(v.name, {}).get("xml")
+                    or not req.specs[v.name].get("transient")]
+            if bare:
+                raise DrillBootUnsupported(f"{', '.join(bare)}: no signed transient "
+                                           f"definition; {DRILL_REFUSAL}")
         if req.purpose not in self.purposes:
             raise BootError(f"the agent booter cannot boot for {req.purpose!r}")
         by_agent = self._by_agent(req)
@@ -277,7 +290,14 @@ class AgentBooter:
 
     def wait_ready(self, req: BootRequest, guests: list[Guest], timeout_s: float,
                    on_event: EventHook | None = None) -> None:
-        """Until every guest's agent lists it `running` in its inventory."""
+        """Until every guest is ready: by its readiness rule for a drill or
+        when the request gives rules (readiness.py); otherwise until its
+        agent lists it `running` in its inventory."""
+        if req.purpose == DRILL or req.readiness:
+            from cutpoint.coordinator.dr import readiness
+
+            readiness.wait(self, req, guests, timeout_s, on_event)
+            return
         end = time.monotonic() + timeout_s
         pending = {g.vm for g in guests}
         last: dict[str, str] = {}
@@ -324,23 +344,37 @@ class AgentBooter:
             return [str(exc)]
         replies = asyncio.run(self._each_agent(req, by_agent, "vm.stop",
                                                lambda vm: {"vm": vm}, 60))
+        # A drill VM its agent has not adopted yet (discovery follows
+        # libvirt's event, usually within milliseconds): asked again for a
+        # while, never left running because the agent did not know it yet.
+        end = time.monotonic() + (self.adopt_wait_s if req.purpose == DRILL else 0)
+        while time.monotonic() < end:
+            again = {agent: [vm for vm, r in per_vm.items() if _unknown_vm(r)]
+                     for agent, per_vm in replies.items()}
+            again = {a: vms for a, vms in again.items() if vms}
+            if not again:
+                break
+            time.sleep(self.poll_s)
+            for agent, per_vm in asyncio.run(self._each_agent(
+                    req, again, "vm.stop", lambda vm: {"vm": vm}, 60)).items():
+                replies[agent].update(per_vm)
         return [f"{vm}: vm.stop on {agent}: {_why(r)}"
                 for agent, per_vm in replies.items() for vm, r in per_vm.items()
                 if isinstance(r, BaseException)]
 
     def leftovers(self, req: BootRequest) -> dict[str, list[str]]:
         """The request's VMs that their agents still list as anything but shut
-        off (an unreachable agent's are listed: nobody can say they stopped).
-        Nothing for a request it started nothing for: a drill, or VMs no
-        agent was named for."""
+        off (an unreachable agent's are listed: nobody can say they stopped);
+        for a drill, anything but absent (its transient domains leave no
+        definition once stopped).  Nothing for VMs no agent was named for."""
         if req.purpose not in self.purposes:
             return {}
         try:
             states = self.states(req, [v.name for v in req.vms])
         except NoAgent:
             return {}
-        return {"vms": sorted(f"{vm} ({s})" for vm, s in states.items()
-                              if s not in ("shutoff", "absent"))}
+        gone = ("absent",) if req.purpose == DRILL else ("shutoff", "absent")
+        return {"vms": sorted(f"{vm} ({s})" for vm, s in states.items() if s not in gone)}
 
     # -- agent calls --
 
@@ -430,6 +464,12 @@ class AgentBooter:
 
         done = await asyncio.gather(*(one(a) for a in agents))
         return dict(zip(agents, done, strict=True))
+
+
+def _unknown_vm(r: object) -> bool:
+    from cutpoint.agentclient.errors import AgentReplyError
+
+    return isinstance(r, AgentReplyError) and r.code == "UNKNOWN_VM"
 
 
 def _why(exc: BaseException) -> str:

@@ -9,7 +9,13 @@ Steps, each a timeline event in the report:
     boot       the booter starts one VM per member VM from the clones, on a
                network with no route to production (the booter's own
                events, e.g. `isolate`, go into the timeline too), then waits
-               until each is ready (`boot ok` per VM)
+               until each is ready by its readiness rule (`boot ok` per VM).
+               A booter that starts VMs only from definitions
+               (`needs_definitions`: the agent booter) gets them from
+               `DrillSpec.definitions`: each VM's captured definition
+               rewritten for its clones as `drill-<id>-<vm>` on the
+               isolated drill network, signed, transient (the control
+               plane builds them: api/services/drill_boot.py)
     check      each check over the clones (checks.py; built in: `writer`)
     verdict    pass iff every guest booted and every check passed
     cleanup    (always, in `finally`) the booter stops what it started,
@@ -56,6 +62,23 @@ from cutpoint.coordinator.dr.site import CephConnection, CephSite, ImageRef
 EventHook = Callable[[dict[str, Any]], None]
 
 
+@dataclass
+class DrillBoot:
+    """How the drill's VMs are started by a booter that needs definitions:
+    the VMs under their drill names (`drill-<id>-<vm>`, clone disks), the
+    agent and the signed vm.start spec of each, the TLS files to reach
+    them, and each drill name's original VM."""
+    vms: list[BootVM]
+    agents: dict[str, Any]
+    specs: dict[str, dict[str, Any]]
+    tls: tuple[str, str, str] | None
+    original: dict[str, str]
+
+
+# (tag, the clone VMs under their original names) -> DrillBoot
+Definitions = Callable[[str, list[BootVM]], DrillBoot]
+
+
 class DrillError(RuntimeError):
     pass
 
@@ -65,10 +88,21 @@ class DrillSpec:
     site: CephSite  # the DR site
     recovery_point: str  # snapshot name at DR, cp.<group>.<txn>
     vms: list[BootVM]  # the member VMs, with their replicated images at DR
-    checks: list[str] = field(default_factory=lambda: ["writer"])
+    # names or {name, params, timeout_s} (checks.CheckSpec)
+    checks: list[Any] = field(default_factory=lambda: ["writer"])
     report_dir: str = "/var/lib/cutpoint/drills"
     drill_id: str = ""
     boot_timeout_s: float = 240
+    # for a booter that needs definitions (see the module's `boot` step)
+    definitions: Definitions | None = None
+    # the TLS files (ca, cert, key) that reach the DR agents (a sweep of an
+    # interrupted drill stops its VMs through them)
+    agent_tls: tuple[str, str, str] | None = None
+    # original VM name -> its readiness rule (readiness.Readiness.parse)
+    readiness: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the boot order, hooks and readiness per VM (plan.RecoveryPlan);
+    # None: every VM at once
+    plan: Any = None
 
 
 class Drill:
@@ -76,7 +110,11 @@ class Drill:
                  on_event: EventHook | None = None) -> None:
         if not spec.vms:
             raise DrillError("a drill needs at least one VM")
-        unknown = [c for c in spec.checks if c not in drill_checks.known()]
+        try:
+            self.checks = [drill_checks.CheckSpec.parse(c) for c in spec.checks]
+        except drill_checks.CheckError as exc:
+            raise DrillError(str(exc)) from exc
+        unknown = [c.name for c in self.checks if c.name not in drill_checks.known()]
         if unknown:
             raise DrillError(f"unknown check(s) {unknown}; known: {drill_checks.known()}")
         self.spec = spec
@@ -92,6 +130,7 @@ class Drill:
         self.clone_vms: list[BootVM] = []
         self.protected: list[ImageRef] = []
         self.guests: list[Guest] = []
+        self.original: dict[str, str] = {}  # drill VM name -> the group's VM
         self.request = BootRequest(DRILL, spec.site, [], self.tag, evidence_dir=str(self.dir))
 
     def event(self, step: str, status: str, **detail: Any) -> None:
@@ -124,17 +163,38 @@ class Drill:
         self._save_state()
         self.event("clone", "ok", clones=[c.image for c in self.clones])
 
+    def _definitions(self) -> None:
+        """The booter's VMs, agents and signed specs (a booter that needs
+        definitions), and each VM's readiness rule under its boot name."""
+        if getattr(self.booter, "needs_definitions", False) and self.spec.definitions:
+            db = self.spec.definitions(self.tag, self.clone_vms)
+            self.original = dict(db.original)
+            self.request.vms, self.request.agents = db.vms, dict(db.agents)
+            self.request.specs, self.request.tls = dict(db.specs), db.tls
+            self._save_state()
+            self.event("define", "ok", vms={v.name: self.original.get(v.name, v.name)
+                                            for v in db.vms},
+                       agents={v: str(a) for v, a in db.agents.items()})
+        name_of = {orig: boot for boot, orig in self.original.items()}
+        self.request.readiness = {name_of.get(vm, vm): rule
+                                  for vm, rule in self.spec.readiness.items()}
+
     def boot(self) -> None:
+        from cutpoint.coordinator.dr.plan import RecoveryPlan, boot_in_order
+
+        self._definitions()
+        names = {orig: boot for boot, orig in self.original.items()}
         try:
-            self.guests = self.booter.start(self.request, self._booter_event)
+            self.guests = boot_in_order(self.booter, self.request,
+                                        self.spec.plan or RecoveryPlan(),
+                                        self.spec.boot_timeout_s, self._ready_event, names)
         except Exception as exc:
             self.guests = list(getattr(exc, "guests", []))
             self._save_state()
             raise
-        self._save_state()
-        self.event("boot", "started", guests=[g.as_dict() for g in self.guests])
-        self.booter.wait_ready(self.request, self.guests, self.spec.boot_timeout_s,
-                               self._ready_event)
+        finally:
+            if self.guests:
+                self._save_state()
 
     def _save_state(self) -> None:
         """What exists because of this drill, for `sweep_interrupted` if the
@@ -144,7 +204,12 @@ class Drill:
               "vms": [[v.name, [[d.node, d.image, d.pool] for d in v.disks]]
                       for v in self.clone_vms],
               "guests": [{"vm": g.vm, "agent": g.agent, "detail": g.detail}
-                         for g in self.guests]}
+                         for g in self.guests],
+              # a booter that needs definitions: what it was asked to start
+              "boot_vms": [v.name for v in self.request.vms] if self.original else [],
+              "agents": {vm: [a.address, a.port, a.cert_sha256]
+                         for vm, a in self.request.agents.items()},
+              "original": self.original}
         tmp = self.dir / "state.json.tmp"
         tmp.write_text(json.dumps(st, default=str))
         tmp.replace(self.dir / "state.json")
@@ -163,25 +228,52 @@ class Drill:
         self.request.vms = self.clone_vms
         self.guests = [Guest(g["vm"], g.get("agent"), detail=dict(g.get("detail") or {}))
                        for g in st["guests"]]
+        self.original = dict(st.get("original") or {})
+        if st.get("boot_vms"):
+            self.request.vms = [BootVM(n, ()) for n in st["boot_vms"]]
+        from cutpoint.coordinator.dr.boot import AgentRef
+
+        self.request.agents = {vm: AgentRef(a, int(p), pin)
+                               for vm, (a, p, pin) in (st.get("agents") or {}).items()}
+        self.request.tls = self.spec.agent_tls
         return True
 
     def _ready_event(self, step: str, detail: dict[str, Any]) -> None:
+        if step == "boot":  # a boot group's VMs started: saved before waiting
+            self.guests = list(self.guests) + [g for g in detail.get("started", [])
+                                               if g not in self.guests]
+            self._save_state()
+            self.event("boot", "started", group=detail.get("group"),
+                       guests=[g.as_dict() for g in detail.get("started", [])])
+            return
         if step == "ready":  # the drill's timeline says `boot ok` per VM
-            self.event("boot", "ok", **detail)
+            d = dict(detail)
+            if d.get("vm") in self.original:  # the group's VM; its drill name beside
+                d["boot_name"], d["vm"] = d["vm"], self.original[d["vm"]]
+            self.event("boot", "ok", **d)
         else:
             self._booter_event(step, detail)
 
+    def check_context(self) -> drill_checks.CheckContext:
+        vms = [drill_checks.DrillVM(v.name, self.original.get(v.name, v.name),
+                                    self.request.agents.get(v.name))
+               for v in self.request.vms]
+        return drill_checks.CheckContext(self.spec.site, list(self.clones), vms,
+                                         tls=self.request.tls, drill_id=self.id)
+
     def run_checks(self) -> list[dict[str, Any]]:
         out = []
-        for name in self.spec.checks:
-            t = time.monotonic()
-            try:
-                r = drill_checks.get(name)(self.spec.site, list(self.clones))
-            except Exception as exc:  # noqa: BLE001  a crashed check is a failed check
-                r = {"ok": False, "summary": f"check crashed: {type(exc).__name__}: {exc}"}
-            r = {"name": name, "seconds": round(time.monotonic() - t, 3), **r}
-            (self.dir / f"check-{name}.json").write_text(json.dumps(r, indent=2, default=str))
-            self.event("check", "ok" if r["ok"] else "failed", check=name,
+        base = self.check_context()
+        for c in self.checks:
+            ctx = drill_checks.CheckContext(base.site, base.images, base.vms, dict(c.params),
+                                            c.timeout_s, base.tls, base.drill_id,
+                                            base._addresses)
+            self.event("check", "started", check=c.name)
+            r = drill_checks.run(c, ctx)
+            n = sum(1 for x in out if x["name"] == c.name)
+            fname = f"check-{c.name}{f'-{n + 1}' if n else ''}.json"
+            (self.dir / fname).write_text(json.dumps(r, indent=2, default=str))
+            self.event("check", "ok" if r["ok"] else "failed", check=c.name,
                        summary=r["summary"])
             out.append(r)
         return out
@@ -238,7 +330,7 @@ class Drill:
     def run(self) -> dict[str, Any]:
         verdict, error, checks = "failed", None, []
         self.event("start", "ok", recovery_point=self.spec.recovery_point,
-                   vms=[v.name for v in self.spec.vms], checks=self.spec.checks,
+                   vms=[v.name for v in self.spec.vms], checks=[c.name for c in self.checks],
                    booter=type(self.booter).__name__)
         cleanup: dict[str, Any] = {}
         consoles: dict[str, str] = {}
@@ -259,11 +351,16 @@ class Drill:
         self.event("verdict", verdict)
         boot_s = next((e["t_s"] for e in reversed(self.timeline)
                        if e["step"] == "boot" and e["status"] == "ok"), None)
+        boot_order = [{"group": e.get("group"), "order": e.get("order"), "vms": e.get("vms"),
+                       "ready_t_s": e["t_s"]} for e in self.timeline
+                      if e["step"] == "boot_group" and e["status"] == "ok"]
         report = {"drill_id": self.id, "recovery_point": self.spec.recovery_point,
                   "verdict": verdict, "error": error, "checks": checks,
                   "booter": type(self.booter).__name__,
-                  "guests": [g.as_dict() for g in self.guests],
-                  "consoles": consoles, "boot_s": boot_s, "cleanup": cleanup,
+                  "guests": [{**g.as_dict(), "original": self.original.get(g.vm, g.vm)}
+                             for g in self.guests],
+                  "consoles": consoles, "boot_s": boot_s, "boot_order": boot_order,
+                  "cleanup": cleanup,
                   "timeline": self.timeline,
                   "report_json": str(self.dir / "report.json"),
                   "report_html": str(self.dir / "report.html")}

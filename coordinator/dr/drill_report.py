@@ -48,6 +48,11 @@ def _page(r: dict[str, Any], facts: list[tuple[str, str]], rows: list[dict[str, 
         f"<td><code>{e(_detail(ev, ('t_s', 'at', 'step', 'status')))}</code></td></tr>"
         for ev in r.get("timeline") or [])
     cons = "".join(f"<h3>{e(vm)}</h3><pre>{e(text)}</pre>" for vm, text in consoles.items())
+    order = "".join(
+        f"<tr class='boot-group' data-order='{e(str(b.get('order')))}'>"
+        f"<td>{e(str(b.get('order')))}</td><td>{e(str(b.get('group')))}</td>"
+        f"<td>{e(', '.join(str(v) for v in b.get('vms') or []))}</td>"
+        f"<td>{_secs(b.get('ready_t_s'))}</td></tr>" for b in r.get("boot_order") or [])
     return (f"<!doctype html><html lang=en><meta charset=utf-8>"
             f"<title>drill {e(str(r.get('drill_id') or ''))}: {e(verdict)}</title>"
             f"<style>{STYLE}</style>"
@@ -57,7 +62,9 @@ def _page(r: dict[str, Any], facts: list[tuple[str, str]], rows: list[dict[str, 
             + (f"<p id=error class=failed><b>error:</b> {e(str(r['error']))}</p>"
                if r.get("error") else "")
             + f"<h2>Timeline</h2><div id=timeline>{drill_timeline.svg(rows)}</div>"
-            f"<h2>Checks</h2><table id=checks><tr><th>check</th><th>result</th>"
+            + (f"<h2>Boot order</h2><table id=boot-order><tr><th>order</th><th>boot group"
+               f"</th><th>VMs</th><th>all ready at</th></tr>{order}</table>" if order else "")
+            + f"<h2>Checks</h2><table id=checks><tr><th>check</th><th>result</th>"
             f"<th>time</th><th>output</th></tr>{check_rows}</table>"
             f"<h2>Cleanup</h2><pre id=cleanup>"
             f"{e(json.dumps(r.get('cleanup') or {}, indent=2, default=str))}</pre>"

@@ -7,7 +7,10 @@ VM's row shows them at the same times; its boot segment ends when that VM
 was ready (or when the drill failed, for a VM that never was).  Segments:
 
     clone     start -> clone
-    boot      clone -> that VM's `boot ok`
+    wait      clone -> the start of that VM's boot group (a recovery plan's
+              later groups wait for the earlier ones to be ready)
+    boot      its boot group's start (`boot_group started`; the clone when
+              there is none) -> that VM's `boot ok`
     <check>   each check, one after the other, from the last VM ready on
     teardown  last check (or the failure) -> cleanup
 
@@ -22,7 +25,8 @@ from typing import Any
 
 # A failed segment is red whatever its step; the others are told apart by step.
 FAILED = "#c0392b"
-STEP_COLORS = {"clone": "#6f8fbf", "boot": "#2a7d46", "teardown": "#8a939e"}
+STEP_COLORS = {"clone": "#6f8fbf", "wait": "#d5d9df", "boot": "#2a7d46",
+               "teardown": "#8a939e"}
 CHECK_COLOR = "#b7791f"
 ROW_H, LABEL_W, PLOT_W, AXIS_H = 30, 170, 640, 26
 
@@ -42,7 +46,7 @@ def vm_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     start = _first(tl, "start")
     vms = list((start or {}).get("vms") or [])
     for g in report.get("guests") or []:
-        name = g.get("vm") or g.get("name")
+        name = g.get("original") or g.get("vm") or g.get("name")
         if name and name not in vms:
             vms.append(name)
     t_start = _t(start) or 0.0
@@ -52,7 +56,12 @@ def vm_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     t_end_of_run = _t(failed) or _t(cleanup) or (float(tl[-1]["t_s"]) if tl else 0.0)
     ready = {e.get("vm"): float(e["t_s"]) for e in tl
              if e.get("step") == "boot" and e.get("status") == "ok" and e.get("vm")}
-    checks = [e for e in tl if e.get("step") == "check"]
+    checks = [e for e in tl if e.get("step") == "check" and e.get("status") != "started"]
+    started: dict[str, float] = {}  # each VM's boot group began (plan.boot_in_order)
+    for e in tl:
+        if e.get("step") == "boot_group" and e.get("status") == "started":
+            for name in e.get("vms") or []:
+                started.setdefault(str(name), float(e["t_s"]))
     t_checks_from = max(ready.values(), default=t_clone or t_start)
     rows = []
     for vm in vms:
@@ -60,7 +69,11 @@ def vm_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         if t_clone is not None:
             segs.append({"step": "clone", "start_s": t_start, "end_s": t_clone, "status": "ok"})
             vm_ready = ready.get(vm)
-            segs.append({"step": "boot", "start_s": t_clone,
+            t_boot = started.get(vm, t_clone)
+            if t_boot > t_clone + 0.05:
+                segs.append({"step": "wait", "start_s": t_clone, "end_s": t_boot,
+                             "status": "ok"})
+            segs.append({"step": "boot", "start_s": t_boot,
                          "end_s": vm_ready if vm_ready is not None else t_end_of_run,
                          "status": "ok" if vm_ready is not None else "failed"})
         prev = t_checks_from

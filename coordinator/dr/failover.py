@@ -94,11 +94,14 @@ class FailoverResult:
 def failover(booter: Booter, req: BootRequest, recovery_point: str,
              fence: Callable[[], dict[str, Any]], t_request: float | None = None,
              boot_timeout_s: float = 240,
-             on_event: Callable[[str, dict[str, Any]], None] | None = None) -> FailoverResult:
+             on_event: Callable[[str, dict[str, Any]], None] | None = None,
+             plan: Any = None) -> FailoverResult:
     """Fence, roll the DR images back to `recovery_point`, boot at DR; RTO from t_request.
 
     `on_event(step, event)` sees each timeline event as it happens (the
-    caller records job events with it)."""
+    caller records job events with it).  `plan` (plan.RecoveryPlan): boot
+    the VMs in its order, with its readiness rules and hooks; None: all at
+    once, ready when running."""
     t0 = t_request if t_request is not None else time.monotonic()
     timeline: list[dict[str, Any]] = []
 
@@ -120,9 +123,21 @@ def failover(booter: Booter, req: BootRequest, recovery_point: str,
         raise FailoverError(f"rollback to {recovery_point} at DR failed: {exc}") from exc
     ev("rollback", {"images": images, "to": recovery_point, "rolled_back": rolled})
     guests: list[Guest] = []
+
+    def plan_ev(step: str, detail: dict[str, Any]) -> None:
+        if step == "boot":  # a boot group's VMs started: named, not objects
+            detail = {k: v for k, v in detail.items() if k != "started"} | {
+                "vms": [g.vm for g in detail.get("started", [])]}
+        ev(step, detail)
+
     try:
-        guests = booter.start(req, ev)
-        booter.wait_ready(req, guests, boot_timeout_s, ev)
+        if plan is not None and plan.boot_groups:
+            from cutpoint.coordinator.dr.plan import boot_in_order
+
+            guests = boot_in_order(booter, req, plan, boot_timeout_s, plan_ev)
+        else:
+            guests = booter.start(req, ev)
+            booter.wait_ready(req, guests, boot_timeout_s, ev)
     except BootError as exc:
         booter.stop(req, guests or exc.guests)
         ev("boot_failed", {"error": str(exc)[:1000]})

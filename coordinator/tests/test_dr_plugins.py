@@ -128,12 +128,17 @@ def _request(purpose: str, **kw: object) -> BootRequest:
                        "t", **kw)  # type: ignore[arg-type]
 
 
-def test_the_agent_booter_refuses_a_drill() -> None:
+def test_the_agent_booter_boots_a_drill_only_from_signed_transient_definitions() -> None:
     booter = AgentBooter()
-    assert DRILL not in booter.purposes
+    assert DRILL in booter.purposes and booter.needs_definitions
     with pytest.raises(DrillBootUnsupported) as ei:
         booter.start(_request(DRILL))
-    assert "captured definition" in str(ei.value) and "clone" in str(ei.value)
+    assert "vm1: no signed transient definition" in str(ei.value)
+    assert "captured definition" in str(ei.value)
+    # signed but persistent: a drill's copy would stay defined after vm.stop
+    with pytest.raises(DrillBootUnsupported):
+        booter.start(_request(DRILL, specs={"vm1": {"vm": "vm1", "xml": "<domain/>",
+                                                    "sig": "x"}}))
 
 
 def test_the_agent_booter_names_the_vms_no_agent_starts() -> None:

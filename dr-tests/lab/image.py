@@ -1,9 +1,14 @@
 """The tiny guest image: host Debian kernel + busybox initramfs, cached.
 
 The recipe is `dr-tests/images/tiny/` (init script, module list).  The
-cache key hashes every input byte: the builder version, the init script,
-the module list, the kernel, each resolved module file, busybox, and every
-workload binary `build/dr-tests/workloads/*/cp-*` that exists.  A cached
+image also carries Debian's qemu-guest-agent (`/usr/sbin/qemu-ga`, package
+qemu-guest-agent, with the shared libraries `ldd` names and the dynamic
+loader), which the init starts on the virtio-serial port
+`org.qemu.guest_agent.0` when the VM has one: lab guests answer
+guest-ping and guest-exec like any guest.  The cache key hashes every
+input byte: the builder version, the init script, the module list, the
+kernel, each resolved module file, busybox, qemu-ga and its libraries,
+and every workload binary `build/dr-tests/workloads/*/cp-*` that exists.  A cached
 image lives in `/var/cache/cutpoint/images/<hash>/` (vmlinuz, initrd.img,
 recipe.json) and is built in a temp dir and renamed into place, so
 concurrent builders never see a half-written image.
@@ -25,10 +30,11 @@ from cutpoint.lab import config as C
 from cutpoint.lab.errors import LabError
 from cutpoint.lab.proc import run
 
-BUILDER_VERSION = "tiny-2"
+BUILDER_VERSION = "tiny-3"
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "dr-tests" / "images" / "tiny"
 BUSYBOX = "/bin/busybox"
+QEMU_GA = "/usr/sbin/qemu-ga"
 
 
 def kernel_version(kernel: str) -> str:
@@ -67,6 +73,21 @@ def resolve_modules(names: list[str], kver: str) -> list[tuple[str, str]]:
     return order
 
 
+def guest_agent_files() -> list[str]:
+    """qemu-ga and what it loads: its shared libraries and the dynamic
+    loader, as `ldd` resolves them on this machine (absolute paths)."""
+    if not os.access(QEMU_GA, os.X_OK):
+        raise LabError(f"{QEMU_GA} is missing: install Debian's qemu-guest-agent "
+                       "(scripts/debian-packages.txt; scripts/setup.sh installs it)")
+    out = run(["ldd", QEMU_GA]).stdout
+    files = [QEMU_GA]
+    for line in out.splitlines():
+        m = re.search(r"(/\S+) \(0x", line)
+        if m and m.group(1) not in files:
+            files.append(m.group(1))
+    return files
+
+
 def workload_binaries() -> list[Path]:
     base = Path(os.environ.get("CUTPOINT_WORKLOADS_DIR") or REPO / "build" / "dr-tests" / "workloads")
     return sorted(p for p in base.glob("*/cp-*") if p.is_file() and os.access(p, os.X_OK))
@@ -92,6 +113,7 @@ def recipe(kernel: str) -> dict[str, Any]:
         "kernel": {"path": kernel, "sha256": _sha(kernel), "version": kver},
         "modules": [{"name": n, "path": p, "sha256": _sha(p)} for n, p in mods],
         "busybox": _sha(BUSYBOX),
+        "guest_agent": [{"name": p, "sha256": _sha(p)} for p in guest_agent_files()],
         "workloads": [{"name": p.name, "path": str(p), "sha256": _sha(p)} for p in wl],
     }
     key = json.dumps({k: v for k, v in inputs.items()}, sort_keys=True)
@@ -126,6 +148,10 @@ def build(kernel: str, cache: str | Path = C.IMAGE_CACHE, log: Any = print) -> d
         (st / "etc" / "cp-modules").write_text("".join(m["name"] + "\n" for m in r["modules"]))
         for w in r["workloads"]:
             shutil.copy2(w["path"], st / "usr" / "bin" / w["name"])
+        for g in r["guest_agent"]:  # at the same paths: the loader finds them
+            dst = st / g["name"].lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(g["name"], dst)  # follows symlinks: the library itself
         # The kernel opens /dev/console before init runs (no devtmpfs yet).
         os.mknod(st / "dev" / "console", 0o600 | 0o020000, os.makedev(5, 1))
         files = subprocess.run(["find", "."], cwd=st, capture_output=True, text=True,
