@@ -352,8 +352,8 @@ fail:
     return -1;
 }
 
-int
-redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err)
+json_t *
+redirect_switch_args(const struct vm *v)
 {
     json_t *acts = json_array();
 
@@ -365,9 +365,9 @@ redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err)
             "{s:s,s:{s:s,s:s}}", "type", "blockdev-snapshot", "data",
             "node", v->cfg->disks[d].node, "overlay", onode));
     }
-    return vm_qmp(v, "transaction", json_pack("{s:o}", "actions", acts),
-                  timeout_ms, NULL, err);
+    return json_pack("{s:o}", "actions", acts);
 }
+
 
 
 /* Removes disk d's overlay nodes (those in nodes) and then, only when both

@@ -7,8 +7,9 @@
  *                          next to the disk ─► blockdev-add rbd (cpovf<d>)
  *                          ─► blockdev-create qcow2 on it ─► blockdev-add
  *                          qcow2 cpov<d>, backing null
- *   in the pause           one QMP `transaction` of blockdev-snapshot
- *                          (every disk onto its overlay)
+ *   in the pause           `stop` and one QMP `transaction` of
+ *                          blockdev-snapshot (every disk onto its overlay),
+ *                          sent together
  *   commit (after cont)    the bases' RBD snapshots (txn_vm.c), then
  *   merge                  active block-commit of each overlay back
  *                          (ready ─► job-complete ─► concluded) ─►
@@ -75,8 +76,11 @@ int redirect_prepare(struct agent *a, struct vm *v, const char *txn,
 /* 1 when v's overlays for its next cut are ready (made ahead). */
 int redirect_ahead_ready(struct agent *a, const struct vm *v);
 
-/* In the pause: switches every disk of v onto its overlay, atomically. */
-int redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err);
+/* In the pause, the switch of every disk of v onto its overlay, atomic:
+ * the arguments of its QMP `transaction` (a new object).  txn_vm.c sends
+ * it together with the stop (vm_stop_then): QEMU switches right after the
+ * stop, with no round trip to the agent between. */
+json_t *redirect_switch_args(const struct vm *v);
 
 /* Merges v's overlays of txn back and removes them, whatever step was
  * reached; logs it (why: commit, abort, recovery...).  With v's QEMU gone,
