@@ -81,8 +81,21 @@ def redirect_entries(rec: dict[str, Any], vm: str) -> list[str]:
 
 
 def start_agent(lab: dict[str, Any], certs: Path) -> dict[str, Any]:
+    # The agent appends to its log across starts (and a reused lab keeps
+    # it): a test reads only what this start wrote (log_of).
+    log = A.agents_dir(lab) / lab["hosts"][0]["name"] / "agent.log"
+    at = log.stat().st_size if log.exists() else 0
     # primary_start: vm.start can start the lab's VMs again
-    return A.start_agent(lab, lab["hosts"][0], certs, extra=REDIRECT, primary_start=True)
+    rec = A.start_agent(lab, lab["hosts"][0], certs, extra=REDIRECT, primary_start=True)
+    rec["log_at"] = at
+    return rec
+
+
+def log_of(rec: dict[str, Any]) -> str:
+    """What this agent (since its start) logged."""
+    with open(rec["log"], "rb") as f:
+        f.seek(rec["log_at"])
+        return f.read().decode(errors="replace")
 
 
 @pytest.fixture
@@ -167,7 +180,7 @@ async def test_vm_stop_removes_overlays_made_ahead(lab: dict[str, Any], agent: d
             # at the reply: removed while QEMU still ran, entry gone
             assert overlays(lab, vm) == []
             assert redirect_entries(rec, vm["name"]) == []
-            log = Path(rec["log"]).read_text()
+            log = log_of(rec)
             assert re.search(rf"event=redirect_merged txn=ahead-\S+ vm={vm['name']} "
                              r"why=vm_stop ", log), log[-2000:]
         finally:
@@ -187,7 +200,7 @@ async def test_qemu_killed_overlays_removed(lab: dict[str, Any], agent: dict[str
                         redirect_entries(rec, vm["name"]) == [], GONE_WITHIN_S,
                         "overlays of the killed VM removed")
             print(f"overlays of the killed VM gone after {time.monotonic() - t0:.1f} s")
-            log = Path(rec["log"]).read_text()
+            log = log_of(rec)
             assert f"event=redirect_vm_gone vm={vm['name']}" in log
             assert re.search(rf"event=redirect_merged txn=ahead-\S+ vm={vm['name']} "
                              r"why=vm_gone .*qemu=gone", log), log[-2000:]
@@ -211,7 +224,7 @@ async def test_agent_restart_with_qemu_gone(lab: dict[str, Any], agent: dict[str
         try:
             await until(lambda: overlays(lab, vm) == [] and
                         redirect_entries(rec2, vm["name"]) == [], GONE_WITHIN_S, "overlays of the VM whose QEMU is gone removed")
-            log = Path(rec2["log"]).read_text()
+            log = log_of(rec2)
             assert re.search(rf"event=redirect_merged txn=ahead-\S+ vm={vm['name']} "
                              r"why=recovery .*qemu=gone", log), log[-2000:]
         finally:
@@ -231,7 +244,7 @@ async def test_agent_stop_removes_overlays_made_ahead(lab: dict[str, Any],
     for vm in lab["vms"]:
         assert overlays(lab, vm) == [], vm["name"]
         assert redirect_entries(rec, vm["name"]) == []
-    log = Path(rec["log"]).read_text()
+    log = log_of(rec)
     assert re.search(r"event=redirect_merged txn=ahead-\S+ vm=\S+ why=agent_stop ", log), \
         log[-2000:]
 
@@ -361,7 +374,7 @@ async def test_switched_overlay_with_writes_is_kept(lab: dict[str, Any], agent: 
             # the agent's recovery resumes nothing (QEMU gone) and looks at
             # the overlays: the one with writes stays, the empty one goes
             await until(lambda: f"event=redirect_overlay_kept vm={vm['name']} disk="
-                        f"{vm['disks'][0]['node']}" in Path(rec2["log"]).read_text(),
+                        f"{vm['disks'][0]['node']}" in log_of(rec2),
                         GONE_WITHIN_S, "the written overlay reported kept")
             await until(lambda: overlays(lab, vm) == [written], GONE_WITHIN_S,
                         "the empty overlay removed, the written one kept")
@@ -376,7 +389,7 @@ async def test_switched_overlay_with_writes_is_kept(lab: dict[str, Any], agent: 
             await asyncio.sleep(3)
             assert "holds guest writes" in await refused(c, vm["name"])
             assert overlays(lab, vm) == [written]
-            log = Path(rec2["log"]).read_text()
+            log = log_of(rec2)
             assert f"image=rbd/{written}" in log
             # The operator settles it as operations.md says ("An overlay
             # kept"): stop the VM, merge the overlay into its base with
