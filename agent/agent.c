@@ -12,6 +12,7 @@
 #include "par.h"
 #include "reaper.h"
 #include "recover.h"
+#include "redirect.h"
 #include "resume.h"
 
 /* Error messages are bounded buffers and are cut on purpose when long. */
@@ -237,6 +238,8 @@ agent_stop(struct agent *a)
                   "what it uses\"");
         return;
     }
+    /* After the resumes: the redirect cut's overlays go while QEMU runs. */
+    redirect_agent_stop(a);
     for (int i = 0; i < a->nvms; i++)
         vm_close(&a->vms[i]);
     rbdsnap_cluster_free(a->ceph);

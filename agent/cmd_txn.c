@@ -54,7 +54,7 @@ json_t *
 cmd_prepare(struct agent *a, json_t *args, const char **code, char *msg,
             size_t msglen, json_t **err_result)
 {
-    struct prepare p = {.a = a};
+    struct prepare p = {.a = a, .t_in = mono_ms()};
     json_t *result = NULL;
 
     if (prepare_parse(&p, args, code, msg, msglen) < 0 ||

@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "mono.h"
+#include "redirect.h"
 
 /* A stop is not inside any pause, so it gets the time a QEMU may need to
  * exit rather than qmp_timeout_ms (the cut's deadline): virDomainDestroy
@@ -163,6 +164,8 @@ cmd_vm_stop(struct agent *a, json_t *args, const char **code, char *msg,
     (void)err_result;
     if (!(v = agent_find_vm(a, name)))
         FAIL("UNKNOWN_VM", "unknown vm %s", name);
+    /* The redirect cut's overlays go while QEMU runs (redirect.h). */
+    redirect_vm_stopping(a, v, "vm_stop");
     if (vm_poweroff(v, STOP_TIMEOUT_MS, &qe) < 0)
         FAIL(vm_err_code(&qe), "%s", qe.msg);
     close_images(a, v);

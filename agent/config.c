@@ -169,9 +169,9 @@ config_load(const char *path, struct agent_config *cfg, char *err,
     cfg->qmp_timeout_ms = 2000;
     cfg->freeze_timeout_ms = 5000;
     cfg->storage_probe_ms = 500;
-    /* in_pause until the redirect cut's idle overlays are removed when a VM
-     * stops or goes away outside the agent (agent-protocol §5.1) */
-    cfg->pause_in_pause = 1;
+    /* redirect by default (agent-protocol §5.1): a VM that cannot take it
+     * is cut in the pause anyway (redirect_usable) */
+    cfg->pause_in_pause = 0;
     cfg->max_connections = 256;
     cfg->handshake_timeout_ms = 10000;
     cfg->workers = 16;
@@ -268,9 +268,9 @@ config_load(const char *path, struct agent_config *cfg, char *err,
                 goto bad;
         }
         else if (KEY("agent", "pause_path")) {
-            /* redirect: the cut switches disks to overlays (redirect.c)
-             * where it can; in_pause (the default): RBD snapshots inside
-             * the pause */
+            /* redirect (the default): the cut switches disks to overlays
+             * (redirect.c) where it can; in_pause: RBD snapshots inside the
+             * pause for every VM */
             if (strcmp(v, "redirect") && strcmp(v, "in_pause"))
                 goto bad;
             cfg->pause_in_pause = strcmp(v, "in_pause") == 0;

@@ -13,6 +13,7 @@
 #include "par.h"
 #include "rbdsnap.h"
 #include "recover.h"
+#include "redirect.h"
 
 /* A hung QEMU shows `unknown` rather than delaying the reply. */
 #define INVENTORY_TIMEOUT_MS 500
@@ -172,6 +173,8 @@ inventory_main(void *arg)
         pthread_mutex_unlock(&a->mu);
         for (int i = 0; i < n; i++)
             open_disks(a, i);
+        /* overlays of the redirect cut whose QEMU is gone */
+        redirect_watch(a);
         pthread_mutex_lock(&a->mu);
         next = mono_ms() + TICK_MS;
     }

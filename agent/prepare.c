@@ -330,8 +330,10 @@ prepare_journal(struct prepare *p, const char **code, char *msg,
             nje++;
         }
     }
+    p->t_journal0 = mono_ms();
     if (je)
         rc = journal_put(p->a->journal, je, nje, jerr, sizeof(jerr));
+    p->t_journal1 = mono_ms();
     free(je);
     if (rc < 0) {
         fail_prepare(p->a, p->x);
@@ -352,6 +354,8 @@ prepare_pause(struct prepare *p)
      * already paused, must not wait longer than the lease for it. */
     int stop_ms = p->lease < p->a->cfg.qmp_timeout_ms ? (int)p->lease :
                   p->a->cfg.qmp_timeout_ms;
+
+    p->t_pause0 = mono_ms();
 
     for (int k = 0; k < p->n; k++) {
         p->jobs[k] = (struct txn_vm_prep){.a = p->a, .vm = p->vms[k],
@@ -495,12 +499,22 @@ prepare_done(struct prepare *p)
     }
     result = json_pack("{s:s,s:s,s:o,s:I}", "txn", p->id, "state",
                        "prepared", "vms", arr, "lease_ms", p->lease);
+    /* Where this agent's prepare spent its time (agent-protocol §4.3):
+     * what comes before the stops is what other agents' paused VMs wait
+     * for when this agent is the last to stop. */
+    json_object_set_new(result, "steps_ms", json_pack(
+        "{s:f,s:f,s:f,s:f}", "before_journal", p->t_journal0 - p->t_in,
+        "journal", p->t_journal1 - p->t_journal0, "before_stops",
+        p->t_pause0 - p->t_journal1, "stops", mono_ms() - p->t_pause0));
     pthread_mutex_lock(&a->mu);
     txn_prepared(&a->txns, p->x, (double)p->lease, json_deep_copy(result));
     pthread_cond_broadcast(&a->cond);
     pthread_mutex_unlock(&a->mu);
     atomic_fetch_add(&a->n_prepared, 1);
-    log_info("event=prepared txn=%s vms=%d lease_ms=%lld", p->id, p->n,
-             (long long)p->lease);
+    log_info("event=prepared txn=%s vms=%d lease_ms=%lld before_journal_ms=%.3f "
+             "journal_ms=%.3f before_stops_ms=%.3f stops_ms=%.3f", p->id, p->n,
+             (long long)p->lease, p->t_journal0 - p->t_in,
+             p->t_journal1 - p->t_journal0, p->t_pause0 - p->t_journal1,
+             mono_ms() - p->t_pause0);
     return result;
 }

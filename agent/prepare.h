@@ -43,6 +43,9 @@ struct prepare {
     struct vm *undo[CFG_MAX_VMS];   /* paused: resumed if the prepare fails */
     int nundo;
     int rd[CFG_MAX_VMS];        /* 1: the VM is to take the redirect cut */
+    /* when the request arrived, the journal write began and ended, the
+     * stops began (mono_ms): the reply's steps_ms, for the pause bench */
+    double t_in, t_journal0, t_journal1, t_pause0;
 };
 
 /* The arguments, and the VMs they name.  0 or -1. */

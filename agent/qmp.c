@@ -263,17 +263,18 @@ cleanup:
     return ret;
 }
 
+/* Builds and sends one request; *myid its id. */
 static int
-do_call(struct qmp_conn *q, const char *cmd, json_t *args, double deadline,
-        json_t **ret, struct qmp_err *err)
+send_req(struct qmp_conn *q, const char *cmd, json_t *args, double deadline,
+         long *myid, struct qmp_err *err)
 {
-    json_t *req = NULL, *m = NULL, *e, *id;
+    json_t *req = NULL;
     char *s = NULL;
-    long myid = q->next_id++;
     int rc = -1;
 
+    *myid = q->next_id++;
     /* build */
-    req = json_pack("{s:s,s:I}", "execute", cmd, "id", (json_int_t)myid);
+    req = json_pack("{s:s,s:I}", "execute", cmd, "id", (json_int_t)*myid);
     if (!req || (args && json_object_set(req, "arguments", args) < 0)) {
         set_err(err, QMP_E_IO, "%s: cannot build request", cmd);
         goto cleanup;
@@ -288,6 +289,21 @@ do_call(struct qmp_conn *q, const char *cmd, json_t *args, double deadline,
     if (write_all(q, s, strlen(s), deadline, err, cmd) < 0 ||
         write_all(q, "\n", 1, deadline, err, cmd) < 0)
         goto cleanup;
+    rc = 0;
+cleanup:
+    free(s);
+    json_decref(req);
+    return rc;
+}
+
+/* Reads until the reply to myid; checks its error; parses. */
+static int
+wait_reply(struct qmp_conn *q, const char *cmd, long myid, double deadline,
+           json_t **ret, struct qmp_err *err)
+{
+    json_t *m = NULL, *e, *id;
+    int rc = -1;
+
     for (;;) {
         if (read_message(q, deadline, &m, err, cmd) < 0)
             goto cleanup;
@@ -319,10 +335,19 @@ do_call(struct qmp_conn *q, const char *cmd, json_t *args, double deadline,
         *ret = json_incref(json_object_get(m, "return"));
     rc = 0;
 cleanup:
-    free(s);
-    json_decref(req);
     json_decref(m);
     return rc;
+}
+
+static int
+do_call(struct qmp_conn *q, const char *cmd, json_t *args, double deadline,
+        json_t **ret, struct qmp_err *err)
+{
+    long myid;
+
+    if (send_req(q, cmd, args, deadline, &myid, err) < 0)
+        return -1;
+    return wait_reply(q, cmd, myid, deadline, ret, err);
 }
 
 int
@@ -394,5 +419,57 @@ qmp_call(struct qmp_conn *q, const char *cmd, json_t *args, int timeout_ms,
         qmp_close(q);
 cleanup:
     json_decref(args);
+    return rc;
+}
+
+int
+qmp_call_pair(struct qmp_conn *q, const char *cmd1, json_t *args1,
+              const char *cmd2, json_t *args2, int timeout_ms,
+              double *t1, int *which, struct qmp_err *err)
+{
+    double deadline = mono_ms() + timeout_ms;
+    long id1, id2;
+    int rc = -1;
+
+    err->kind = QMP_E_NONE;
+    *which = 1;
+    if (q->fd < 0 && qmp_open(q, timeout_ms, err) < 0) {
+        char inner[sizeof(err->msg)];
+        memcpy(inner, err->msg, sizeof(inner));
+        snprintf(err->msg, sizeof(err->msg), "%s: %.400s", cmd1, inner);
+        goto cleanup;
+    }
+    if (send_req(q, cmd1, args1, deadline, &id1, err) < 0)
+        goto broken;
+    if (send_req(q, cmd2, args2, deadline, &id2, err) < 0) {
+        /* cmd1 went alone: its reply is not read; the stream is reset */
+        goto broken;
+    }
+    rc = wait_reply(q, cmd1, id1, deadline, NULL, err);
+    *t1 = mono_ms();
+    if (rc < 0) {
+        if (err->kind != QMP_E_ERROR)
+            goto broken;
+        /* cmd2's reply is still due: read it so the stream stays in step
+         * (QEMU ran cmd2 anyway); cmd1's error is what is reported */
+        struct qmp_err e2;
+        if (wait_reply(q, cmd2, id2, *t1 + timeout_ms, NULL, &e2) < 0 &&
+            e2.kind != QMP_E_ERROR)
+            qmp_close(q);
+        goto cleanup;
+    }
+    *which = 2;
+    /* cmd2 ran right after cmd1 in QEMU: its own deadline from here */
+    rc = wait_reply(q, cmd2, id2, *t1 + timeout_ms, NULL, err);
+    if (rc < 0 && err->kind != QMP_E_ERROR)
+        goto broken;
+    goto cleanup;
+broken:
+    /* After a timeout or a broken stream the connection state is unknown. */
+    rc = -1;
+    qmp_close(q);
+cleanup:
+    json_decref(args1);
+    json_decref(args2);
     return rc;
 }

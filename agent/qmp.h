@@ -58,6 +58,19 @@ int qmp_connected(const struct qmp_conn *q);
 int qmp_call(struct qmp_conn *q, const char *cmd, json_t *args,
              int timeout_ms, json_t **ret, struct qmp_err *err);
 
+/*
+ * Runs cmd1, then cmd2, with both requests sent at once: QEMU runs them in
+ * order, cmd2 right after cmd1, without waiting for us in between (one
+ * round trip instead of two; the redirect cut's stop and switch, agent
+ * redirect.c).  args1 and args2 are stolen.  *t1: mono_ms() when cmd1's
+ * reply was read.  On -1, *which names the failed call: 1 (cmd2 may have
+ * run anyway: QEMU does not know they go together) or 2.  timeout_ms
+ * bounds cmd1's reply, and cmd2's from there.
+ */
+int qmp_call_pair(struct qmp_conn *q, const char *cmd1, json_t *args1,
+                  const char *cmd2, json_t *args2, int timeout_ms,
+                  double *t1, int *which, struct qmp_err *err);
+
 /* Events seen so far (for tests and stats). */
 unsigned long qmp_events_seen(const struct qmp_conn *q);
 

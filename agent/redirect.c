@@ -63,9 +63,9 @@ node_name(char *buf, size_t len, const char *kind, int d)
 
 /* <image>.cutpoint-ov.<txn>, the txn's bytes outside [A-Za-z0-9._-] as
  * '_' (an RBD name holds no '/' or '@'). */
-static void
-overlay_image(char *buf, size_t len, const struct vm *v, int d,
-              const char *txn)
+void
+redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,
+                       const char *txn)
 {
     size_t n;
 
@@ -298,7 +298,7 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             json_object_get(base, "image"), "virtual-size"));
         if (size <= 0 || !(loc = rbd_location(base, err, errlen)))
             goto fail;
-        overlay_image(img, sizeof(img), v, d, txn);
+        redirect_overlay_image(img, sizeof(img), v, d, txn);
         node_name(fnode, sizeof(fnode), "cpovf", d);
         node_name(job, sizeof(job), "cpmk", d);
         /* Room for the qcow2 metadata: an RBD image is thin anyway. */
@@ -352,8 +352,8 @@ fail:
     return -1;
 }
 
-int
-redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err)
+json_t *
+redirect_switch_args(const struct vm *v)
 {
     json_t *acts = json_array();
 
@@ -365,9 +365,9 @@ redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err)
             "{s:s,s:{s:s,s:s}}", "type", "blockdev-snapshot", "data",
             "node", v->cfg->disks[d].node, "overlay", onode));
     }
-    return vm_qmp(v, "transaction", json_pack("{s:o}", "actions", acts),
-                  timeout_ms, NULL, err);
+    return json_pack("{s:o}", "actions", acts);
 }
+
 
 
 /* Removes disk d's overlay nodes (those in nodes) and then, only when both
@@ -391,7 +391,7 @@ drop_overlay(struct vm *v, int d, const char *txn, json_t *nodes, int to,
         vm_qmp(v, "blockdev-del", json_pack("{s:s}", "node-name", fnode),
                to, NULL, &qe) < 0)
         return qmp_err_to(err, errlen, &qe);
-    overlay_image(img, sizeof(img), v, d, txn);
+    redirect_overlay_image(img, sizeof(img), v, d, txn);
     if (v->cfg->disks[d].backend != CFG_BACKEND_RBD) {
         /* The VM's config changed since (its disk is no RBD image now):
          * nothing here can reach that image any more. */
@@ -443,21 +443,51 @@ merge_start(struct vm *v, int d, int to, int *started, char *err,
     return 0;
 }
 
+/* 1 when disk d's overlay nodes are in nodes: this QEMU holds them. */
+static int
+attached(json_t *nodes, int d)
+{
+    char onode[32], fnode[32];
+
+    node_name(onode, sizeof(onode), "cpov", d);
+    node_name(fnode, sizeof(fnode), "cpovf", d);
+    return find_node(nodes, onode) || find_node(nodes, fnode);
+}
+
 int
 redirect_merge(struct agent *a, struct vm *v, const char *txn,
                const char *why, char *err, size_t errlen)
 {
     int to = a->cfg.qmp_timeout_ms, n = v->cfg->ndisks, merged = 0, rc = 0;
-    int started[CFG_MAX_DISKS] = {0};
+    int started[CFG_MAX_DISKS] = {0}, held[CFG_MAX_DISKS] = {0}, gone = 0;
     double t0 = mono_ms(), deadline = t0 + RD_MERGE_MS;
     json_t *nodes = NULL, *blocks = NULL;
     struct qmp_err qe;
     char jerr[256];
 
     if (vm_qmp(v, "query-block", NULL, to, &blocks, &qe) < 0) {
-        rc = qmp_err_to(err, errlen, &qe);
+        /* Its QEMU is gone (killed, stopped outside the agent): nothing
+         * holds the overlays; those without a guest write go. */
+        if (!(gone = qe.kind == QMP_E_IO &&
+              strcmp(vm_state(v, to), "shutoff") == 0)) {
+            rc = qmp_err_to(err, errlen, &qe);
+            goto out;
+        }
+        if ((rc = redirect_offline(a, v, txn, err, errlen)) < 0)
+            goto out;
+        goto done;
+    }
+    if (!(nodes = block_nodes(v, to, err, errlen))) {
+        rc = -1;
         goto out;
     }
+    /* Overlays this QEMU does not hold (a QEMU started again since, or an
+     * image whose nodes were never added) are judged by their content,
+     * unless this run of the agent deleted their nodes itself. */
+    for (int d = 0; d < n; d++)
+        held[d] = attached(nodes, d) || redirect_was_dropped(a, v, txn);
+    json_decref(nodes);
+    nodes = NULL;
     /* A switched overlay is the root of its disk's device: merge it. */
     for (int d = 0; d < n; d++) {
         char onode[32];
@@ -482,24 +512,41 @@ redirect_merge(struct agent *a, struct vm *v, const char *txn,
         rc = -1;
         goto out;
     }
-    for (int d = 0; d < n; d++)
-        if (drop_overlay(v, d, txn, nodes, to, err, errlen) < 0)
-            rc = -1;
-    if (rc == 0 && journal_remove_kind(a->journal, JOURNAL_REDIRECT,
-                                       v->cfg->name, txn, jerr,
-                                       sizeof(jerr)) < 0) {
+    for (int d = 0; d < n; d++) {
+        int r;
+
+        if (held[d]) {
+            /* from here this run knows them merged or never switched */
+            redirect_note_dropped(a, v, txn);
+            r = drop_overlay(v, d, txn, nodes, to, err, errlen);
+        } else {
+            r = redirect_drop_detached(a, v, d, txn, err, errlen);
+        }
+        /* one to retry (-1) outweighs one kept: the retry goes on */
+        if (r == -1 || (r == RD_KEPT && rc == 0))
+            rc = r;
+    }
+    if (rc < 0)
+        goto out;
+done:
+    if (journal_remove_kind(a->journal, JOURNAL_REDIRECT, v->cfg->name, txn,
+                            jerr, sizeof(jerr)) < 0) {
         snprintf(err, errlen, "%s", jerr);
         rc = -1;
+    } else {
+        redirect_forget(a, v, txn);
     }
 out:
     json_decref(nodes);
     json_decref(blocks);
     if (rc == 0)
         log_info("event=redirect_merged txn=%s vm=%s why=%s disks=%d "
-                 "merged=%d ms=%.3f", txn, v->cfg->name, why, n, merged,
-                 mono_ms() - t0);
+                 "merged=%d qemu=%s ms=%.3f", txn, v->cfg->name, why, n,
+                 merged, gone ? "gone" : "up", mono_ms() - t0);
     else
         log_warnx("event=redirect_merge_failed txn=%s vm=%s why=%s "
-                  "entry=kept msg=\"%s\"", txn, v->cfg->name, why, err);
+                  "qemu=%s entry=kept%s msg=\"%s\"", txn, v->cfg->name, why,
+                  gone ? "gone" : "up", rc == RD_KEPT ? " overlay=kept" : "",
+                  err);
     return rc;
 }

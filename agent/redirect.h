@@ -7,8 +7,9 @@
  *                          next to the disk ─► blockdev-add rbd (cpovf<d>)
  *                          ─► blockdev-create qcow2 on it ─► blockdev-add
  *                          qcow2 cpov<d>, backing null
- *   in the pause           one QMP `transaction` of blockdev-snapshot
- *                          (every disk onto its overlay)
+ *   in the pause           `stop` and one QMP `transaction` of
+ *                          blockdev-snapshot (every disk onto its overlay),
+ *                          sent together
  *   commit (after cont)    the bases' RBD snapshots (txn_vm.c), then
  *   merge                  active block-commit of each overlay back
  *                          (ready ─► job-complete ─► concluded) ─►
@@ -36,6 +37,12 @@
 #include <stddef.h>
 
 #include "agent.h"
+
+/* redirect_merge and the functions of overlays no QEMU holds: an
+ * overlay holds guest writes (or content that cannot be read) and no QEMU
+ * holds it, so it is kept, never deleted, and reported
+ * (event=redirect_overlay_kept; a prepare of the VM is BUSY with why). */
+#define RD_KEPT (-2)
 
 /* A VM's redirect in a txn (struct txn's rd[]). */
 enum rd_state {
@@ -69,12 +76,17 @@ int redirect_prepare(struct agent *a, struct vm *v, const char *txn,
 /* 1 when v's overlays for its next cut are ready (made ahead). */
 int redirect_ahead_ready(struct agent *a, const struct vm *v);
 
-/* In the pause: switches every disk of v onto its overlay, atomically. */
-int redirect_switch(struct vm *v, int timeout_ms, struct qmp_err *err);
+/* In the pause, the switch of every disk of v onto its overlay, atomic:
+ * the arguments of its QMP `transaction` (a new object).  txn_vm.c sends
+ * it together with the stop (vm_stop_then): QEMU switches right after the
+ * stop, with no round trip to the agent between. */
+json_t *redirect_switch_args(const struct vm *v);
 
 /* Merges v's overlays of txn back and removes them, whatever step was
- * reached; logs it (why: commit, abort, recovery...).  On success the
- * journal entry goes; on -1 it stays and err says why. */
+ * reached; logs it (why: commit, abort, recovery...).  With v's QEMU gone,
+ * or overlays that its QEMU does not hold, each goes only when it holds
+ * no guest write (redirect_drop_detached).  On success the journal entry
+ * goes; on -1 (or RD_KEPT: an overlay kept) it stays and err says why. */
 int redirect_merge(struct agent *a, struct vm *v, const char *txn,
                    const char *why, char *err, size_t errlen);
 
@@ -89,6 +101,54 @@ int redirect_kick(struct agent *a, struct vm *v, const char *txn,
  * until it is done, as its bases miss the writes since. */
 int redirect_settle(struct agent *a, struct vm *v, char *err,
                     size_t errlen);
+
+/* <image>.cutpoint-ov.<id> of v's disk d into buf. */
+void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,
+                            const char *id);
+
+/* ---- state of the background half (redirect_bg.c) ---- */
+
+/* Waits up to max_ms until no overlays of v are being made ahead and no
+ * merge of v runs in the background; -1 when they still do. */
+int redirect_bg_wait(struct agent *a, const struct vm *v, double max_ms);
+/* 1 when overlays of v are being made or merged in the background, or
+ * one of v's is kept (RD_KEPT): nothing to start for v now. */
+int redirect_bg_busy(struct agent *a, const struct vm *v);
+/* This run of the agent removed (or is removing) the overlay nodes of id
+ * from v's QEMU itself: their images hold nothing QEMU has not merged
+ * back, and go without a look at their content. */
+void redirect_note_dropped(struct agent *a, const struct vm *v,
+                           const char *id);
+int redirect_was_dropped(struct agent *a, const struct vm *v, const char *id);
+/* The overlays of id are gone with their journal entry: forget them (as
+ * made ahead, dropped, kept). */
+void redirect_forget(struct agent *a, const struct vm *v, const char *id);
+
+/* ---- redirect_gone.c: overlays that no QEMU holds ---- */
+
+/* Disk d's overlay image of id, which no QEMU holds (its QEMU is gone, or
+ * a QEMU started since does not have it): removed when it holds no guest
+ * write (qcow2ov.h), else kept: RD_KEPT with err; -1 when Ceph failed
+ * (it stays; a removal that a killed QEMU's watch blocks is busy for up to
+ * 30 s). */
+int redirect_drop_detached(struct agent *a, struct vm *v, int d,
+                           const char *id, char *err, size_t errlen);
+/* redirect_drop_detached for every disk of v (its QEMU is gone). */
+int redirect_offline(struct agent *a, struct vm *v, const char *id,
+                     char *err, size_t errlen);
+/* vm.stop, before QEMU is told to quit (why "vm_stop"), and the agent's
+ * stop: the overlays being made or merged end, then those of v's journal
+ * entry are merged back or removed while QEMU still runs. */
+void redirect_vm_stopping(struct agent *a, struct vm *v, const char *why);
+/* The agent's stop, after its resumes: redirect_vm_stopping of every VM,
+ * in parallel.  Overlays made ahead belong to a running agent: one that
+ * stops for good (a host taken out, a drill's agent) leaves none behind,
+ * and one restarted makes them again after its first merge. */
+void redirect_agent_stop(struct agent *a);
+/* The inventory's tick: a VM with a `redirect` entry whose QEMU is gone
+ * (killed, or stopped outside the agent) gets its merge started in the
+ * background, which then removes what holds no guest write. */
+void redirect_watch(struct agent *a);
 
 /* Merges back the overlays of v's current txn (redirect_merge); on
  * success starts making the next cut's overlays ahead, in the background. */

@@ -36,6 +36,11 @@
 static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned char bg_running[CFG_MAX_VMS], making[CFG_MAX_VMS];
 static char ahead_id[CFG_MAX_VMS][64], cur_id[CFG_MAX_VMS][129];
+/* the overlays whose nodes this run deleted from QEMU (redirect_merge);
+ * an overlay kept (RD_KEPT), and why: a prepare of the VM says it */
+static char dropped_id[CFG_MAX_VMS][129];
+static unsigned char kept[CFG_MAX_VMS];
+static char kept_msg[CFG_MAX_VMS][512];
 static unsigned long ahead_seq;
 
 struct bg_job {
@@ -80,7 +85,18 @@ bg_merge(void *arg)
         nap_ms(20);
     }
     for (int tries = 0; tries < RD_BG_TRIES; tries++) {
-        if (redirect_merge(b->a, b->v, b->id, b->why, err, sizeof(err)) == 0)
+        int r = redirect_merge(b->a, b->v, b->id, b->why, err, sizeof(err));
+
+        if (r == RD_KEPT) {     /* not retried: it stays until an operator
+                                 * acts; each prepare of the VM looks again */
+            pthread_mutex_lock(&bg_mu);
+            kept[idx_of(b->a, b->v)] = 1;
+            snprintf(kept_msg[idx_of(b->a, b->v)], sizeof(kept_msg[0]), "%s",
+                     err);
+            pthread_mutex_unlock(&bg_mu);
+            break;
+        }
+        if (r == 0)
             break;
         nap_ms(1000);
     }
@@ -224,6 +240,7 @@ redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
     double t0 = mono_ms();
     char id[129] = "";
 
+    err[0] = '\0';
     for (;;) {      /* overlays being made ahead: they are for this cut */
         pthread_mutex_lock(&bg_mu);
         running = bg_running[idx];
@@ -250,12 +267,78 @@ redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
         return 0;
     pthread_mutex_lock(&bg_mu);
     mine = strcmp(id, ahead_id[idx]) == 0;
+    if (kept[idx])
+        snprintf(err, errlen, "%s", kept_msg[idx]);
+    kept[idx] = 0;      /* looked at again below */
     pthread_mutex_unlock(&bg_mu);
     if (mine)       /* ready for this cut */
         return 0;
     redirect_kick(a, v, id, "retry");
-    snprintf(err, errlen, "the merge of txn %s is retried", id);
+    if (!err[0])
+        snprintf(err, errlen, "the merge of txn %s is retried", id);
     return -1;
+}
+
+int
+redirect_bg_wait(struct agent *a, const struct vm *v, double max_ms)
+{
+    double t0 = mono_ms();
+    int idx = idx_of(a, v), busy;
+
+    for (;;) {
+        pthread_mutex_lock(&bg_mu);
+        busy = making[idx] || bg_running[idx];
+        pthread_mutex_unlock(&bg_mu);
+        if (!busy)
+            return 0;
+        if (mono_ms() - t0 > max_ms)
+            return -1;
+        nap_ms(5);
+    }
+}
+
+int
+redirect_bg_busy(struct agent *a, const struct vm *v)
+{
+    int idx = idx_of(a, v), busy;
+
+    pthread_mutex_lock(&bg_mu);
+    busy = making[idx] || bg_running[idx] || kept[idx];
+    pthread_mutex_unlock(&bg_mu);
+    return busy;
+}
+
+void
+redirect_note_dropped(struct agent *a, const struct vm *v, const char *id)
+{
+    pthread_mutex_lock(&bg_mu);
+    snprintf(dropped_id[idx_of(a, v)], sizeof(dropped_id[0]), "%s", id);
+    pthread_mutex_unlock(&bg_mu);
+}
+
+int
+redirect_was_dropped(struct agent *a, const struct vm *v, const char *id)
+{
+    int r;
+
+    pthread_mutex_lock(&bg_mu);
+    r = strcmp(dropped_id[idx_of(a, v)], id) == 0;
+    pthread_mutex_unlock(&bg_mu);
+    return r;
+}
+
+void
+redirect_forget(struct agent *a, const struct vm *v, const char *id)
+{
+    int idx = idx_of(a, v);
+
+    pthread_mutex_lock(&bg_mu);
+    if (strcmp(ahead_id[idx], id) == 0)
+        ahead_id[idx][0] = '\0';
+    if (strcmp(dropped_id[idx], id) == 0)
+        dropped_id[idx][0] = '\0';
+    kept[idx] = 0;
+    pthread_mutex_unlock(&bg_mu);
 }
 
 int

@@ -61,21 +61,32 @@ txn_vm_pause(void *arg)
     if (j->skip)
         return NULL;
     j->t0 = mono_ms();
-    j->rc = vm_stop(j->vm, j->stop_timeout_ms, &err);
-    j->t1 = mono_ms();
-    if (j->rc == 0 && j->redirect == RD_READY) {
-        /* The cut: one transaction, atomic over the VM's disks.  Refused,
-         * nothing switched: the VM is cut in the pause instead, and its
-         * unused overlays are removed after it. */
+    if (j->redirect == RD_READY) {
+        /* The cut: stop, then one transaction, atomic over the VM's disks,
+         * sent together so that QEMU switches right after the stop with no
+         * round trip to us in the pause.  A refused switch switched
+         * nothing: the VM is cut in the pause instead, and its unused
+         * overlays are removed after it.  A failed stop fails the prepare;
+         * the switch may have run, and the merge that follows reads the
+         * graph (redirect_merge). */
+        int which = 1;
+
+        j->rc = vm_stop_then(j->vm, "transaction",
+                             redirect_switch_args(j->vm), j->stop_timeout_ms,
+                             &j->t1, &which, &err);
         j->tsw0 = j->t1;
-        if (redirect_switch(j->vm, j->stop_timeout_ms, &err) == 0) {
+        j->tsw1 = mono_ms();
+        if (j->rc == 0) {
             j->redirect = RD_SWITCHED;
-        } else {
+        } else if (which == 2) {
+            j->rc = 0;          /* paused; the switch refused */
             snprintf(j->rd_why, sizeof(j->rd_why), "switch: %s", err.msg);
             log_warnx("event=pause_path txn=%s vm=%s path=in_pause "
                       "why=\"%s\"", j->txn, j->vm->cfg->name, j->rd_why);
         }
-        j->tsw1 = mono_ms();
+    } else {
+        j->rc = vm_stop(j->vm, j->stop_timeout_ms, &err);
+        j->t1 = mono_ms();
     }
     if (j->rc == 0) {
         pthread_mutex_lock(&j->a->mu);

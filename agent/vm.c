@@ -270,6 +270,24 @@ vm_stop(struct vm *v, int timeout_ms, struct qmp_err *err)
 }
 
 int
+vm_stop_then(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
+             double *t_paused, int *which, struct qmp_err *err)
+{
+    if (v->ops->pause_then)
+        return v->ops->pause_then(v, cmd, args, timeout_ms, t_paused, which,
+                                  err);
+    *which = 1;
+    if (vm_stop(v, timeout_ms, err) < 0) {
+        *t_paused = mono_ms();
+        json_decref(args);
+        return -1;
+    }
+    *t_paused = mono_ms();
+    *which = 2;
+    return vm_qmp(v, cmd, args, timeout_ms, NULL, err);
+}
+
+int
 vm_cont(struct vm *v, int timeout_ms, struct qmp_err *err)
 {
     return v->ops->resume(v, timeout_ms, err);

@@ -101,6 +101,15 @@ struct vm_ops {
      * connect (design "Coordinator latency"). */
     int (*connect)(struct vm *v, int timeout_ms, struct qmp_err *err);
     int (*pause)(struct vm *v, int timeout_ms, struct qmp_err *err);
+    /* pause, then the raw QMP command cmd (args stolen) with both sent at
+     * once, so that the command runs in QEMU right after the pause with no
+     * round trip to us between (the redirect cut's switch).  *t_paused:
+     * when the pause's reply came; on -1, *which is 1 (the pause failed;
+     * the command may have run) or 2.  NULL: vm_stop_then pauses, then
+     * calls qmp. */
+    int (*pause_then)(struct vm *v, const char *cmd, json_t *args,
+                      int timeout_ms, double *t_paused, int *which,
+                      struct qmp_err *err);
     /* Resuming a running VM is success (agent-protocol §4.6). */
     int (*resume)(struct vm *v, int timeout_ms, struct qmp_err *err);
     /* "running", "paused", "shutoff" or "unknown" (never fails). */
@@ -224,6 +233,9 @@ void vm_fill(struct vm *v, struct vm_host *h, const struct agent_config *cfg);
 /* Each takes the VM's mutex for its duration (through its driver). */
 int vm_connect(struct vm *v, int timeout_ms, struct qmp_err *err);
 int vm_stop(struct vm *v, int timeout_ms, struct qmp_err *err);
+/* The driver's pause_then, or vm_stop and vm_qmp one after the other. */
+int vm_stop_then(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
+                 double *t_paused, int *which, struct qmp_err *err);
 int vm_cont(struct vm *v, int timeout_ms, struct qmp_err *err);
 const char *vm_state(struct vm *v, int timeout_ms);
 int vm_qmp(struct vm *v, const char *cmd, json_t *args, int timeout_ms,

@@ -122,6 +122,24 @@ qmp_pause(struct vm *v, int timeout_ms, struct qmp_err *err)
 }
 
 static int
+qmp_pause_then(struct vm *v, const char *cmd, json_t *args, int timeout_ms,
+               double *t_paused, int *which, struct qmp_err *err)
+{
+    int rc;
+
+    *which = 1;
+    if (vm_lock(v, timeout_ms, err, "stop") < 0) {
+        *t_paused = mono_ms();
+        json_decref(args);
+        return -1;
+    }
+    rc = qmp_call_pair(QMP_CONN(v), "stop", NULL, cmd, args, timeout_ms,
+                       t_paused, which, err);
+    vm_unlock(v);
+    return rc;
+}
+
+static int
 qmp_resume(struct vm *v, int timeout_ms, struct qmp_err *err)
 {
     return qmp_vm_qmp(v, "cont", NULL, timeout_ms, NULL, err);
@@ -270,6 +288,7 @@ const struct vm_ops vm_qmp_ops = {
     .startable = qmp_startable,
     .connect = qmp_connect,
     .pause = qmp_pause,
+    .pause_then = qmp_pause_then,
     .resume = qmp_resume,
     .state = qmp_state,
     .qmp = qmp_vm_qmp,

@@ -8,6 +8,9 @@ from typing import Any
 from cutpoint.coordinator.txlog import COMMITTED, TxnRecord
 
 VM_TIMING_FIELDS = ("stop_ms", "barrier_ms", "snapshot_ms", "cont_ms", "paused_ms")
+# Reported by the agent but not kept in the transaction log: the redirect
+# cut's switch inside the pause (prepare reply, agent-protocol §5.1).
+VM_TIMING_EXTRA = ("switch_ms",)
 # The quiesce facts of a VM (agent-protocol §4.3, §4.4): times, then the
 # level reached and the reason a freeze fell back to crash.
 VM_QUIESCE_TIMES = ("freeze_ms", "thaw_ms")
@@ -31,6 +34,7 @@ class VMTiming:
     # switched onto overlays in the pause, RBD snapshots after `cont`) or
     # "in_pause" (RBD snapshots inside the pause); None when no reply said.
     pause_path: str | None = None
+    switch_ms: float | None = None
     disks: list[dict[str, Any]] = field(default_factory=list)
     # Level reached ("crash" | "fs-freeze", as the agent replied); None when
     # no agent reply said (e.g. the VM's agent was unreachable).
@@ -55,7 +59,7 @@ class VMTiming:
         return self.paused_ms - self.snapshot_ms
 
     def update(self, d: dict[str, Any]) -> None:
-        for k in VM_TIMING_FIELDS:
+        for k in VM_TIMING_FIELDS + VM_TIMING_EXTRA:
             v = d.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 setattr(self, k, float(v))

@@ -236,6 +236,7 @@ class _Run:
             # The freeze timeout we size `pw` on goes with the request; the
             # agent uses min(its own, ours), so `pw` is long enough whatever
             # the agents' configs say (only sent with fs-freeze).
+            t_sent = time.monotonic()
             res = await self.client(a).prepare(
                 self.txn, [v.name for v in a.vms], self.spec.lease_ms,
                 quiesce=quiesce, freeze_timeout_ms=self.spec.freeze_timeout_ms,
@@ -245,6 +246,17 @@ class _Run:
             if res.get("state") != "prepared" or got != want:
                 raise AgentError("PROTOCOL", f"prepare reply does not cover {sorted(want)}",
                                  None, res, agent=a.name)
+            # Per agent, for the pause's breakdown: when its PREPARED came
+            # (from PREPARE sent), and its time before its first stop.  The
+            # VMs of every other agent are paused while the last one's come.
+            self.timings[f"prepared_ms:{a.name}"] = (time.monotonic() - t_sent) * 1000
+            steps = res.get("steps_ms")
+            if isinstance(steps, dict):
+                pre = [steps.get(k) for k in ("before_journal", "journal", "before_stops")]
+                if all(isinstance(x, (int, float)) for x in pre):
+                    self.timings[f"prestop_ms:{a.name}"] = float(sum(pre))  # type: ignore[arg-type]
+                if isinstance(steps.get("journal"), (int, float)):
+                    self.timings[f"journal_ms:{a.name}"] = float(steps["journal"])
             return res
 
         # R7: open every connection first, so that no agent pauses its VMs

@@ -533,3 +533,73 @@ rbdsnap_sibling_remove(struct rbdsnap_image *img, const char *name,
     }
     return 0;
 }
+
+int
+rbdsnap_open_ro(struct rbdsnap_cluster *c, const char *pool,
+                const char *image, struct rbdsnap_image **out, char *err,
+                size_t errlen)
+{
+    struct rbdsnap_image *img;
+    int r;
+
+    if (!(img = calloc(1, sizeof(*img)))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(img->spec, sizeof(img->spec), "%s/%s", pool, image);
+    if ((r = rados_ioctx_create(c->rados, pool, &img->io)) < 0) {
+        snprintf(err, errlen, "pool %s: %s", pool, strerror(-r));
+        free(img);
+        return -1;
+    }
+    if ((r = rbd_open_read_only(img->io, image, &img->image, NULL)) < 0) {
+        snprintf(err, errlen, "rbd_open_read_only %s: %s", img->spec,
+                 strerror(-r));
+        rados_ioctx_destroy(img->io);
+        free(img);
+        return r == -ENOENT ? RBDSNAP_ENOENT : -1;
+    }
+    if (rbd_get_size(img->image, &img->size) < 0)
+        img->size = 0;
+    *out = img;
+    return 0;
+}
+
+int
+rbdsnap_read(struct rbdsnap_image *img, uint64_t off, size_t len, void *buf,
+             char *err, size_t errlen)
+{
+    ssize_t r = rbd_read(img->image, off, len, buf);
+
+    if (r < 0 || (size_t)r != len) {
+        snprintf(err, errlen, "rbd_read %s at %llu (%zu bytes): %s",
+                 img->spec, (unsigned long long)off, len,
+                 r < 0 ? strerror((int)-r) : "short read");
+        return -1;
+    }
+    return 0;
+}
+
+int
+rbdsnap_image_remove(struct rbdsnap_cluster *c, const char *pool,
+                     const char *name, char *err, size_t errlen)
+{
+    rados_ioctx_t io;
+    int r;
+
+    if ((r = rados_ioctx_create(c->rados, pool, &io)) < 0) {
+        snprintf(err, errlen, "pool %s: %s", pool, strerror(-r));
+        return -1;
+    }
+    r = rbd_remove(io, name);
+    rados_ioctx_destroy(io);
+    if (r == -ENOENT)
+        return RBDSNAP_ENOENT;
+    if (r < 0) {
+        snprintf(err, errlen, "rbd_remove %s/%s: %s", pool, name,
+                 r == -EBUSY ? "busy (a client still watches it)" :
+                 strerror(-r));
+        return -1;
+    }
+    return 0;
+}

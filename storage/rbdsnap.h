@@ -137,4 +137,24 @@ int rbdsnap_sibling_create(struct rbdsnap_image *img, const char *name,
 int rbdsnap_sibling_remove(struct rbdsnap_image *img, const char *name,
                            char *err, size_t errlen);
 
+/*
+ * The redirect cut's overlays whose QEMU is gone (agent redirect_gone.c),
+ * reached by pool and name, with no handle on the disk they sit next to
+ * (a stopped VM's disks are closed):
+ * - rbdsnap_open_ro opens pool/image read-only: no exclusive lock is asked
+ *   for, so it works at once after the lock's owner was killed
+ *   (RBDSNAP_ENOENT when absent);
+ * - rbdsnap_read reads len bytes at off (0 or -1; past the end: -1);
+ * - rbdsnap_image_remove removes pool/name (RBDSNAP_ENOENT when absent; -1
+ *   with "busy" in err while a client still watches it: a killed one for
+ *   up to osd_client_watch_timeout, 30 s).
+ */
+int rbdsnap_open_ro(struct rbdsnap_cluster *c, const char *pool,
+                    const char *image, struct rbdsnap_image **out,
+                    char *err, size_t errlen);
+int rbdsnap_read(struct rbdsnap_image *img, uint64_t off, size_t len,
+                 void *buf, char *err, size_t errlen);
+int rbdsnap_image_remove(struct rbdsnap_cluster *c, const char *pool,
+                         const char *name, char *err, size_t errlen);
+
 #endif

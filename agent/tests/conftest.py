@@ -38,6 +38,8 @@ def certs_dir() -> Iterator[Path]:
     subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
+# The redirect cut (agent-protocol §5.1) is the agents' default; tests that
+# are about it say so anyway.
 REDIRECT = "\n[agent]\npause_path = redirect\n"
 
 
@@ -48,8 +50,8 @@ def agents(lab: dict[str, Any], certs_dir: Path) -> Iterator[list[dict[str, Any]
     A.stop_agents(lab)            # a crashed earlier test may have left one
     for d in A.agents_dir(lab).glob("*/journal"):
         d.unlink()
-    # These tests drive the redirect cut (agent-protocol §5.1), not the default.
-    recs = A.start_agents(lab, certs_dir, extra=REDIRECT)
+    # The agents' defaults: the redirect cut where a VM can take it.
+    recs = A.start_agents(lab, certs_dir)
     try:
         yield recs
     finally:

@@ -189,7 +189,7 @@ async def test_kill9_while_paused_restart_resumes(lab: dict[str, Any], agents: l
         sorted(names)
     overlay_ids = {line.split()[1] for line in lines[1:] if line.startswith("redirect ")}
     host = next(h for h in lab["hosts"] if h["name"] == rec["host"])
-    rec2 = A.start_agent(lab, host, certs_dir, extra="\n[agent]\npause_path = redirect\n")
+    rec2 = A.start_agent(lab, host, certs_dir)
     try:
         async with client(rec2, certs_dir) as c:
             assert set((await states(c)).values()) == {"running"}

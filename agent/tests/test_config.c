@@ -64,6 +64,26 @@ test_full(void **state)
     assert_string_equal(cfg.vms[1].uid, "vm-b.1:x");
 }
 
+/* pause_path (agent-protocol §5.1): redirect unless in_pause is set. */
+static void
+test_pause_path(void **state)
+{
+    char err[512];
+
+    (void)state;
+    assert_int_equal(load("[agent]\nhost = h1\n" TLS, err, sizeof(err)), 0);
+    assert_int_equal(cfg.pause_in_pause, 0);
+    assert_int_equal(load("[agent]\nhost = h1\npause_path = in_pause\n" TLS, err,
+                          sizeof(err)), 0);
+    assert_int_equal(cfg.pause_in_pause, 1);
+    assert_int_equal(load("[agent]\nhost = h1\npause_path = redirect\n" TLS, err,
+                          sizeof(err)), 0);
+    assert_int_equal(cfg.pause_in_pause, 0);
+    assert_int_equal(load("[agent]\nhost = h1\npause_path = fast\n" TLS, err,
+                          sizeof(err)), -1);
+    assert_non_null(strstr(err, "pause_path"));
+}
+
 static void
 test_errors_name_the_line(void **state)
 {
@@ -262,6 +282,7 @@ main(void)
         cmocka_unit_test(test_errors_name_the_line),
         cmocka_unit_test(test_long_values_are_refused_not_cut),
         cmocka_unit_test(test_start_command),
+        cmocka_unit_test(test_pause_path),
         cmocka_unit_test(test_libvirt_manage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -168,6 +168,83 @@ test_timeout_hung_qemu(void **state)
     finish(&f);
 }
 
+/* qmp_call_pair: stop and a transaction sent together (the redirect
+ * cut's switch), on QEMU's recorded replies. */
+static void
+test_pair_stop_then_transaction(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "transaction-snapshot.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+    json_t *acts;
+    double t0, t1 = 0;
+    int which = 0;
+
+    (void)state;
+    start(&f, files, 3, -1);
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    acts = json_pack("{s:[{s:s,s:{s:s,s:s}},{s:s,s:{s:s,s:s}}]}", "actions",
+                     "type", "blockdev-snapshot-internal-sync", "data",
+                     "device", "disk0", "name", "cp.g.t1", "type",
+                     "blockdev-snapshot-internal-sync", "data", "device",
+                     "disk1", "name", "cp.g.t1");
+    t0 = mono_ms();
+    assert_int_equal(qmp_call_pair(f.q, "stop", NULL, "transaction", acts,
+                                   2000, &t1, &which, &err), 0);
+    assert_true(t1 >= t0 && t1 <= mono_ms());
+    assert_int_equal(f.events_stop, 1);
+    /* the stream is in step: the next call gets its own reply */
+    assert_int_equal(qmp_call(f.q, "cont", NULL, 2000, NULL, &err), 0);
+    assert_int_equal(f.events_resume, 1);
+    finish(&f);
+}
+
+static void
+test_pair_second_refused(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "stop-then-bad-switch.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+    double t1 = 0;
+    int which = 0;
+
+    (void)state;
+    start(&f, files, 0, -1);
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    assert_int_equal(qmp_call_pair(f.q, "stop", NULL, "transaction",
+                                   json_pack("{s:[]}", "actions"), 2000, &t1,
+                                   &which, &err), -1);
+    assert_int_equal(which, 2);         /* stopped; the switch refused */
+    assert_int_equal(err.kind, QMP_E_ERROR);
+    assert_non_null(strstr(err.msg, "transaction: Cannot find device"));
+    assert_true(qmp_connected(f.q));
+    finish(&f);
+}
+
+static void
+test_pair_hung_stop(void **state)
+{
+    const char *files[] = {"greeting.txt", "capabilities.txt",
+                           "transaction-snapshot.txt", NULL};
+    struct fixture f;
+    struct qmp_err err;
+    double t1 = 0;
+    int which = 0;
+
+    (void)state;
+    start(&f, files, 0, 1);     /* answers qmp_capabilities, then hangs */
+    assert_int_equal(qmp_open_fd(f.q, f.cfd, 2000, &err), 0);
+    assert_int_equal(qmp_call_pair(f.q, "stop", NULL, "transaction",
+                                   json_pack("{s:[]}", "actions"), 150, &t1,
+                                   &which, &err), -1);
+    assert_int_equal(which, 1);
+    assert_int_equal(err.kind, QMP_E_TIMEOUT);
+    assert_false(qmp_connected(f.q));   /* dropped: state unknown */
+    finish(&f);
+}
+
 static void
 test_not_qmp_and_eof(void **state)
 {
@@ -203,6 +280,9 @@ main(void)
         cmocka_unit_test(test_error_unknown_command),
         cmocka_unit_test(test_error_bad_device),
         cmocka_unit_test(test_timeout_hung_qemu),
+        cmocka_unit_test(test_pair_stop_then_transaction),
+        cmocka_unit_test(test_pair_second_refused),
+        cmocka_unit_test(test_pair_hung_stop),
         cmocka_unit_test(test_not_qmp_and_eof),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

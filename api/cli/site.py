@@ -203,6 +203,12 @@ def check(name: str, url: str = UrlOpt, token: str = TokenOpt,
         print_json(r)
         return
     Console().print(_steps_table(r["steps"]))
+    for lat in r.get("snapshot_latency") or []:
+        typer.echo(f"pool {lat['pool']}: snapshot p50 {lat['p50_ms']:.1f} ms, p99 "
+                   f"{lat['p99_ms']:.1f} ms (n={len(lat['samples_ms'])}); a VM's pause on the "
+                   f"in_pause path: about {lat['in_pause_pause_p50_ms']:.0f} / "
+                   f"{lat['in_pause_pause_p99_ms']:.0f} ms (p50 / p99); on the redirect path "
+                   f"it does not wait for snapshots")
     typer.echo(f"site {name}: check passed")
 
 

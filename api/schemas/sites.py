@@ -103,6 +103,18 @@ class CheckStepPublic(Public):
     ms: float
 
 
+class SnapshotLatencyPublic(Public):
+    pool: str
+    samples_ms: list[float] = Field(description="each timed snapshot of the scratch image")
+    p50_ms: float
+    p99_ms: float
+    in_pause_pause_p50_ms: float = Field(
+        description="a VM's pause on the agents' in_pause path at this site (its disks' "
+                    "snapshots in parallel, plus the coordination); the redirect path "
+                    "does not wait for snapshots (agent-protocol §5.1)")
+    in_pause_pause_p99_ms: float
+
+
 class SiteCheckPublic(Public):
     site: str
     ok: bool
@@ -110,6 +122,8 @@ class SiteCheckPublic(Public):
     failed_check: str | None
     failed_pool: str | None
     steps: list[CheckStepPublic]
+    snapshot_latency: list[SnapshotLatencyPublic] = Field(
+        default_factory=list, description="per pool, from the check's snapshot_latency step")
     checked_at: dt.datetime | None = None
 
 

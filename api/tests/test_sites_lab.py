@@ -23,8 +23,8 @@ from cutpoint.lab.sites import access, ceph_site, cli_args, registration
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=0)]
 
-STEPS = ["connect", "pool_exists", "create_image", "create_snapshot", "write", "diff",
-         "remove_snapshot", "remove_image"]
+STEPS = ["connect", "pool_exists", "create_image", "create_snapshot", "snapshot_latency",
+         "write", "diff", "remove_snapshot", "remove_image"]
 
 
 def keys(lab: dict[str, Any]) -> list[str]:

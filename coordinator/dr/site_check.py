@@ -13,10 +13,21 @@ caps show now and not in the middle of a failover:
       pool_exists           the pool is there
       create_image          a scratch image `cutpoint-check-<random>`
       create_snapshot       a snapshot of it (a self-managed snapshot id from the mon)
+      snapshot_latency      LATENCY_SAMPLES more snapshots, one after another, each
+                            timed, then removed: the site's snapshot latency (p50,
+                            p99) and what a VM's pause would be on the agents'
+                            in_pause path (agent-protocol §5.1), which takes its
+                            disks' snapshots inside the pause
       write                 replication targets only: data written after the snapshot
       diff                  the changes since the snapshot: the write, or nothing
       remove_snapshot       the snapshot again
       remove_image          the scratch image again
+
+The latency is in `result.snapshot_latency` (one entry per pool) and in
+`as_dict()["snapshot_latency"]`.  The redirect path (the agents' default)
+does not wait for these snapshots: its pause holds a switch of the disks
+onto overlays; the in_pause path is what VMs that cannot take it use
+(libvirt domains, qcow2 disks, `pause_path = in_pause`).
 
 A step that fails stops the steps after it for that pool, except the two
 removals, which run whenever there is something to remove; a removal that
@@ -36,6 +47,15 @@ from cutpoint.coordinator.dr.ceph_errors import CephError
 from cutpoint.coordinator.dr.site import CephConnection, CephSite
 
 SCRATCH_PREFIX = "cutpoint-check-"
+# Snapshots timed by snapshot_latency: enough for a median, few enough that
+# a mon at Ceph's default paxos interval (about 1 s each) keeps the check
+# under ten seconds.  With n < 100, p99 is the largest (nearest rank).
+LATENCY_SAMPLES = 5
+# What the in_pause path adds to the snapshots in a VM's pause: stop, the
+# coordinator's round (PREPARED, COMMITTING written, COMMIT) and cont.
+# docs/benchmarks.md, the pause bench on the lab: overhead p50 4.6-5.4 ms,
+# p99 9.4-14.3 ms at 4 VMs x 3 disks.
+IN_PAUSE_OVERHEAD_MS = (5.0, 14.0)
 SCRATCH_SIZE = 4 << 20
 PATTERN = b"cutpoint site check\n" * 205  # 4100 bytes: more than one 4 KiB block
 WRITE_AT = 1 << 20
@@ -52,11 +72,46 @@ class CheckStep:
     ms: float = 0.0
 
 
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile q (0-100) of samples (not empty)."""
+    xs = sorted(samples)
+    k = max(0, min(len(xs) - 1, -(-len(xs) * q // 100) - 1))
+    return xs[int(k)]
+
+
+@dataclass
+class SnapshotLatency:
+    """One pool's snapshot latency, and the in_pause pause it implies."""
+
+    pool: str
+    samples_ms: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        p50 = percentile(self.samples_ms, 50)
+        p99 = percentile(self.samples_ms, 99)
+        # A VM's disks are snapshotted in parallel: its pause waits for about
+        # one snapshot, plus the coordination.
+        lo, hi = IN_PAUSE_OVERHEAD_MS
+        return {"pool": self.pool, "samples_ms": self.samples_ms,
+                "p50_ms": p50, "p99_ms": p99,
+                "in_pause_pause_p50_ms": round(p50 + lo, 1),
+                "in_pause_pause_p99_ms": round(p99 + hi, 1)}
+
+    def summary(self) -> str:
+        d = self.as_dict()
+        return (f"snapshot p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms "
+                f"(n={len(self.samples_ms)}): the in_pause path would pause each VM "
+                f"about {d['in_pause_pause_p50_ms']:.0f} ms (p50) / "
+                f"{d['in_pause_pause_p99_ms']:.0f} ms (p99); the redirect path does not "
+                f"wait for snapshots")
+
+
 @dataclass
 class SiteCheck:
     site: str
     replication_target: bool
     steps: list[CheckStep] = field(default_factory=list)
+    snapshot_latency: list[SnapshotLatency] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -70,51 +125,55 @@ class SiteCheck:
         f = self.failed
         return {"site": self.site, "ok": self.ok, "replication_target": self.replication_target,
                 "failed_check": f.name if f else None, "failed_pool": f.pool if f else None,
-                "steps": [asdict(s) for s in self.steps]}
+                "steps": [asdict(s) for s in self.steps],
+                "snapshot_latency": [x.as_dict() for x in self.snapshot_latency]}
 
 
 class _Steps:
     """Runs the steps of one check, recording each."""
 
-    def __init__(self, out: SiteCheck) -> None:
+    def __init__(self, out: SiteCheck, clock: Callable[[], float]) -> None:
         self.out = out
+        self.clock = clock
 
     def run(self, name: str, fn: Callable[[], str], pool: str | None = None) -> bool:
-        t0 = time.monotonic()
+        t0 = self.clock()
         try:
             detail = fn()
         except CephError as exc:
             self.out.steps.append(CheckStep(name, "fail", str(exc), pool, exc.code, exc.errno,
-                                            _ms(t0)))
+                                            self._ms(t0)))
             return False
         except _Mismatch as exc:
             self.out.steps.append(CheckStep(name, "fail", str(exc), pool, "check_mismatch",
-                                            None, _ms(t0)))
+                                            None, self._ms(t0)))
             return False
-        self.out.steps.append(CheckStep(name, "pass", detail, pool, ms=_ms(t0)))
+        self.out.steps.append(CheckStep(name, "pass", detail, pool, ms=self._ms(t0)))
         return True
 
     def skip(self, names: list[str], why: str, pool: str | None = None) -> None:
         self.out.steps += [CheckStep(n, "skip", why, pool) for n in names]
+
+    def _ms(self, t0: float) -> float:
+        return round((self.clock() - t0) * 1000, 1)
 
 
 class _Mismatch(Exception):
     """A call succeeded but its answer was not what the step expects."""
 
 
-def _ms(t0: float) -> float:
-    return round((time.monotonic() - t0) * 1000, 1)
+POOL_STEPS = ["pool_exists", "create_image", "create_snapshot", "snapshot_latency", "write",
+              "diff", "remove_snapshot", "remove_image"]
 
 
-POOL_STEPS = ["pool_exists", "create_image", "create_snapshot", "write", "diff",
-              "remove_snapshot", "remove_image"]
-
-
-def check_site(site: CephSite, *, replication_target: bool = False) -> SiteCheck:
-    """Every check of `site`; never raises for a Ceph failure (it is a failed step)."""
+def check_site(site: CephSite, *, replication_target: bool = False,
+               ceph: CephConnection | None = None,
+               clock: Callable[[], float] = time.monotonic) -> SiteCheck:
+    """Every check of `site`; never raises for a Ceph failure (it is a failed step).
+    `ceph` and `clock` are for replaying recorded replies in tests."""
     out = SiteCheck(site.name, replication_target)
-    steps = _Steps(out)
-    ceph = CephConnection(site)
+    steps = _Steps(out, clock)
+    ceph = ceph if ceph is not None else CephConnection(site)
 
     def connect() -> str:
         ceph.connect()
@@ -162,6 +221,30 @@ def _check_pool(ceph: CephConnection, steps: _Steps, logical: str, target: bool)
         s = ceph.create_snapshot(logical, image, snap)
         return f"{real}/{image}@{snap} (id {s.id})"
 
+    def snapshot_latency() -> str:
+        samples: list[float] = []
+        made: list[str] = []
+        try:
+            for i in range(LATENCY_SAMPLES):
+                name = f"cutpoint-check-lat{i}"
+                t0 = steps.clock()
+                ceph.create_snapshot(logical, image, name)
+                samples.append(round((steps.clock() - t0) * 1000, 1))
+                made.append(name)
+        finally:
+            left = []
+            for name in made:
+                try:
+                    ceph.remove_snapshot(logical, image, name)
+                except CephError:
+                    left.append(name)
+            if left:        # the image cannot go with them: say so
+                raise _Mismatch(f"snapshots left behind: {', '.join(left)} "
+                                f"of {real}/{image}")
+        lat = SnapshotLatency(logical, samples)
+        steps.out.snapshot_latency.append(lat)
+        return lat.summary()
+
     def write() -> str:
         ceph.write(logical, image, WRITE_AT, PATTERN)
         return f"{len(PATTERN)} bytes at {WRITE_AT}"
@@ -178,7 +261,9 @@ def _check_pool(ceph: CephConnection, steps: _Steps, logical: str, target: bool)
     ok = True
     created_image = created_snap = False
     for name, fn in (("pool_exists", pool_exists), ("create_image", create_image),
-                     ("create_snapshot", create_snapshot), ("write", write), ("diff", diff)):
+                     ("create_snapshot", create_snapshot),
+                     ("snapshot_latency", snapshot_latency), ("write", write),
+                     ("diff", diff)):
         if name not in todo:
             continue
         ok = step(name, fn)

@@ -439,8 +439,8 @@ def test_the_site_check_passes_with_the_cutpoint_client(lab: dict[str, Any],
     print(json.dumps(r.as_dict(), indent=1))
     assert r.ok and r.failed is None
     names = [s.name for s in r.steps]
-    want = ["connect", "pool_exists", "create_image", "create_snapshot", "write", "diff",
-            "remove_snapshot", "remove_image"]
+    want = ["connect", "pool_exists", "create_image", "create_snapshot", "snapshot_latency",
+            "write", "diff", "remove_snapshot", "remove_image"]
     assert names == [n for n in want if target or n != "write"]
     assert all(s.status == "pass" for s in r.steps)
     with CephConnection(ceph_site(lab)) as c:
@@ -469,3 +469,42 @@ def test_the_site_check_names_a_missing_pool(lab: dict[str, Any]) -> None:
         ("pool_exists", "db", "ceph_not_found")
     assert "no-such-pool" in r.failed.detail
     assert all(st.status == "pass" for st in r.steps if st.pool == "rbd")
+
+
+# The mon settings of each recording: the lab's tuned paxos, then +500 ms
+# of propose interval (cutpoint.lab.backend_latency), as production's
+# default-ish mons.
+LATENCY_CASES = [(0, "site_check_tuned.json"), (500, "site_check_paxos500.json")]
+
+
+@pytest.mark.parametrize(("added_ms", "recording"), LATENCY_CASES)
+def test_the_site_check_measures_snapshot_latency(lab: dict[str, Any], added_ms: int,
+                                                  recording: str) -> None:
+    """snapshot_latency times LATENCY_SAMPLES snapshots of the scratch image,
+    removes them, and says what the in_pause path would pause.  With
+    CUTPOINT_RECORD=1 the calls are saved for test_site_check_replay.py."""
+    from cutpoint.lab.backend_latency import set_backend_latency
+    from site_check_replay import Recorder
+
+    set_backend_latency(lab["sites"]["dr"], added_ms)
+    try:
+        rec = Recorder(CephConnection(ceph_site(lab)))
+        r = check_site(ceph_site(lab), replication_target=True, ceph=rec)  # type: ignore[arg-type]
+    finally:
+        set_backend_latency(lab["sites"]["dr"], 0)
+    d = r.as_dict()
+    print(json.dumps(d["snapshot_latency"], indent=1))
+    print(next(st.detail for st in r.steps if st.name == "snapshot_latency"))
+    assert r.ok, d
+    (lat,) = d["snapshot_latency"]
+    assert lat["pool"] == "rbd" and len(lat["samples_ms"]) == 5
+    assert lat["p50_ms"] <= lat["p99_ms"] < lat["in_pause_pause_p99_ms"]
+    # every timed snapshot was removed with the image
+    assert [c["args"][2] for c in rec.records if c["call"] == "remove_snapshot"] == \
+        [f"cutpoint-check-lat{i}" for i in range(5)] + ["cutpoint-check"]
+    with CephConnection(ceph_site(lab)) as c:
+        assert not [i for i in c.list_images("rbd") if i.startswith(SCRATCH_PREFIX)]
+    if os.environ.get("CUTPOINT_RECORD") == "1":
+        rec.save(Path(__file__).parent / "data" / recording,
+                 f"check_site of the lab's DR site (client.cutpoint), mon paxos_propose_interval "
+                 f"+{added_ms} ms, recorded by test_site_lab.py")

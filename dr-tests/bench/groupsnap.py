@@ -142,8 +142,18 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                    "committed": 0, "aborted": 0, "reasons": [],
                                    "pause_ms": [], "snapshot_ms": [],
                                    "overhead_ms": [], "total_ms": [],
-                                   "stop_ms": [], "cont_ms": [], "barrier_ms": [],
-                                   "paths": {}}
+                                   "stop_ms": [], "cont_ms": [], "paths": {},
+                                   # the pause's parts (agent-protocol §3.6,
+                                   # §5.1): the switch inside it, the wait
+                                   # for COMMIT, and the coordinator's
+                                   # COMMITTING write (per round)
+                                   "switch_ms": [], "barrier_ms": [],
+                                   "log_commit_ms": [], "prepare_ms": [],
+                                   # per agent and round: its time before its
+                                   # first stop, its journal write; per round:
+                                   # last PREPARED minus first (agent skew)
+                                   "prestop_ms": [], "journal_ms": [],
+                                   "agent_skew_ms": []}
             try:
                 for i in range(cfg.warmup + cfg.rounds):
                     r = await take_group_snapshot(spec, txlog, pool=pool)
@@ -163,16 +173,26 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                          ("overhead_ms", v.overhead_ms),
                                          ("stop_ms", v.stop_ms),
                                          ("cont_ms", v.cont_ms),
+                                         ("switch_ms", v.switch_ms),
                                          ("barrier_ms", v.barrier_ms)):
                             if val is not None:
                                 row[key].append(val)
-                    total = r.timings.get("total_ms")
-                    if total is not None:
-                        row["total_ms"].append(float(total))
+                    for key in ("total_ms", "log_commit_ms", "prepare_ms"):
+                        val = r.timings.get(key)
+                        if val is not None:
+                            row[key].append(float(val))
+                    per_agent = _per_agent(r.timings)
+                    for key in ("prestop_ms", "journal_ms"):
+                        row[key] += list(per_agent.get(key, {}).values())
+                    prepared = list(per_agent.get("prepared_ms", {}).values())
+                    if len(prepared) > 1:
+                        row["agent_skew_ms"].append(max(prepared) - min(prepared))
             finally:
                 await pool.close()
             for key in ("pause_ms", "snapshot_ms", "overhead_ms", "total_ms",
-                        "stop_ms", "cont_ms", "barrier_ms"):
+                        "stop_ms", "cont_ms", "switch_ms", "barrier_ms",
+                        "log_commit_ms", "prepare_ms", "prestop_ms", "journal_ms",
+                        "agent_skew_ms"):
                 row[key] = {"samples": row[key], **summary(row[key])}
             log(f"pause: +{latency_ms} ms, {n} VMs x {cfg.disks} disks on "
                 f"{row['hosts']} hosts: pause p99 {_f(row['pause_ms']['p99'])} ms, overhead p99 "
@@ -182,6 +202,17 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
     finally:
         txlog.dispose()
     return rows
+
+
+def _per_agent(timings: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The coordinator's per-agent timings ("prepared_ms:<agent>", ...) as
+    {"prepared_ms": {agent: ms}, ...}."""
+    out: dict[str, dict[str, float]] = {}
+    for k, v in timings.items():
+        if ":" in k and isinstance(v, (int, float)):
+            name, agent = k.split(":", 1)
+            out.setdefault(name, {})[agent] = float(v)
+    return out
 
 
 def run_pause(status: dict[str, Any], cfg: PauseConfig, log: Log) -> dict[str, Any]:
@@ -219,6 +250,25 @@ def pause_table(doc: dict[str, Any]) -> str:
                      f"{r['hosts']} | {trio('pause_ms')} | {trio('snapshot_ms')} | "
                      f"{trio('overhead_ms')} | {trio('total_ms')} | "
                      f"{r['committed']} / {r['aborted']} |")
+    lines += ["", ("Where the pause goes (per VM: stop, switch, stop done to COMMIT, "
+              "cont; per agent: its time before its first stop, of which its journal "
+              "write; per group: the prepare round, the spread of the agents' PREPARED, "
+              "the COMMITTING write):"), "",
+              ("| backend latency | path | stop p50 / p99 (ms) | switch p50 / p99 (ms) | "
+              "stop done to COMMIT p50 / p99 (ms) | cont p50 / p99 (ms) | "
+              "agent before stops p50 / p99 (ms) | agent journal p50 / p99 (ms) | "
+              "prepare round p50 / p99 (ms) | agents' PREPARED spread p50 / p99 (ms) | "
+              "COMMITTING write p50 / p99 (ms) |"),
+              "|" + "---|" * 11]
+    for r in doc["rows"]:
+        def duo(k: str, r: dict[str, Any] = r) -> str:
+            s = r.get(k) or {}
+            return f"{_f(s.get('p50'))} / {_f(s.get('p99'))}"
+        lines.append(f"| +{r.get('backend_latency_ms', 0)} ms | {r.get('pause_path', '-')} | "
+                     f"{duo('stop_ms')} | {duo('switch_ms')} | {duo('barrier_ms')} | "
+                     f"{duo('cont_ms')} | {duo('prestop_ms')} | {duo('journal_ms')} | "
+                     f"{duo('prepare_ms')} | {duo('agent_skew_ms')} | "
+                     f"{duo('log_commit_ms')} |")
     return "\n".join(lines)
 
 
@@ -310,6 +360,9 @@ class OverheadConfig:
     cycles: int = 3
     hosts: int = 2
     disks: int = 3
+    # The agents' [agent] pause_path (agent-protocol §5.1); None: the
+    # agent's default, unset in their config.
+    pause_path: str | None = None
 
     def lab_params(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "vms_per_host": 1, "disks": self.disks,
@@ -348,7 +401,7 @@ async def _overhead_phases(status: dict[str, Any], cfg: OverheadConfig, certs: P
                 for c in range(cfg.cycles) for kind in ("baseline", "snapshots")]
         for name, snapshots in plan:
             s0, t0 = writer_seq(status), time.monotonic()
-            taken, aborted, pauses = 0, 0, []
+            taken, aborted, pauses, paths = 0, 0, [], {}
             next_at = t0
             while time.monotonic() - t0 < cfg.phase_s:
                 if snapshots and time.monotonic() >= next_at:
@@ -356,6 +409,9 @@ async def _overhead_phases(status: dict[str, Any], cfg: OverheadConfig, certs: P
                     taken += r.committed
                     aborted += not r.committed
                     pauses += [v.paused_ms for v in r.vms if v.paused_ms is not None]
+                    for v in r.vms:     # the path each member took, as its agent said
+                        paths[v.pause_path or "unknown"] = \
+                            paths.get(v.pause_path or "unknown", 0) + 1
                     next_at += cfg.interval_s
                 await asyncio.sleep(0.2)
             s1, t1 = writer_seq(status), time.monotonic()
@@ -363,7 +419,7 @@ async def _overhead_phases(status: dict[str, Any], cfg: OverheadConfig, certs: P
             phases.append({"phase": name, "with_snapshots": snapshots,
                            "seconds": t1 - t0, "records": s1 - s0,
                            "records_per_s": rate, "snapshots": taken, "aborted": aborted,
-                           "pause_ms": summary(pauses),
+                           "pause_ms": summary(pauses), "paths": paths,
                            "loadavg_1m": os.getloadavg()[0]})
             log(f"overhead: {name}: {rate:.1f} records/s over {t1 - t0:.0f} s"
                 + (f", {taken} group snapshots" if snapshots else ""))
@@ -377,7 +433,8 @@ def run_overhead(status: dict[str, Any], cfg: OverheadConfig, log: Log) -> dict[
     from cutpoint.lab.agents import start_agents, stop_agents
     certs = Path(status["state_dir"]) / "certs"
     _wait_seq(status, 100)
-    start_agents(status, certs)
+    start_agents(status, certs, extra=(f"\n[agent]\npause_path = {cfg.pause_path}\n"
+                                       if cfg.pause_path else ""))
     try:
         with tempfile.TemporaryDirectory(prefix="cp-bench-") as tmp:
             phases = asyncio.run(_overhead_phases(status, cfg, certs,
@@ -398,13 +455,14 @@ def run_overhead(status: dict[str, Any], cfg: OverheadConfig, log: Log) -> dict[
 
 def overhead_table(doc: dict[str, Any]) -> str:
     lines = [("| phase | seconds | records | records/s | group snapshots | "
-              "pause p50 / max (ms) | load (1 min) |"),
-             "|---|---|---|---|---|---|---|"]
+              "pause p50 / max (ms) | path (members) | load (1 min) |"),
+             "|---|---|---|---|---|---|---|---|"]
     for p in doc["phases"]:
         pz = p["pause_ms"]
+        paths = ", ".join(f"{k} {v}" for k, v in sorted(p.get("paths", {}).items()))
         lines.append(f"| {p['phase']} | {p['seconds']:.0f} | {p['records']} | "
                      f"{p['records_per_s']:.1f} | {p['snapshots']} | "
-                     f"{_f(pz['p50'])} / {_f(pz['max'])} | "
+                     f"{_f(pz['p50'])} / {_f(pz['max'])} | {paths or '-'} | "
                      f"{_f(p.get('loadavg_1m'), '{:.2f}')} |")
     ratio = doc.get("ratio")
     cycles = ", ".join(_f(r * 100 if r else None, "{:.0f}%")

@@ -46,12 +46,23 @@ def test_tables() -> None:
         row[k] = gs.summary([10.0, 20.0])
     t = gs.pause_table({"rows": [row]})
     assert "| redirect (in_pause 2, redirect 38) | 2 | 6 | 2 | 10.0 / 20.0 / 20.0 |" in t
+    # the pause's parts, "-" where a run did not record them (older JSON)
+    assert "| +0 ms | redirect | " + " | ".join(["- / -"] * 9) + " |" in t
+    row.update({k: gs.summary([1.0, 3.0]) for k in (
+        "stop_ms", "switch_ms", "barrier_ms", "cont_ms", "prestop_ms", "journal_ms",
+        "prepare_ms", "agent_skew_ms", "log_commit_ms")})
+    t = gs.pause_table({"rows": [row]})
+    assert "| +0 ms | redirect | " + " | ".join(["1.0 / 3.0"] * 9) + " |" in t
+    assert gs._per_agent({"prepared_ms:h1": 3.0, "prepared_ms:h2": 5.0, "total_ms": 9.0}) == \
+        {"prepared_ms": {"h1": 3.0, "h2": 5.0}}
     doc = {"config": {"interval_s": 10.0}, "ratio": 0.7, "cycle_ratios": [0.7],
            "phases": [
                {"phase": "baseline-1", "seconds": 60, "records": 600, "records_per_s": 10.0,
                 "snapshots": 0, "pause_ms": gs.summary([]), "loadavg_1m": 1.5},
                {"phase": "snapshots-1", "seconds": 60, "records": 420, "records_per_s": 7.0,
-                "snapshots": 6, "pause_ms": gs.summary([50.0]), "loadavg_1m": 2.0}]}
+                "snapshots": 6, "pause_ms": gs.summary([50.0]), "loadavg_1m": 2.0,
+                "paths": {"redirect": 12}}]}
     t = gs.overhead_table(doc)
-    assert "| snapshots-1 | 60 | 420 | 7.0 | 6 | 50.0 / 50.0 | 2.00 |" in t
+    assert "| snapshots-1 | 60 | 420 | 7.0 | 6 | 50.0 / 50.0 | redirect 12 | 2.00 |" in t
+    assert "| baseline-1 | 60 | 600 | 10.0 | 0 | - / - | - | 1.50 |" in t
     assert "70.0% of the baseline" in t and "per cycle: 70%" in t

@@ -103,9 +103,8 @@ class Group:
         from cutpoint.lab.groupfile import write_group_file
         self.status = status
         self.certs = Path(status["state_dir"]) / "certs"
-        # The redirect cut (agent-protocol §5.1) is proved here; it is not the default.
-        self.agents = start_agents(status, self.certs,
-                                   extra="\n[agent]\npause_path = redirect\n")
+        # The agents' default: the redirect cut (agent-protocol §5.1), proved here.
+        self.agents = start_agents(status, self.certs)
         self.file = tmp / "group.yaml"
         write_group_file(status, self.file, certs_dir=self.certs, group="writer")
         self.db = f"sqlite:///{tmp / 'coordinator.db'}"

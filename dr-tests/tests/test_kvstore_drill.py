@@ -133,6 +133,9 @@ class Drill:
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         doc, _ = json.JSONDecoder().raw_decode(res.stdout, res.stdout.index("{"))
         assert doc["state"] == "committed", doc
+        # qmp VMs on RBD: the agents' default redirect cut (agent-protocol
+        # §5.1), so this drill (and the shared log's) proves it
+        assert {v.get("pause_path") for v in doc["vms"]} == {"redirect"}, doc["vms"]
         txn = doc["txn"]
         snaps = json.loads(self.rbd("snap", "ls", "--format", "json",
                                     self.image(self.vms[0])))

@@ -147,14 +147,20 @@ def overhead(
         "--cycles", min=1, help="pairs of phases: without, then with snapshots")] = 3,
     hosts: Annotated[int, typer.Option("--hosts", min=1, max=9)] = 2,
     disks: Annotated[int, typer.Option("--disks", min=1, max=8)] = 3,
+    pause_path: Annotated[str | None, typer.Option(
+        "--pause-path",
+        help="the agents' pause_path: redirect or in_pause (default: the agent's own "
+             "default, not set in their config)")] = None,
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
 ) -> None:
     """Guest writer throughput without and with periodic group snapshots."""
     from cutpoint.api.cli.snapshot import parse_duration
     from cutpoint.bench import groupsnap as gs
+    if pause_path is not None and pause_path not in ("redirect", "in_pause"):
+        _fail(gs.BenchError(f"--pause-path: redirect or in_pause, got {pause_path!r}"))
     cfg = gs.OverheadConfig(interval_s=parse_duration(interval),
                             phase_s=parse_duration(phase), cycles=cycles,
-                            hosts=hosts, disks=disks)
+                            hosts=hosts, disks=disks, pause_path=pause_path)
     try:
         doc = _with_lab(cfg.lab_params(), lambda st: gs.run_overhead(st, cfg, _log))
     except _errors() as exc:
