@@ -56,12 +56,12 @@ def _ceph_pids(lab: dict[str, Any]) -> list[int]:
 def _ts(line: str) -> float:
     m = re.match(r"ts=(\S+)Z ", line)
     assert m, line
-    return dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=dt.timezone.utc).timestamp()
+    return dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=dt.UTC).timestamp()
 
 
 def _qmp_status(sock: str) -> str:
-    import socket
     import json
+    import socket
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
     s.connect(sock)

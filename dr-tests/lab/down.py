@@ -2,9 +2,12 @@
 
 Leftovers are found two ways, so that a crash (kill -9 of `lab up`, QEMU or
 Ceph) or a deleted state dir still ends clean:
-  1. from the state dir: status.json, QEMU and Ceph pid files;
+  1. from the state dir: status.json, QEMU, libvirtd and Ceph pid files
+     (libvirt mode: each host's libvirtd destroys and undefines its
+     domains and undefines its secrets before it is stopped);
   2. by pattern: processes marked CUTPOINT_LAB_MARK / booted with
-     `cp.name=` / Ceph daemons with a cutpoint config path, namespaces
+     `cp.name=` / Ceph daemons with a cutpoint config path / libvirtd and
+     virtlogd with the mark; whatever runs in a host namespace, namespaces
      `primary-hN`/`dr-hN`, links `cpbr0` and `cpv*`, /run/netns mounts.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from cutpoint.lab import ceph, net, vms
+from cutpoint.lab import ceph, domains, net, vms
 from cutpoint.lab import config as C
 from cutpoint.lab.errors import LabError
 from cutpoint.lab.proc import kill_pids, lab_processes
@@ -31,11 +34,14 @@ def down(state_dir: str | None = None, log: Any = print, keep_files: bool = Fals
     state = C.state_dir(state_dir)
     removed: list[str] = []
     vm_list: list[dict[str, Any]] = []
+    status: dict[str, Any] | None = None
     try:
         import json
-        vm_list = json.loads((state / FILE).read_text()).get("vms", [])
+        status = json.loads((state / FILE).read_text())
+        vm_list = status.get("vms", []) if status else []
     except (OSError, ValueError):
         pass
+    removed += domains.down(state, status)
     removed += vms.stop_all(state, vm_list)
     for site in C.SITES:
         removed += ceph.down(state, site)
@@ -45,7 +51,7 @@ def down(state_dir: str | None = None, log: Any = print, keep_files: bool = Fals
         removed += [f"process {p} ({cmd.split()[0]})" for p, cmd in stray]
     removed += net.teardown()
     if not keep_files:
-        for sub in ("ceph", "vms", FILE):
+        for sub in ("ceph", "vms", "libvirt", FILE):
             p = state / sub
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
@@ -69,6 +75,8 @@ def has_previous(state_dir: str | None = None) -> list[str]:
         found.append(f"state {state / FILE}")
     if (state / "ceph").exists():
         found.append(f"data {state / 'ceph'}")
+    if (state / "libvirt").exists():
+        found.append(f"data {state / 'libvirt'}")
     singular = {"netns": "netns", "links": "link", "mounts": "mount", "processes": "process"}
     for k, v in leftovers().items():
         found += [f"{singular.get(k, k)} {x.split()[0]}" for x in v]
