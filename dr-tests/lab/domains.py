@@ -12,7 +12,8 @@ shape it meets there (api/tests/data/domains/lab-rbd.xml is one libvirt
 dumped): direct kernel boot of the tiny image (the kernel command line of
 raw-QEMU mode), RBD `<disk type='network'>` disks as `client.cutpoint`
 (not admin) with `<auth>` naming the secret, a bridge interface on the
-host's `br0` (its tap named as in raw-QEMU mode), a pty serial console
+host's `br0` (its tap named by libvirt, `vnetN`: a name in the XML would
+go with it to DR, where two hosts' VMs meet), a pty serial console
 whose output virtlogd writes to the VM's console file, and a guest agent
 channel.  Every device is one that vmdef_rewrite.py signs for DR, so a
 lab VM can be failed over from its captured definition.
@@ -209,7 +210,6 @@ def domain_xml(vm: dict[str, Any], image: dict[str, Any], accel: str, cmdline: s
     <interface type='bridge'>
       <mac address='{vm['mac']}'/>
       <source bridge='{BRIDGE}'/>
-      <target dev='{vm['tap']}'/>
       <model type='virtio'/>
       <address type='pci' domain='0x0000' bus='0x00' slot='0x03' function='0x0'/>
     </interface>
@@ -236,6 +236,8 @@ def start(vms: list[dict[str, Any]], status: dict[str, Any], xmls: dict[str, str
         host.virsh("define", str(p))
         host.virsh("start", vm["name"], timeout=90)
         vm["uuid"] = (host.virsh("domuuid", vm["name"]) or "").strip()
+        ifs = (host.virsh("domiflist", vm["name"]) or "").splitlines()[2:]
+        vm["tap"] = ifs[0].split()[0] if ifs and ifs[0].split() else ""
         vm["pid"] = host.domain_pid(vm["name"])
         if not pid_alive(vm["pid"]):
             raise LabError(f"{vm['name']}: libvirt started the domain but its QEMU is gone "
@@ -261,4 +263,36 @@ def down(state: Path, status: dict[str, Any] | None) -> list[str]:
         host = LibvirtHost(d, ns)
         gone += [f"{x} on {d.name}" for x in host.clear()]
         gone += host.stop(remove=False)
+    return gone
+
+
+def log_offsets(vms: list[dict[str, Any]]) -> dict[str, int]:
+    """Each libvirt VM's domain log size now: where `tainted` starts reading."""
+    out = {}
+    for vm in vms:
+        p = Path(vm["domain_log"])
+        out[vm["name"]] = p.stat().st_size if p.exists() else 0
+    return out
+
+
+def tainted(vm: dict[str, Any], since: int = 0) -> list[str]:
+    """The `tainted` lines libvirt wrote to the domain's log after offset
+    `since` (libvirt logs `Domain id=N is tainted: custom-monitor` when raw
+    QMP goes to the domain, and other taints the same way)."""
+    with open(vm["domain_log"], "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    return [ln for ln in text.splitlines() if "tainted" in ln]
+
+
+def destroy(status: dict[str, Any], host: str, names: list[str]) -> list[str]:
+    """Destroy and undefine the domains `names` of `host`'s libvirtd (its
+    secrets stay); returns those it found."""
+    h = host_of(status, host)
+    gone = []
+    for n in names:
+        found = h.virsh("destroy", n, check=False, timeout=30) is not None
+        found = h.virsh("undefine", n, check=False, timeout=30) is not None or found
+        if found:
+            gone.append(n)
     return gone

@@ -50,6 +50,14 @@ def down(state_dir: str | None = None, log: Any = print, keep_files: bool = Fals
         kill_pids([p for p, _ in stray])
         removed += [f"process {p} ({cmd.split()[0]})" for p, cmd in stray]
     removed += net.teardown()
+    # The agents' journals name VMs of this lab, which are gone: an entry
+    # left by an agent that was killed mid-transaction (a recovery test)
+    # would otherwise be "recovered" against the next lab's VM of the same
+    # name, which then refused every prepare (BUSY: a redirect merge of a
+    # cut it never had).  Their logs stay until the files go.
+    for j in sorted((state / "agents").glob("*/journal*")):
+        j.unlink(missing_ok=True)
+        removed.append(f"agent journal {j}")
     if not keep_files:
         for sub in ("ceph", "vms", "libvirt", FILE):
             p = state / sub
