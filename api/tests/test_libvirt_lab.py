@@ -56,8 +56,14 @@ pytestmark = [pytest.mark.lab,
 def plane(lab: dict[str, Any], agents: list[dict[str, Any]], tmp_path: Path,
           local_services: services_local.Endpoints) -> Iterator[Plane]:
     """The failover plane with the product's booter, the lab's definition
-    signing key and the DR site's definition target."""
+    signing key and the DR site's definition target; the DR agent lists no
+    standby (raw QEMU), so failover must use the captured definitions."""
+    from cutpoint.lab.agents import start_agent, stop_agent_pid
+
     lv = lab["libvirt"]
+    dr = next(h for h in lab["hosts"] if h["name"] == lv["definition_targets"]["dr"]["host"])
+    stop_agent_pid(next(a["pid"] for a in agents if a["host"] == dr["name"]))
+    start_agent(lab, dr, Path(lab["state_dir"]) / "certs", standby=False)
     targets = lv["definition_targets"]
     with lab_plane(lab, tmp_path, int(local_services.redis_port or 0),
                    CUTPOINT_AGENT_TIMEOUT_S="15", CUTPOINT_RETENTION_INTERVAL_S="3600",

@@ -17,10 +17,12 @@ The DR host's agent also lists the standby copies of the primary VMs
 `shutoff` until failover starts them with `vm.start`, which runs the
 section's `start =` command (`python -m cutpoint.lab.standby start
 <spec.json>`).  `standby=False` leaves them out.  In a libvirt lab the DR
-hosts list no standbys: their agents talk to the host's libvirtd
-(`discover = yes`), and the first DR host's agent holds the lab's
-definition key, so failover starts a primary VM there from its captured
-definition, signed (`[libvirt] definition_key`, agent-protocol 4.9).
+hosts' agents also talk to the host's libvirtd (`discover = yes`), and the
+first DR host's agent holds the lab's definition key; started with
+`standby=False` it lists no VM, so failover starts each primary VM there
+from its captured definition, signed (`[libvirt] definition_key`,
+agent-protocol 4.9).  With the standbys (the default), failover boots
+them, raw QEMU, as in a raw-QEMU lab.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def start_agent(status: dict[str, Any], host: dict[str, Any], certs_dir: Path,
     standby = bool(config.pop("standby", True))
     dr = dr_host(status)
     libvirt_lab = bool((status.get("libvirt") or {}).get("hosts"))
-    if standby and not libvirt_lab and dr is not None and dr["name"] == host["name"]:
+    if standby and dr is not None and dr["name"] == host["name"]:
         config["standby_specs"] = write_specs(status)
     # Opt-in: the primary VMs can be started again with vm.start (failback).
     if config.pop("primary_start", False) and host["site"] == "primary" and not libvirt_lab:

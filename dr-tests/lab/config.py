@@ -38,6 +38,12 @@ BACKENDS = ("rbd", "qcow2")
 # QMP sockets (the agent's qmp driver).
 DRIVERS = ("libvirt", "qemu")
 DEFAULT_DRIVER = "qemu"
+
+
+def default_driver() -> str:
+    """DEFAULT_DRIVER, or CUTPOINT_LAB_DRIVER when set (to run the suites that
+    use the default lab on the other driver)."""
+    return os.environ.get("CUTPOINT_LAB_DRIVER") or DEFAULT_DRIVER
 OSD_TYPES = ("memstore", "bluestore")
 PAXOS_MODES = ("tuned", "default")
 BUILTIN_WORKLOADS = ("none", "labcheck")  # in the tiny image's init
@@ -70,7 +76,7 @@ class LabConfig:
     vms_per_host: int = 1
     disks: int = 1
     backend: str = "rbd"
-    driver: str = DEFAULT_DRIVER
+    driver: str = field(default_factory=default_driver)
     workload: str = "none"
     workload_args: str = ""
     disk_size_mb: int = 64

@@ -14,6 +14,7 @@ Ceph) or a deleted state dir still ends clean:
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Any
 
 from cutpoint.lab import ceph, domains, net, vms
@@ -50,14 +51,7 @@ def down(state_dir: str | None = None, log: Any = print, keep_files: bool = Fals
         kill_pids([p for p, _ in stray])
         removed += [f"process {p} ({cmd.split()[0]})" for p, cmd in stray]
     removed += net.teardown()
-    # The agents' journals name VMs of this lab, which are gone: an entry
-    # left by an agent that was killed mid-transaction (a recovery test)
-    # would otherwise be "recovered" against the next lab's VM of the same
-    # name, which then refused every prepare (BUSY: a redirect merge of a
-    # cut it never had).  Their logs stay until the files go.
-    for j in sorted((state / "agents").glob("*/journal*")):
-        j.unlink(missing_ok=True)
-        removed.append(f"agent journal {j}")
+    removed += clear_journals(state)
     if not keep_files:
         for sub in ("ceph", "vms", "libvirt", FILE):
             p = state / sub
@@ -73,6 +67,22 @@ def down(state_dir: str | None = None, log: Any = print, keep_files: bool = Fals
     if bad:
         raise LabError(f"lab down left things behind: {bad}")
     return removed
+
+
+def clear_journals(state: Path) -> list[str]:
+    """Remove the lab agents' journals; returns what went.
+
+    They name VMs of a lab that is gone: an entry left by an agent that was
+    killed mid-transaction (a recovery test) would otherwise be "recovered"
+    against the next lab's VM of the same name, which then refused every
+    prepare (seen: BUSY, the merge of a redirect cut it never had).  `up`
+    calls it too, since the lab before may have been torn down by an older
+    `down`.  The agents' logs stay."""
+    out = []
+    for j in sorted((state / "agents").glob("*/journal*")):
+        j.unlink(missing_ok=True)
+        out.append(f"agent journal {j}")
+    return out
 
 
 def has_previous(state_dir: str | None = None) -> list[str]:

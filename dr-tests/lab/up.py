@@ -57,6 +57,8 @@ def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
         down.down(cfg.state_dir, log=lambda m: say(m))
     state = Path(cfg.state_dir)
     state.mkdir(parents=True, exist_ok=True)
+    for j in down.clear_journals(state):
+        say(f"removed {j} (a new lab has no paused VM)")
     mark = str(state)
     status: dict[str, Any] = {
         "state_dir": str(state), "phase": "network", "accel": None, "bridge": C.BRIDGE,

@@ -40,7 +40,7 @@ def up(
     vms_per_host: int = typer.Option(1, "--vms-per-host", help="QEMU guests per primary host"),
     disks: int = typer.Option(1, "--disks", help="virtio disks per guest"),
     backend: str = typer.Option("rbd", "--backend", help="disk backend: rbd or qcow2"),
-    driver: str = typer.Option(C.DEFAULT_DRIVER, "--driver",
+    driver: str = typer.Option(C.default_driver(), "--driver",
                                help="how guests run: libvirt (a libvirtd per host, domains "
                                     "with RBD disks and a cephx secret) or qemu (raw QEMU "
                                     "with QMP)"),
