@@ -21,7 +21,7 @@ from conftest import coordinator_context
 from cutpoint.agentclient import AgentClient, AgentReplyError
 from cutpoint.lab import agents as A
 
-pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2)]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2, driver="qemu")]
 
 # The bound: the VMs are running within a second of the start.
 RECOVERY_BOUND_MS = 1000
