@@ -201,9 +201,57 @@ def start_agents(status: dict[str, Any], certs_dir: str | os.PathLike[str],
     except BaseException:
         stop_agents(status)
         raise
+    try:
+        wait_libvirt_ready(status, certs, hosts)
+    except BaseException:
+        stop_agents(status)
+        raise
     for rec in out:
         rec.pop("popen", None)
     return out
+
+
+def wait_libvirt_ready(status: dict[str, Any], certs: Path, hosts: list[dict[str, Any]],
+                       timeout: float = 60) -> None:
+    """Until each host's agent lists its libvirt lab VMs ready (inventory not
+    stale, `ready`).  An agent listens before its bring-up has connected
+    to libvirtd, read the domains' disks and opened the images (agent
+    README, "Start: recovery first"); a prepare meanwhile is BUSY.  With
+    raw QEMU that takes milliseconds, with libvirt up to seconds (seen: a
+    prepare 0.4 s after the start got "its disks are not open yet")."""
+    import asyncio
+
+    from cutpoint.agentclient import AgentClient, AgentError, client_context
+
+    want = {h["name"]: {v["name"] for v in status.get("vms", [])
+                        if v["host"] == h["name"] and v.get("driver") == "libvirt"}
+            for h in hosts}
+    want = {k: v for k, v in want.items() if v}
+    if not want:
+        return
+    ctx = client_context(certs / "ca.pem", certs / "coordinator.pem", certs / "coordinator.key")
+    addr = {h["name"]: h["address"] for h in hosts}
+
+    async def one(host: str, names: set[str]) -> None:
+        end = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < end:
+            try:
+                async with AgentClient(addr[host], PORT, ssl_context=ctx) as c:
+                    inv = await c.inventory(timeout=10)
+                last = {v["name"]: v.get("ready") for v in inv["vms"]}
+                if not inv["stale"] and all(last.get(n) for n in names):
+                    return
+            except (OSError, TimeoutError, AgentError) as exc:
+                last = exc
+            await asyncio.sleep(0.1)
+        raise LabError(f"agent of {host}: its libvirt VMs not ready after {timeout:.0f}s "
+                       f"(last inventory: {last})")
+
+    async def all_hosts() -> None:
+        await asyncio.gather(*(one(h, n) for h, n in want.items()))
+
+    asyncio.run(all_hosts())
 
 
 def _pids(status: dict[str, Any]) -> list[int]:
