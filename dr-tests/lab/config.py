@@ -37,7 +37,7 @@ BACKENDS = ("rbd", "qcow2")
 # cephx secret, as a deployment runs them; `qemu`, raw QEMU processes with
 # QMP sockets (the agent's qmp driver).
 DRIVERS = ("libvirt", "qemu")
-DEFAULT_DRIVER = "qemu"
+DEFAULT_DRIVER = "libvirt"
 
 
 def default_driver() -> str:
