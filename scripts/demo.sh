@@ -21,14 +21,36 @@ if [ "${CUTPOINT_LAB_LOCK_HELD:-0}" != 1 ]; then
 fi
 trap 'step "tearing the lab down (exit)"; cutpoint-lab down || true' EXIT
 
-step "lab up: 2 primary hosts x 2 guests x 2 RBD disks, workload labcheck"
+step "lab up: 2 primary hosts x 2 libvirt guests x 2 RBD disks, workload labcheck"
 t0=$(date +%s%N)
-cutpoint-lab up --hosts 2 --vms-per-host 2 --disks 2 --workload labcheck
+cutpoint-lab up --driver libvirt --hosts 2 --vms-per-host 2 --disks 2 --workload labcheck
 t1=$(date +%s%N)
 echo "demo: lab up took $(( (t1 - t0) / 1000000 )) ms"
 
 step "lab status"
 cutpoint-lab status
+
+step "each host's libvirtd: its domains, and one domain's RBD disks and cephx secret"
+python - <<'PY'
+import subprocess
+from cutpoint.lab.status import load_status
+
+s = load_status()
+for name, h in s["libvirt"]["hosts"].items():
+    if h["site"] != "primary":
+        continue
+    print(f"$ virsh -c '{h['uri']}' list")
+    print(subprocess.run(["virsh", "-c", h["uri"], "list"], capture_output=True, text=True,
+                         check=True).stdout.rstrip())
+vm = s["vms"][0]
+print(f"$ virsh -c '{vm['uri']}' domblklist {vm['name']} --details")
+print(subprocess.run(["virsh", "-c", vm["uri"], "domblklist", vm["name"], "--details"],
+                     capture_output=True, text=True, check=True).stdout.rstrip())
+xml = subprocess.run(["virsh", "-c", vm["uri"], "dumpxml", vm["name"]], capture_output=True,
+                     text=True, check=True).stdout
+print("  disk auth: " + " ".join(line.strip() for line in xml.splitlines()
+                                 if "<auth " in line or "<secret " in line)[:200])
+PY
 
 step "waiting for every guest's labcheck (disk patterns, pings to the other guests)"
 python - <<'PY'
@@ -71,7 +93,8 @@ step "lab down"
 trap - EXIT
 cutpoint-lab down
 step "after lab down: lab processes, namespaces and links"
-echo "  processes: $(pgrep -fc 'process=cplab-' || true) QEMU guests," \
+echo "  processes: $(pgrep -fc 'guest=(primary|dr)-h[0-9]+-vm|process=cplab-' || true) QEMU guests," \
+     "$(pgrep -fc 'libvirt/(primary|dr)-h[0-9]+/libvirtd' || true) lab libvirtds," \
      "$(pgrep -fc '/ceph/(primary|dr)/ceph.conf' || true) Ceph daemons"
 echo "  namespaces: $(ip netns list | grep -cE '^(primary|dr)-h' || true)"
 echo "  links: $(ip -o link | grep -cE 'cpbr0|cpv[pd][0-9]' || true)"

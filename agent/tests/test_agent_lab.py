@@ -27,7 +27,7 @@ from cutpoint.agentclient import AgentClient, AgentReplyError
 from cutpoint.lab import agents as A
 from cutpoint.lab.ceph import rbd_cmd
 
-pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2)]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2, driver="qemu")]
 
 LAB_CONFIG = {"hosts": 1, "vms_per_host": 2, "disks": 2}
 

@@ -35,7 +35,8 @@ from libvirt_agent import (
 )
 from libvirt_env import libvirtd_running
 
-pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2)]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2,
+                                                            driver="qemu")]
 
 DOMAIN = "cp-lvrbd"
 IMAGE = "cp-lvrbd-d0"

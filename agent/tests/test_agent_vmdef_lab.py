@@ -1,6 +1,6 @@
 """vm.start of a signed definition, and vm.definition, on a real libvirtd.
 
-A libvirtd of its own (libvirt_hosts.LibvirtHost: a private mount
+A libvirtd of its own (cutpoint.lab.libvirt.LibvirtHost: a private mount
 namespace, no other libvirtd touched) and a cutpointd with `[libvirt]
 definition_key` naming the public half of an Ed25519 key made here, the
 private half signing as the control plane does (api/services/vmdef_sign.py:
@@ -37,8 +37,8 @@ from cutpoint.coordinator.dr.boot import (
     BootRequest,
     BootVM,
 )
+from cutpoint.lab.libvirt import LibvirtHost
 from libvirt_agent import LibvirtAgent, domain_xml, until
-from libvirt_hosts import LibvirtHost
 
 pytestmark = pytest.mark.lab
 

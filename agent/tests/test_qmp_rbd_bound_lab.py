@@ -83,7 +83,7 @@ def _start(lab: dict[str, Any], certs: Path, method: str = "qmp") -> dict[str, A
     return rec
 
 
-@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, qemu_op_timeout_s=0)
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, driver="qemu", qemu_op_timeout_s=0)
 async def test_qmp_method_refused_when_qemu_ceph_client_never_gives_up(
         lab: dict[str, Any], certs_dir: Path) -> None:
     """QEMU's conf has no op timeouts: prepare refuses the VM, nothing paused."""
@@ -148,7 +148,7 @@ class _Qmp:
         self.s.close()
 
 
-@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, qemu_op_timeout_s=0)
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, driver="qemu", qemu_op_timeout_s=0)
 def test_without_qemu_op_timeout_the_pause_lasts_as_long_as_ceph_hangs(
         lab: dict[str, Any]) -> None:
     """Negative control, QEMU alone (no agent): what the refusal above
@@ -193,7 +193,7 @@ def test_without_qemu_op_timeout_the_pause_lasts_as_long_as_ceph_hangs(
         q.close()
 
 
-@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, qemu_op_timeout_s=QEMU_OP_TIMEOUT_S)
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, driver="qemu", qemu_op_timeout_s=QEMU_OP_TIMEOUT_S)
 @pytest.mark.parametrize("daemon", ["osd.0", "mon.a"])
 async def test_ceph_hung_mid_commit_pause_is_bounded(lab: dict[str, Any], certs_dir: Path,
                                                       daemon: str) -> None:
@@ -255,7 +255,7 @@ async def test_ceph_hung_mid_commit_pause_is_bounded(lab: dict[str, Any], certs_
         A.stop_agents(lab)
 
 
-@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, qemu_op_timeout_s=QEMU_OP_TIMEOUT_S)
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, driver="qemu", qemu_op_timeout_s=QEMU_OP_TIMEOUT_S)
 async def test_ceph_hung_mid_commit_rbd_method_resumes_at_the_budget(
         lab: dict[str, Any], certs_dir: Path) -> None:
     """The comparison: method rbd snapshots from the agent's own librbd, so
@@ -292,7 +292,7 @@ async def test_ceph_hung_mid_commit_rbd_method_resumes_at_the_budget(
         A.stop_agents(lab)
 
 
-@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, paxos="default",
+@pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, driver="qemu", paxos="default",
                         qemu_op_timeout_s=QEMU_OP_TIMEOUT_S)
 async def test_qmp_snapshot_that_outlives_the_budget_is_deleted_by_abort(
         lab: dict[str, Any], certs_dir: Path) -> None:

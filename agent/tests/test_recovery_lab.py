@@ -21,7 +21,7 @@ from conftest import coordinator_context
 from cutpoint.agentclient import AgentClient, AgentReplyError
 from cutpoint.lab import agents as A
 
-pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2)]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2, driver="qemu")]
 
 # The bound: the VMs are running within a second of the start.
 RECOVERY_BOUND_MS = 1000
@@ -56,12 +56,12 @@ def _ceph_pids(lab: dict[str, Any]) -> list[int]:
 def _ts(line: str) -> float:
     m = re.match(r"ts=(\S+)Z ", line)
     assert m, line
-    return dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=dt.timezone.utc).timestamp()
+    return dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=dt.UTC).timestamp()
 
 
 def _qmp_status(sock: str) -> str:
-    import socket
     import json
+    import socket
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
     s.connect(sock)

@@ -49,23 +49,24 @@ async def test_abort_spares_a_snapshot_that_existed_before(
     d0, d1 = vm["disks"][0], vm["disks"][1]
     txn = "t" + os.urandom(6).hex()
     name = f"cp.own.{txn}"
-    # Someone else's snapshot, under the very name the txn will use on disk0.
+    # Someone else's snapshot, under the very name the txn will use on the
+    # first disk (node disk0 of raw QEMU, vda of a libvirt domain).
     _rbd(lab, "snap", "create", f"{d0['pool']}/{d0['image']}@{name}")
     before = _snaps(lab, d0)[name]
     async with _client(agents[0], certs_dir) as c:
         await c.prepare(txn, [vm["name"]], 10000)
         with pytest.raises(AgentReplyError) as ei:
-            await c.commit(txn, {f"{vm['name']}/disk0": name, f"{vm['name']}/disk1": name},
-                           10000)
+            await c.commit(txn, {f"{vm['name']}/{d0['node']}": name,
+                                 f"{vm['name']}/{d1['node']}": name}, 10000)
         assert ei.value.code == "SNAPSHOT_FAILED", ei.value
         assert "exists already" in str(ei.value)
         # disk1's member is this txn's: tagged with its id
         made = _snaps(lab, d1)[name]
         assert _owner(lab, d1, made) == txn
         # The caller also names disk0's snapshot: abort must still spare it.
-        ab = await c.abort(txn, {f"{vm['name']}/disk0": name})
-    assert ab["deleted"] == [{"disk": f"{vm['name']}/disk1", "name": name}], ab
-    assert [x["disk"] for x in ab["not_deleted"]] == [f"{vm['name']}/disk0"], ab
+        ab = await c.abort(txn, {f"{vm['name']}/{d0['node']}": name})
+    assert ab["deleted"] == [{"disk": f"{vm['name']}/{d1['node']}", "name": name}], ab
+    assert [x["disk"] for x in ab["not_deleted"]] == [f"{vm['name']}/{d0['node']}"], ab
     assert "not created by txn" in ab["not_deleted"][0]["error"]
     assert _snaps(lab, d0).get(name) == before, "abort deleted a snapshot it did not make"
     assert name not in _snaps(lab, d1)
@@ -80,12 +81,12 @@ async def test_committed_member_is_tagged_and_abort_deletes_by_id(
     name = f"cp.own.{txn}"
     async with _client(agents[0], certs_dir) as c:
         await c.prepare(txn, [vm["name"]], 10000)
-        res = await c.commit(txn, {f"{vm['name']}/disk0": name}, 10000)
+        res = await c.commit(txn, {f"{vm['name']}/{d0['node']}": name}, 10000)
         assert res["state"] == "committed"
         sid = _snaps(lab, d0)[name]
         assert _owner(lab, d0, sid) == txn
         ab = await c.abort(txn)
-    assert ab["deleted"] == [{"disk": f"{vm['name']}/disk0", "name": name}]
+    assert ab["deleted"] == [{"disk": f"{vm['name']}/{d0['node']}", "name": name}]
     assert name not in _snaps(lab, d0)
     keys = _rbd(lab, "image-meta", "list", "--format", "json", f"{d0['pool']}/{d0['image']}")
     assert f"cutpoint.snap.{sid}" not in json.loads(keys or "{}")

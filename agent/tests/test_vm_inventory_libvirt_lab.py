@@ -1,7 +1,7 @@
 """`cutpoint vm list` follows libvirt hosts live, and a VM keeps its
 identity (and its group) when it moves host.
 
-Two hypervisor hosts, each its own libvirtd (libvirt_hosts.py) with one
+Two hypervisor hosts, each its own libvirtd (cutpoint.lab.libvirt) with one
 cutpointd (`discover = yes`, `[ceph]` as client.cutpoint of the lab's
 primary cluster), registered with a control plane started as an operator
 does (`cutpoint server --embedded`: API, worker, beat, Redis).
@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 import pytest
+from cutpoint.lab.libvirt import LibvirtHost
 from libvirt_agent import GUEST_AGENT, LibvirtAgent, domain_xml, until
-from libvirt_hosts import LibvirtHost
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=1)]
 

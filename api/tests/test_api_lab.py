@@ -87,7 +87,12 @@ def rbd_snaps(lab: dict[str, Any]) -> dict[str, set[str]]:
 
 
 def qmp_status(vm: dict[str, Any]) -> str:
-    """QMP query-status straight on the VM's socket (when its agent is down)."""
+    """QMP query-status straight on the VM's socket (when its agent is down);
+    a libvirt domain: its state from its host's libvirtd (`running`,
+    `paused`), which raw QMP would taint."""
+    if vm.get("driver") == "libvirt":
+        return subprocess.run(["virsh", "-c", vm["uri"], "domstate", vm["name"]],
+                              capture_output=True, text=True, check=True).stdout.strip()
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(5)
         s.connect(vm["qmp"])

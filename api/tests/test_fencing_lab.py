@@ -47,7 +47,8 @@ from plane import Plane, wait_for
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
-                                     workload="writer")]
+                                     workload="writer",
+                                     driver="qemu")]  # it starts a fenced primary's raw QEMU again itself
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ from plane import Plane, wait_for
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.lab_config(hosts=2, vms_per_host=1, disks=2, backend="rbd",
-                                     workload="writer")]
+                                     workload="writer",
+                                     driver="qemu")]  # failback starts the primary's raw QEMU launchers
 
 PROGRESS = re.compile(r"cp-writer: progress vm=\d+ seq=(\d+)")
 

@@ -2,7 +2,9 @@
 
 `start_agents(status, certs_dir)` makes the lab CA and certificates (through
 scripts/make-lab-ca.sh), writes one INI config per host from the lab status
-(every VM of the host with its QMP socket and disks), starts
+(every VM of the host: raw QEMU with its QMP socket and disks, `driver =
+qmp`; a libvirt lab's domains as `driver = libvirt` with the host's
+libvirt URI, their disks taken from the domain XML), starts
 `ip netns exec <host> cutpointd -c <config>` listening on the host address,
 port 7443, and waits until each accepts TCP connections.  `stop_agents`
 stops them (SIGTERM, which resumes any paused VM, then SIGKILL).
@@ -14,7 +16,13 @@ The DR host's agent also lists the standby copies of the primary VMs
 (`cutpoint.lab.standby`): same names, the DR images as disks, state
 `shutoff` until failover starts them with `vm.start`, which runs the
 section's `start =` command (`python -m cutpoint.lab.standby start
-<spec.json>`).  `standby=False` leaves them out.
+<spec.json>`).  `standby=False` leaves them out.  In a libvirt lab the DR
+hosts' agents also talk to the host's libvirtd (`discover = yes`), and the
+first DR host's agent holds the lab's definition key; started with
+`standby=False` it lists no VM, so failover starts each primary VM there
+from its captured definition, signed (`[libvirt] definition_key`,
+agent-protocol 4.9).  With the standbys (the default), failover boots
+them, raw QEMU, as in a raw-QEMU lab.
 """
 
 from __future__ import annotations
@@ -91,8 +99,23 @@ def render_config(status: dict[str, Any], host: dict[str, Any], certs_dir: Path,
         f"keyring = {site['keyring']}",
         "",
     ]
+    lv = (status.get("libvirt") or {})
+    lvhost = lv.get("hosts", {}).get(host["name"])
+    if lvhost is not None:
+        lines += ["[libvirt]", f"uri = {lvhost['uri']}"]
+        if host["site"] != "primary":
+            # DR: whatever failover defines here is a VM through discovery
+            lines.append("discover = yes")
+            first_dr = next(h for h in status["hosts"] if h["site"] == host["site"])
+            if first_dr["name"] == host["name"] and lv.get("definition_key"):
+                lines.append(f"definition_key = {lv['definition_key']}")
+        lines.append("")
     for vm in status.get("vms", []):
         if vm["host"] != host["name"]:
+            continue
+        if vm.get("driver") == "libvirt":
+            # disks from the domain XML (target dev, pool/image)
+            lines += [f"[vm {vm['name']}]", "driver = libvirt", f"method = {method}", ""]
             continue
         lines += [f"[vm {vm['name']}]", "driver = qmp", f"qmp = {vm['qmp']}",
                   f"method = {method}"]
@@ -138,10 +161,11 @@ def start_agent(status: dict[str, Any], host: dict[str, Any], certs_dir: Path,
     cfg = d / "agent.ini"
     standby = bool(config.pop("standby", True))
     dr = dr_host(status)
+    libvirt_lab = bool((status.get("libvirt") or {}).get("hosts"))
     if standby and dr is not None and dr["name"] == host["name"]:
         config["standby_specs"] = write_specs(status)
     # Opt-in: the primary VMs can be started again with vm.start (failback).
-    if config.pop("primary_start", False) and host["site"] == "primary":
+    if config.pop("primary_start", False) and host["site"] == "primary" and not libvirt_lab:
         config["primary_specs"] = write_primary_specs(status, host["name"])
     cfg.write_text(render_config(status, host, certs_dir, d, **config))
     log = d / "agent.log"
@@ -177,9 +201,57 @@ def start_agents(status: dict[str, Any], certs_dir: str | os.PathLike[str],
     except BaseException:
         stop_agents(status)
         raise
+    try:
+        wait_libvirt_ready(status, certs, hosts)
+    except BaseException:
+        stop_agents(status)
+        raise
     for rec in out:
         rec.pop("popen", None)
     return out
+
+
+def wait_libvirt_ready(status: dict[str, Any], certs: Path, hosts: list[dict[str, Any]],
+                       timeout: float = 60) -> None:
+    """Until each host's agent lists its libvirt lab VMs ready (inventory not
+    stale, `ready`).  An agent listens before its bring-up has connected
+    to libvirtd, read the domains' disks and opened the images (agent
+    README, "Start: recovery first"); a prepare meanwhile is BUSY.  With
+    raw QEMU that takes milliseconds, with libvirt up to seconds (seen: a
+    prepare 0.4 s after the start got "its disks are not open yet")."""
+    import asyncio
+
+    from cutpoint.agentclient import AgentClient, AgentError, client_context
+
+    want = {h["name"]: {v["name"] for v in status.get("vms", [])
+                        if v["host"] == h["name"] and v.get("driver") == "libvirt"}
+            for h in hosts}
+    want = {k: v for k, v in want.items() if v}
+    if not want:
+        return
+    ctx = client_context(certs / "ca.pem", certs / "coordinator.pem", certs / "coordinator.key")
+    addr = {h["name"]: h["address"] for h in hosts}
+
+    async def one(host: str, names: set[str]) -> None:
+        end = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < end:
+            try:
+                async with AgentClient(addr[host], PORT, ssl_context=ctx) as c:
+                    inv = await c.inventory(timeout=10)
+                last = {v["name"]: v.get("ready") for v in inv["vms"]}
+                if not inv["stale"] and all(last.get(n) for n in names):
+                    return
+            except (OSError, TimeoutError, AgentError) as exc:
+                last = exc
+            await asyncio.sleep(0.1)
+        raise LabError(f"agent of {host}: its libvirt VMs not ready after {timeout:.0f}s "
+                       f"(last inventory: {last})")
+
+    async def all_hosts() -> None:
+        await asyncio.gather(*(one(h, n) for h, n in want.items()))
+
+    asyncio.run(all_hosts())
 
 
 def _pids(status: dict[str, Any]) -> list[int]:

@@ -32,6 +32,18 @@ MON_PORTS = {"primary": (3300, 6789), "dr": (3301, 6790)}
 DAEMON_PORTS = {"primary": (6800, 6849), "dr": (6850, 6899)}
 SITE_NET = {"primary": 1, "dr": 2}
 BACKENDS = ("rbd", "qcow2")
+# How the lab runs its primary VMs: `libvirt`, a libvirtd per host (in the
+# host's namespace) and libvirt domains with RBD network disks behind a
+# cephx secret, as a deployment runs them; `qemu`, raw QEMU processes with
+# QMP sockets (the agent's qmp driver).
+DRIVERS = ("libvirt", "qemu")
+DEFAULT_DRIVER = "libvirt"
+
+
+def default_driver() -> str:
+    """DEFAULT_DRIVER, or CUTPOINT_LAB_DRIVER when set (to run the suites that
+    use the default lab on the other driver)."""
+    return os.environ.get("CUTPOINT_LAB_DRIVER") or DEFAULT_DRIVER
 OSD_TYPES = ("memstore", "bluestore")
 PAXOS_MODES = ("tuned", "default")
 BUILTIN_WORKLOADS = ("none", "labcheck")  # in the tiny image's init
@@ -64,6 +76,7 @@ class LabConfig:
     vms_per_host: int = 1
     disks: int = 1
     backend: str = "rbd"
+    driver: str = field(default_factory=default_driver)
     workload: str = "none"
     workload_args: str = ""
     disk_size_mb: int = 64
@@ -84,6 +97,12 @@ class LabConfig:
         """Reject bad input with one clear line (raises LabError)."""
         if self.backend not in BACKENDS:
             raise LabError(f"unknown --backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.driver not in DRIVERS:
+            raise LabError(f"unknown --driver {self.driver!r}: choose one of {', '.join(DRIVERS)}")
+        if self.driver == "libvirt" and self.backend != "rbd":
+            raise LabError(f"--driver libvirt runs RBD disks only (got --backend {self.backend}): "
+                           "the libvirt driver snapshots qcow2 only through raw QMP, which "
+                           "taints the domain; use --driver qemu for qcow2")
         if self.osd not in OSD_TYPES:
             raise LabError(f"unknown --osd {self.osd!r}: choose one of {', '.join(OSD_TYPES)}")
         if self.paxos not in PAXOS_MODES:

@@ -2,15 +2,18 @@
 
     cutpoint-lab demo [--seconds 60] [--rpo 10]
 
-Holds the lab lock for the whole run, then: lab up (2 primary hosts x 1
-guest x 2 RBD disks, workload `writer`), one agent per host, `cutpoint
+Holds the lab lock for the whole run, then: lab up in libvirt mode (2
+primary hosts x 1 libvirt domain x 2 RBD disks behind a cephx secret,
+workload `writer`), one agent per host (the libvirt driver), `cutpoint
 server --embedded` with the lab's booter (CUTPOINT_BOOTER=lab), register
 the lab's two sites with their Ceph access as the control plane's cephx
 client `client.cutpoint` (`cutpoint site add`, checked by the API) and the
 hosts (inventory sync), create a group of the 2 VMs on 2 hosts with a 10 s RPO
 replicated to site `dr`, let the scheduler take snapshots for about a
 minute, show the snapshots and the RPO status, check the newest snapshot
-with the writer checker, run a drill at DR, and tear everything down.
+with the writer checker and the domains' libvirt logs for a `tainted`
+line, run a drill at DR (the lab's booter: clones booted as raw QEMU on
+an isolated bridge), and tear everything down.
 Every step prints the command it runs.
 """
 
@@ -24,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -110,6 +114,22 @@ def dr_steps(env: dict[str, str]) -> None:
 DR_RESULT: dict[str, str] = {}
 
 
+def no_taint(status: dict[str, Any], offsets: dict[str, int]) -> None:
+    """Every domain's libvirt log since the lab came up: no `tainted` line
+    (the libvirt driver uses libvirt's native API only)."""
+    from cutpoint.lab import domains
+
+    say("the domains' libvirt logs after the snapshots: any `tainted` line?")
+    bad = 0
+    for vm in status["vms"]:
+        lines = domains.tainted(vm, offsets[vm["name"]])
+        bad += len(lines)
+        print(f"  {vm['domain_log']}: {len(lines)} tainted line(s)"
+              + (f": {lines[0].strip()}" if lines else ""))
+    if bad:
+        raise SystemExit("demo: a domain was tainted")
+
+
 def _interrupted(signum: int, _frame: object) -> None:
     raise SystemExit(f"demo: interrupted by signal {signum}; cleaning up")
 
@@ -128,7 +148,7 @@ def run(seconds: int, rpo: int) -> int:
     # `finally` below and leave the server, its worker and the lab behind.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupted)
-    from cutpoint.lab import lock
+    from cutpoint.lab import domains, lock
     from cutpoint.lab.agents import start_agents, stop_agents
     from cutpoint.lab.sites import cli_args
     from cutpoint.lab.status import load_status
@@ -138,10 +158,11 @@ def run(seconds: int, rpo: int) -> int:
     with lock.lab_lock(wait=True, log=print):
         state = Path(tempfile.mkdtemp(prefix="cutpoint-demo-"))
         try:
-            say("lab up: 2 primary hosts x 1 guest x 2 RBD disks, workload writer")
-            cp("up", "--hosts", "2", "--vms-per-host", "1", "--disks", "2",
-               "--workload", "writer", exe=LAB_EXE)
+            say("lab up: 2 primary hosts x 1 libvirt domain x 2 RBD disks, workload writer")
+            cp("up", "--driver", "libvirt", "--hosts", "2", "--vms-per-host", "1",
+               "--disks", "2", "--workload", "writer", exe=LAB_EXE)
             status = load_status()
+            offsets = domains.log_offsets(status["vms"])
             certs = Path(status["state_dir"]) / "certs"
             say("one agent (cutpointd) per lab host")
             for rec in start_agents(status, certs):
@@ -183,6 +204,7 @@ def run(seconds: int, rpo: int) -> int:
             cp("check", "writer", "--group-snapshot", newest["txn"], "--db",
                f"sqlite:///{state / 'server' / 'cutpoint.db'}", env=env, exe=LAB_EXE)
             cp("group", "snapshot-show", str(newest["id"]), env=env)
+            no_taint(status, offsets)
             dr_steps(env)
         finally:
             say("tear down: server, agents, lab")

@@ -84,8 +84,9 @@ def lab_processes() -> list[tuple[int, str]]:
         cmd = " ".join(args)
         qemu = exe.startswith("qemu-system")
         cephd = exe in ("ceph-mon", "ceph-mgr", "ceph-osd")
-        # Agents started for a lab (cutpoint.lab.agents) carry the mark.
-        agentd = exe == "cutpointd"
+        # Agents started for a lab (cutpoint.lab.agents) and the lab hosts'
+        # libvirt daemons (cutpoint.lab.libvirt) carry the mark.
+        agentd = exe in ("cutpointd", "libvirtd", "virtlogd")
         if not (qemu or cephd or agentd):
             continue
         # By name pattern first (works without the state dir), then by mark.

@@ -3,7 +3,13 @@
 Phases (status.json `phase` after each):
 
     clean previous lab -> network (cpbr0, host netns) -> ceph primary || ceph dr
-    || image (+ accel probe) -> disks -> guests started -> guests booted ("up")
+    || image (+ accel probe) [|| libvirtd per host] -> disks [-> libvirt secrets]
+    -> guests started -> guests booted ("up")
+
+With `driver = libvirt` (domains.py) every host runs a libvirtd of its own,
+the sites' cephx keys become libvirt secrets, and the guests are libvirt
+domains; status `libvirt` records the daemons, the secrets and the
+definition-signing key.
 
 The Ceph sites and the image build run in parallel threads; each phase
 logs its elapsed time.  The caller holds the lab lock (lock.lab_lock).
@@ -16,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cutpoint.lab import ceph, down, image, net, probe, vms
+from cutpoint.lab import ceph, domains, down, image, net, probe, vms
 from cutpoint.lab import config as C
 from cutpoint.lab.errors import LabError
 from cutpoint.lab.status import write_status
@@ -51,11 +57,13 @@ def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
         down.down(cfg.state_dir, log=lambda m: say(m))
     state = Path(cfg.state_dir)
     state.mkdir(parents=True, exist_ok=True)
+    for j in down.clear_journals(state):
+        say(f"removed {j} (a new lab has no paused VM)")
     mark = str(state)
     status: dict[str, Any] = {
         "state_dir": str(state), "phase": "network", "accel": None, "bridge": C.BRIDGE,
         "subnet": f"10.77.0.0/{C.PREFIX}", "config": cfg.as_dict(), "sites": {}, "hosts": [],
-        "vms": [], "image": {}, "started_at": time.time(),
+        "vms": [], "image": {}, "started_at": time.time(), "driver": cfg.driver,
     }
     write_status(status)
     net.setup_bridge()
@@ -77,11 +85,18 @@ def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
         a = probe.choose_accel(kernel, i, cfg.accel, log=say)
         return i, a
 
-    with ThreadPoolExecutor(max_workers=3) as ex:
+    with ThreadPoolExecutor(max_workers=4) as ex:
         futs = {site: ex.submit(ceph.up, state, site, cfg.osd, cfg.paxos, mark, say)
                 for site in C.SITES}
         fimg = ex.submit(img)
+        flv = ex.submit(domains.start_hosts, status, mark, say) \
+            if cfg.driver == "libvirt" else None
         errors = []
+        if flv is not None:
+            try:
+                status["libvirt"] = flv.result()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"libvirt: {exc}")
         for site, f in futs.items():
             try:
                 status["sites"][site] = f.result()
@@ -101,7 +116,13 @@ def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
     status["phase"] = "disks"
     write_status(status)
 
-    status["vms"] = vms.plan(cfg, status["sites"], state)
+    if cfg.driver == "libvirt":
+        domains.define_secrets(status)
+        domains.signing_key(status)
+        write_status(status)
+        secrets = ", ".join(f"{k} {v['uuid']}" for k, v in status["libvirt"]["secrets"].items())
+        say(f"libvirt: cephx secrets of client.{domains.ROLE}: {secrets}")
+    status["vms"] = vms.plan(cfg, status["sites"], state, status.get("libvirt"))
     vms.create_disks(status["vms"], status["sites"])
     if status["vms"]:
         say(f"disks: {sum(len(v['disks']) for v in status['vms'])} x {cfg.disk_size_mb} MiB "
@@ -109,10 +130,12 @@ def _up(cfg: C.LabConfig, log: Any, wait_boot: bool) -> dict[str, Any]:
     status["phase"] = "vms"
     write_status(status)
     try:
-        vms.start(status["vms"], status["image"], status["accel"], status["sites"], cfg, mark)
+        vms.start(status["vms"], status["image"], status["accel"], status["sites"], cfg, mark,
+                  status)
     finally:
         write_status(status)
-    say(f"guests: {len(status['vms'])} started under {status['accel']}")
+    say(f"guests: {len(status['vms'])} started under {status['accel']}"
+        + (" as libvirt domains" if cfg.driver == "libvirt" else ""))
     if wait_boot:
         # TCG guests share the machine's cores: allow more time for more guests.
         vms.wait_ready(status["vms"], timeout=max(180.0, 45.0 * len(status["vms"])), log=say)

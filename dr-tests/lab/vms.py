@@ -1,10 +1,18 @@
-"""QEMU guests of the lab: one per (host, index), run inside the host netns.
+"""The lab's guests: one per (host, index), run inside the host netns.
+
+Raw-QEMU mode (`--driver qemu`, this file):
 
 Each guest gets `-blockdev` nodes named disk0, disk1, ... (the node the
 virtio-blk device is attached to, so QMP snapshot commands can say
 `device: diskN`), a QMP socket, a serial console log, and a tap on its
 host's bridge.  QEMU daemonizes after its init is done, so a started guest
 is a running process with a pid file.
+
+libvirt mode (`--driver libvirt`): the same guest (kernel command line,
+MAC, address, tap name, console file) as a libvirt domain of the host's
+libvirtd (domains.py); status entries carry `driver`, `uri`, libvirt's
+pid file and the domain's log instead of `qmp`.  `status.vm_pid` gives
+either's QEMU pid.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cutpoint.lab import config as C
-from cutpoint.lab import net
+from cutpoint.lab import domains, net
 from cutpoint.lab.ceph import rbd_cmd
 from cutpoint.lab.errors import LabError
 from cutpoint.lab.proc import kill_pids, pid_alive, read_pidfile, run
@@ -23,8 +31,10 @@ from cutpoint.lab.proc import kill_pids, pid_alive, read_pidfile, run
 READY = "cp-init: ready"
 
 
-def plan(cfg: C.LabConfig, sites: dict[str, Any], state: Path) -> list[dict[str, Any]]:
-    """The VM entries of the status (VMs live on primary hosts)."""
+def plan(cfg: C.LabConfig, sites: dict[str, Any], state: Path,
+         libvirt: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The VM entries of the status (VMs live on primary hosts); `libvirt`:
+    the status's libvirt hosts (libvirt mode)."""
     vms = []
     g = 0
     for hname, site, _hidx in C.host_names(cfg):
@@ -48,8 +58,11 @@ def plan(cfg: C.LabConfig, sites: dict[str, Any], state: Path) -> list[dict[str,
                 "address": C.vm_addr(g), "mac": C.vm_mac(g), "tap": f"tap{i}",
                 "qmp": str(d / "qmp.sock"), "console": str(d / "console.log"),
                 "pidfile": str(d / "qemu.pid"), "pid": 0, "backend": cfg.backend,
-                "workload": cfg.workload, "disks": disks, "dir": str(d),
+                "workload": cfg.workload, "disks": disks, "dir": str(d), "driver": "qemu",
             })
+            if cfg.driver == "libvirt":
+                assert libvirt is not None
+                domains.plan_vm(vms[-1], libvirt)
     return vms
 
 
@@ -68,19 +81,25 @@ def create_disks(vms: list[dict[str, Any]], sites: dict[str, Any]) -> None:
         list(ex.map(run, jobs))
 
 
-def qemu_argv(vm: dict[str, Any], image: dict[str, Any], accel: str, peers: list[str],
-              sites: dict[str, Any], memory_mb: int, workload_args: str) -> list[str]:
+def kernel_cmdline(vm: dict[str, Any], peers: list[str], workload_args: str) -> str:
+    """The tiny image's init reads its role from here (both drivers)."""
     cmdline = ["console=ttyS0", "quiet", "panic=-1", f"cp.workload={vm['workload']}",
                f"cp.vm={vm['index']}", f"cp.name={vm['name']}",
                f"cp.ip={vm['address']}/{C.PREFIX}", f"cp.peers={','.join(peers)}",
                f"cp.ndisks={len(vm['disks'])}"]
     if workload_args:
         cmdline.append(f"cp.args={workload_args}")
+    return " ".join(cmdline)
+
+
+def qemu_argv(vm: dict[str, Any], image: dict[str, Any], accel: str, peers: list[str],
+              sites: dict[str, Any], memory_mb: int, workload_args: str) -> list[str]:
     argv = ["qemu-system-x86_64", "-name", f"guest={vm['name']},process=cplab-{vm['name']}",
             "-nodefaults", "-no-user-config", "-machine", f"pc,accel={accel}",
             "-cpu", "kvm64" if accel == "kvm" else "qemu64",
             "-smp", "1", "-m", str(memory_mb), "-display", "none", "-no-reboot",
-            "-kernel", image["kernel"], "-initrd", image["initrd"], "-append", " ".join(cmdline),
+            "-kernel", image["kernel"], "-initrd", image["initrd"],
+            "-append", kernel_cmdline(vm, peers, workload_args),
             "-chardev", f"file,id=console,path={vm['console']}", "-serial", "chardev:console",
             "-qmp", f"unix:{vm['qmp']},server=on,wait=off",
             "-netdev", f"tap,id=net0,ifname={vm['tap']},script=no,downscript=no",
@@ -100,8 +119,18 @@ def qemu_argv(vm: dict[str, Any], image: dict[str, Any], accel: str, peers: list
 
 
 def start(vms: list[dict[str, Any]], image: dict[str, Any], accel: str,
-          sites: dict[str, Any], cfg: C.LabConfig, mark: str) -> None:
+          sites: dict[str, Any], cfg: C.LabConfig, mark: str,
+          status: dict[str, Any] | None = None) -> None:
     peers = [vm["address"] for vm in vms]
+    if cfg.driver == "libvirt":
+        assert status is not None
+        lv = status["libvirt"]
+        conf = domains.client_conf(Path(status["state_dir"]), cfg.qemu_op_timeout_s)
+        xmls = {vm["name"]: domains.domain_xml(
+            vm, image, accel, kernel_cmdline(vm, peers, cfg.workload_args),
+            sites[vm["site"]], lv["secrets"][vm["site"]], conf, cfg.memory_mb) for vm in vms}
+        domains.start(vms, status, xmls)
+        return
 
     def one(vm: dict[str, Any]) -> None:
         net.add_tap(vm["host"], vm["tap"])

@@ -106,8 +106,11 @@ def run(out: Path | None, json_out: Path | None) -> int:
     with lock.lab_lock(wait=True, log=print):
         started = datetime.now(UTC)  # once the lab is ours: the run's own time
         try:
-            subprocess.run([LAB_EXE, "up", "--hosts", "2", "--vms-per-host", "1", "--disks",
-                            "2", "--workload", "writer"], check=True)
+            # raw QEMU: the failback step starts the primary VMs again
+            # through their raw-QEMU launchers (start_agents primary_start)
+            subprocess.run([LAB_EXE, "up", "--driver", "qemu", "--hosts", "2",
+                            "--vms-per-host", "1", "--disks", "2", "--workload", "writer"],
+                           check=True)
             _steps(steps)
         except (subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:
             broke = f"dr-walkthrough: stopped after {len(steps)} steps: {exc!r}"

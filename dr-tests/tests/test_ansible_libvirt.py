@@ -1,6 +1,6 @@
 """The host role's libvirt side, run for real: `tasks_from: libvirt` of
 cutpoint_host (ansible-playbook on localhost) against a libvirtd of the
-test's own (agent/tests/libvirt_hosts.py: its own /etc/libvirt/secrets and
+test's own (dr-tests/lab/libvirt.py: its own /etc/libvirt/secrets and
 /run/libvirt in a mount namespace; this machine's libvirt is not touched).
 
 It checks that the role installs the Ceph key as a libvirt secret with the
@@ -31,14 +31,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cutpoint.lab.libvirt import LibvirtHost
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"
 BIN = Path(sys.executable).parent
 AGENT = ROOT / "build" / "agent" / "cutpointd"
 CA_SCRIPT = ROOT / "scripts" / "make-lab-ca.sh"
-sys.path.insert(0, str(ROOT / "agent" / "tests"))
-from libvirt_hosts import LibvirtHost
 
 pytestmark = pytest.mark.lab
 

@@ -20,7 +20,7 @@ from cutpoint.lab.ceph import rbd_cmd
 from cutpoint.lab.errors import LabError
 from cutpoint.lab.labcheck import PATTERN_BYTES, expected_pattern, wait_done
 from cutpoint.lab.proc import lab_processes
-from cutpoint.lab.status import load_status
+from cutpoint.lab.status import load_status, vm_pid
 
 
 def wait_labcheck(status: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
@@ -58,14 +58,23 @@ def test_lab_guests_write_disks_and_talk_across_hosts(lab: dict[str, Any], lab_s
     for h in lab["hosts"]:
         assert {"name", "site", "netns", "address"} <= set(h)
     for vm in lab["vms"]:
-        assert {"name", "host", "site", "index", "address", "qmp", "pid", "console",
-                "backend", "disks"} <= set(vm)
+        assert {"name", "host", "site", "index", "address", "driver", "pid", "pidfile",
+                "console", "backend", "disks"} <= set(vm)
+        assert {"qmp"} <= set(vm) if vm["driver"] == "qemu" else \
+            {"uri", "uuid", "domain_log"} <= set(vm)
         for d in vm["disks"]:
             assert {"node", "device", "backend", "pool", "image", "size_mb"} <= set(d)
     assert {"kernel", "initrd", "hash"} <= set(lab["image"])
     for vm in lab["vms"]:
-        assert Path(vm["qmp"]).is_socket()
-        assert [d["node"] for d in vm["disks"]] == ["disk0", "disk1"]
+        assert vm_pid(vm) == vm["pid"] > 0
+        if vm["driver"] == "qemu":
+            assert Path(vm["qmp"]).is_socket()
+            assert [d["node"] for d in vm["disks"]] == ["disk0", "disk1"]
+        else:  # a libvirt domain: its host's libvirtd runs it, disks by target dev
+            state = subprocess.run(["virsh", "-c", vm["uri"], "domstate", vm["name"]],
+                                   capture_output=True, text=True, check=True).stdout
+            assert state.strip() == "running"
+            assert [d["node"] for d in vm["disks"]] == ["vda", "vdb"]
     assert set(net.netns_list()) >= {"primary-h1", "primary-h2", "dr-h1"}
 
     lines = wait_labcheck(lab)
@@ -103,7 +112,9 @@ def test_lab_guests_write_disks_and_talk_across_hosts(lab: dict[str, Any], lab_s
     assert lab_processes() == []
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     ours = [ln for ln in ps.splitlines()
-            if "process=cplab-" in ln or (" ceph-" in ln and "/ceph/primary/ceph.conf" in ln)
+            if "process=cplab-" in ln or "guest=primary-h" in ln
+            or "/libvirt/primary-h" in ln or "/libvirt/dr-h" in ln
+            or (" ceph-" in ln and "/ceph/primary/ceph.conf" in ln)
             or (" ceph-" in ln and "/ceph/dr/ceph.conf" in ln)]
     assert ours == []
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cutpoint.lab import config as C
 from cutpoint.lab import image, vms
-from cutpoint.lab.errors import LabBusy
+from cutpoint.lab.errors import LabBusy, LabError
 from cutpoint.lab.lock import HELD_ENV, lab_lock
 
 CLI = [str(Path(sys.executable).parent / "cutpoint-lab")]
@@ -101,7 +101,7 @@ def test_modules_resolve_dependencies_first() -> None:
 
 def test_qemu_argv_names_disk_nodes_and_passes_guest_contract() -> None:
     cfg = C.LabConfig(hosts=1, vms_per_host=1, disks=2, workload="writer",
-                      workload_args="a,b", state_dir="/tmp/x")
+                      workload_args="a,b", state_dir="/tmp/x", driver="qemu")
     sites = {"primary": {"pool": "rbd", "ceph_conf": "/c/ceph.conf", "client_id": "admin"}}
     [vm] = vms.plan(cfg, sites, Path("/tmp/x"))
     argv = vms.qemu_argv(vm, {"kernel": "/k", "initrd": "/i"}, "tcg", ["10.77.101.1"],
@@ -113,6 +113,60 @@ def test_qemu_argv_names_disk_nodes_and_passes_guest_contract() -> None:
     for want in ("cp.workload=writer", "cp.vm=1", "cp.name=primary-h1-vm1",
                  "cp.ip=10.77.101.1/16", "cp.peers=10.77.101.1", "cp.args=a,b"):
         assert want in append
+
+
+def test_libvirt_domain_xml_is_the_lab_guest_and_signable_for_dr() -> None:
+    """The libvirt lab's domain: RBD disks as client.cutpoint behind the
+    site's secret, the guest's kernel command line, a bridge on br0, the
+    console logged to its file; and a definition vmdef_rewrite takes for DR
+    (it would refuse a file console or an ethernet interface)."""
+    import xml.etree.ElementTree as ET
+
+    from cutpoint.api.services.vmdef_rewrite import (
+        DrTarget,
+        RewriteError,
+        rbd_images,
+        rewrite,
+    )
+    from cutpoint.lab import domains
+
+    cfg = C.LabConfig(hosts=1, vms_per_host=1, disks=2, workload="writer",
+                      state_dir="/tmp/x", driver="libvirt")
+    lv = {"hosts": {"primary-h1": {"dir": "/tmp/x/libvirt/primary-h1", "netns": "primary-h1",
+                                   "site": "primary", "uri": "qemu:///system?socket=/s"}}}
+    sites = {"primary": {"pool": "rbd", "ceph_conf": "/c/ceph.conf", "client_id": "admin",
+                         "mon_addrs": ["v2:10.77.0.2:3300", "v1:10.77.0.2:6789"]}}
+    [vm] = vms.plan(cfg, sites, Path("/tmp/x"), lv)
+    assert vm["driver"] == "libvirt" and "qmp" not in vm
+    assert vm["pidfile"] == "/tmp/x/libvirt/primary-h1/run/qemu/primary-h1-vm1.pid"
+    assert [d["node"] for d in vm["disks"]] == ["vda", "vdb"]
+    secret = {"uuid": "5d0c3e6a-8f4b-4c21-9a7e-2b1f0e9d8c71", "user": "cutpoint"}
+    xml = domains.domain_xml(vm, {"kernel": "/k", "initrd": "/i"}, "tcg",
+                             vms.kernel_cmdline(vm, ["10.77.101.1"], ""), sites["primary"],
+                             secret, "/tmp/x/libvirt/ceph-client.conf", 160)
+    root = ET.fromstring(xml)
+    assert root.get("type") == "qemu" and root.findtext("name") == "primary-h1-vm1"
+    assert "cp.workload=writer" in (root.findtext("os/cmdline") or "").split()
+    assert rbd_images(xml) == ["rbd/primary-h1-vm1-disk0", "rbd/primary-h1-vm1-disk1"]
+    for disk in root.findall("devices/disk"):
+        assert disk.find("auth").get("username") == "cutpoint"
+        assert disk.find("auth/secret").get("uuid") == secret["uuid"]
+        assert disk.find("source/host").attrib == {"name": "10.77.0.2", "port": "6789"}
+        assert disk.find("source/config").get("file") == "/tmp/x/libvirt/ceph-client.conf"
+    assert root.find("devices/interface/source").get("bridge") == "br0"
+    assert root.find("devices/serial/log").get("file") == vm["console"]
+    dr = DrTarget(pool="rbd", mon_hosts=(("10.77.0.3", 6790),), auth_user="cutpoint",
+                  secret_uuid=secret["uuid"], networks={"br0": "br0"})
+    assert rbd_images(rewrite(xml, dr)) == rbd_images(xml)
+    # the shape matters: raw QEMU's file console would not be signed
+    with pytest.raises(RewriteError, match="reaches a host file"):
+        rewrite(xml.replace("<serial type='pty'>", "<serial type='file'>"), dr)
+
+
+def test_libvirt_mode_refuses_qcow2() -> None:
+    cfg = C.LabConfig(backend="qcow2", driver="libvirt", state_dir="/tmp/x")
+    with pytest.raises(LabError, match="--driver libvirt runs RBD disks only"):
+        cfg.validate()
 
 
 def test_console_lines_parse(tmp_path: Path) -> None:

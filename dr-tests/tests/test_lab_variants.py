@@ -28,7 +28,8 @@ def qcow2_read(path: str, n: int, tmp: Path) -> bytes:
 
 @pytest.mark.lab
 @pytest.mark.lab_config(hosts=1, vms_per_host=1, disks=2, backend="qcow2", osd="bluestore",
-                        paxos="default", workload="labcheck", fresh=True)
+                        paxos="default", workload="labcheck", fresh=True,
+                        driver="qemu")  # qcow2 disks: raw QEMU only
 def test_lab_qcow2_bluestore_default_paxos(lab: dict[str, Any], tmp_path: Path) -> None:
     [vm] = lab["vms"]
     assert [d["backend"] for d in vm["disks"]] == ["qcow2", "qcow2"]

@@ -40,6 +40,10 @@ def up(
     vms_per_host: int = typer.Option(1, "--vms-per-host", help="QEMU guests per primary host"),
     disks: int = typer.Option(1, "--disks", help="virtio disks per guest"),
     backend: str = typer.Option("rbd", "--backend", help="disk backend: rbd or qcow2"),
+    driver: str = typer.Option(C.default_driver(), "--driver",
+                               help="how guests run: libvirt (a libvirtd per host, domains "
+                                    "with RBD disks and a cephx secret) or qemu (raw QEMU "
+                                    "with QMP)"),
     workload: str = typer.Option("none", "--workload", help="workload every guest starts"),
     workload_args: str = typer.Option("", "--workload-args", help="comma-separated workload args"),
     disk_size_mb: int = typer.Option(64, "--disk-size-mb", help="size of each disk in MiB"),
@@ -62,7 +66,7 @@ def up(
     from cutpoint.lab import up as lab_up
 
     cfg = C.LabConfig(hosts=hosts, vms_per_host=vms_per_host, disks=disks, backend=backend,
-                      workload=workload, workload_args=workload_args, disk_size_mb=disk_size_mb,
+                      driver=driver, workload=workload, workload_args=workload_args, disk_size_mb=disk_size_mb,
                       osd=osd, paxos=paxos, dr_hosts=dr_hosts, memory_mb=memory_mb,
                       qemu_op_timeout_s=qemu_op_timeout, kernel=kernel, accel=accel, state_dir=str(C.state_dir(state_dir)))
     try:
@@ -88,11 +92,16 @@ def _summary(s: dict[str, Any]) -> None:
                    f"(workloads: {', '.join(img.get('workloads') or []) or 'none'})")
     for site, v in s.get("sites", {}).items():
         typer.echo(f"  site {site:8} mon {v['mon_addr']:18} pool {v['pool']}  conf {v['ceph_conf']}")
+    lv = (s.get("libvirt") or {}).get("hosts", {})
     for h in s.get("hosts", []):
-        typer.echo(f"  host {h['name']:12} netns {h['netns']:12} {h['address']}")
+        uri = f"  libvirt {lv[h['name']]['uri']}" if h["name"] in lv else ""
+        typer.echo(f"  host {h['name']:12} netns {h['netns']:12} {h['address']}{uri}")
+    for site, sec in ((s.get("libvirt") or {}).get("secrets") or {}).items():
+        typer.echo(f"  libvirt secret of site {site}: {sec['uuid']} (client.{sec['user']})")
     for vm in s.get("vms", []):
         disks = ", ".join(d.get("image") or d.get("file", "?") for d in vm["disks"])
-        typer.echo(f"  vm   {vm['name']:16} on {vm['host']:11} {vm['address']:13} pid {vm['pid']:<7} "
+        typer.echo(f"  vm   {vm['name']:16} on {vm['host']:11} {vm['address']:13} "
+                   f"{vm.get('driver', 'qemu'):7} pid {vm['pid']:<7} "
                    f"disks {disks}")
 
 
@@ -112,7 +121,7 @@ def status(
         return
     _summary(s)
     h = health(s)
-    dead = [k for k, v in {**h["vms"], **h["ceph"]}.items() if not v]
+    dead = [k for k, v in {**h["vms"], **h["ceph"], **h["libvirt"]}.items() if not v]
     typer.echo(f"  health: {'all processes running' if not dead else 'DEAD: ' + ', '.join(dead)}")
 
 

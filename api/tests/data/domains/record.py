@@ -1,7 +1,7 @@
 """Records the domain XML that test_vmdef_rewrite.py rewrites, from a real
 libvirtd: `sudo .venv/bin/python api/tests/data/domains/record.py`.
 
-A libvirtd of its own (agent/tests/libvirt_hosts.py: a private mount
+A libvirtd of its own (dr-tests/lab/libvirt.py: a private mount
 namespace, so no other libvirtd is touched) defines the lab's libvirt
 domain shape -- agent/tests/libvirt_agent.py `domain_xml`, with the RBD
 disk of test_agent_libvirt_rbd_lab.py (cephx secret, monitor host), a
@@ -21,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3] / "agent" / "tests"))
 
+from cutpoint.lab.libvirt import LibvirtHost
 from libvirt_agent import GUEST_AGENT, domain_xml
-from libvirt_hosts import LibvirtHost
 
 NAME = "prod-db1"
 SECRET = "5a1e1a9f-4a55-4d8c-9c6e-1f7c8b6e2a01"
