@@ -4,7 +4,7 @@ The guest is the tiny lab image (dr-tests/lab/image.py), whose init starts
 Debian's qemu-ga on the virtio-serial port org.qemu.guest_agent.0, booted
 under TCG:
 
-- libvirt driver: a libvirtd of its own (libvirt_hosts.LibvirtHost), a
+- libvirt driver: a libvirtd of its own (cutpoint.lab.libvirt.LibvirtHost), a
   cutpointd with `definition_key`; the domain is started from a signed
   definition with `transient: true`, as a drill starts its copies.  The
   guest agent answers guest-ping once it is up; guest-exec gives the
@@ -33,8 +33,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cutpoint.agentclient import AgentClient, AgentError
 from cutpoint.api.services import vmdef_sign
 from cutpoint.lab import image
+from cutpoint.lab.libvirt import LibvirtHost
 from libvirt_agent import LibvirtAgent
-from libvirt_hosts import LibvirtHost
 from test_agent_local import _free_port, _launch_agent, _stop_agent
 
 pytestmark = pytest.mark.lab
@@ -46,7 +46,7 @@ DOMAIN = "drill-guesttest-g1"
 def tiny() -> dict[str, Any]:
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    kernel = sorted(glob.glob("/boot/vmlinuz-*"))[-1]
+    kernel = max(glob.glob("/boot/vmlinuz-*"))
     return image.build(kernel, log=lambda m: print(m))
 
 

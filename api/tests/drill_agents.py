@@ -3,7 +3,7 @@ with agents, the DR site's Ceph, captured definitions in a database.
 
 `DrillBed` brings up, beside the lab (its Ceph sites only):
 - two DR hypervisor hosts, each a libvirtd of its own
-  (agent/tests/libvirt_hosts.py) with the DR site's cephx key as a libvirt
+  (dr-tests/lab/libvirt.py) with the DR site's cephx key as a libvirt
   secret, and a cutpointd (`[libvirt] discover = yes`, `definition_key`:
   the public half of a key made here);
 - the drill bridge `cpdrill0` (no address, no uplink: the isolated drill
@@ -28,7 +28,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -37,10 +36,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "agent" / "tests"))
-from libvirt_hosts import LibvirtHost
+from cutpoint.lab.libvirt import LibvirtHost
 
 BRIDGE = "cpdrill0"
 RP = "cp.drl.t1"
