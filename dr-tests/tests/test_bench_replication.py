@@ -1,6 +1,7 @@
 """Unit tests of the replication benchmark's bookkeeping (no lab): the
 per-round medians and spreads, the verdict taken from medians, the idle
-check on recorded `ceph` replies, and the table."""
+check on recorded `ceph` replies, the rbd-mirror column, the write ceiling
+fractions, the configuration checks, and the table."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.bench import replication as rb
+from cutpoint.bench import replication_bench as rbench
+from cutpoint.bench import replication_cluster as rc
+from cutpoint.bench import replication_report as rb
 
 MiB = rb.MiB
 DATA = Path(__file__).parent / "data" / "ceph_replies"
@@ -84,12 +87,12 @@ def _reply(name: str) -> Any:
 
 def test_busy_reasons_idle_cluster() -> None:
     # `ceph pg ls --format json` of a lab site (Pacific), idle
-    assert rb.busy_reasons(_reply("pg_ls_idle.json")) == []
+    assert rc.busy_reasons(_reply("pg_ls_idle.json")) == []
 
 
 def test_busy_reasons_while_trimming() -> None:
     # the same, recorded while the OSD trimmed the bench's removed snapshots
-    why = rb.busy_reasons(_reply("pg_ls_snaptrim.json"))
+    why = rc.busy_reasons(_reply("pg_ls_snaptrim.json"))
     assert why and any("snaptrim" in w for w in why), why
 
 
@@ -98,9 +101,9 @@ def test_busy_reasons_counts_queued_trims_of_clean_pgs() -> None:
     # (the state is reported a moment later) is busy.
     reply = _reply("pg_ls_idle.json")
     reply["pg_stats"][0]["snaptrimq_len"] = 3
-    assert rb.busy_reasons(reply) == ["3 snapshots queued for trimming"]
+    assert rc.busy_reasons(reply) == ["3 snapshots queued for trimming"]
     reply["pg_stats"][1]["state"] = "active+clean+snaptrim_wait"
-    assert rb.busy_reasons(reply)[0] == "1 pg active+clean+snaptrim_wait"
+    assert rc.busy_reasons(reply)[0] == "1 pg active+clean+snaptrim_wait"
 
 
 def test_table_shows_median_and_spread() -> None:
@@ -110,4 +113,62 @@ def test_table_shows_median_and_spread() -> None:
     text = rb.table(doc)
     assert "| 1024 | full | 3 | 1024.0 | 1.000 | 2.20 (2.00–9.00) |" in text
     assert "2.50 (2.10–7.00)" in text and "1/3" in text
-    assert "target >= 1: met" in text
+    assert "incremental target >= 1.5: NOT met" in text  # no incremental round
+
+
+def test_rbd_mirror_column_and_verdicts() -> None:
+    def mp(sync_s: float, pipe_s: float, mirror_s: float | None) -> rb.Pair:
+        p = pair(sync_s, pipe_s)
+        p.mirror_s, p.mirror_snap_ms = mirror_s, 12.0
+        return p
+
+    full = rb.Round(256, "full", [mp(1.0, 1.2, 2.0), mp(1.0, 1.1, None)], identical=True)
+    inc = rb.Round(256, "+4 MiB/64K", [mp(0.10, 0.16, 0.08), mp(0.10, 0.15, 0.09),
+                                        mp(0.11, 0.16, 0.07)], identical=True)
+    row = inc.row()
+    assert row["mirror_n"] == 3 and row["mirror_s"] == 0.08
+    assert row["speedup_vs_mirror"] == pytest.approx(0.08 / 0.10, 1e-3)
+    assert row["sync_wins_vs_mirror"] == 0 and row["io_kib"] == 64
+    assert full.row()["mirror_n"] == 1 and full.row()["io_kib"] == 4096
+    s = rb.summarize([full, inc])
+    assert s["incremental_ratio"] == pytest.approx(1.6, 1e-3)
+    assert s["target_incremental_1_5_met"] is True
+    assert s["incremental_ratio_vs_mirror"] == pytest.approx(0.8, 1e-3)
+    assert s["target_beats_mirror_met"] is False
+    doc = {"rounds": [full.row(), inc.row()], "summary": s,
+           "ceiling_mbps": {"64": 40.0, "4096": 200.0}}
+    text = rb.table(doc)
+    assert "rbd-mirror snapshot s median" in text
+    assert "0.08 (0.07–0.09, n=3)" in text
+    # 4 MiB in 0.10 s = 40 MiB/s: all of the 64 KiB ceiling
+    assert "40.0 (100%)" in text
+    assert "target > 1 on incremental rounds: NOT met" in text
+
+
+def test_without_rbd_mirror_no_column_and_no_verdict() -> None:
+    inc = rb.Round(256, "+4 MiB/64K", [pair(0.1, 0.1)], identical=True)
+    s = rb.summarize([inc])
+    assert s["incremental_ratio_vs_mirror"] is None and s["target_beats_mirror_met"] is None
+    assert "rbd-mirror" not in rb.table({"rounds": [inc.row()], "summary": s})
+
+
+def test_config_checks_baselines_and_dr_budget() -> None:
+    rbench.BenchConfig(sizes_mib=[256], baselines=["export-diff", "rbd-mirror"]).validate()
+    with pytest.raises(ValueError, match="three times at DR"):
+        rbench.BenchConfig(baselines=["export-diff", "rbd-mirror"]).validate()
+    with pytest.raises(ValueError, match="--baseline"):
+        rbench.BenchConfig(baselines=["export-diff", "zerto"]).validate()
+    with pytest.raises(ValueError, match="repeats"):
+        rbench.BenchConfig(repeats=0).validate()
+
+
+def test_rbd_bench_rate_parsed() -> None:
+    # the last line of Pacific's `rbd bench --io-type write`
+    out = ("bench  type write io_size 65536 io_threads 16 bytes 268435456 pattern random\n"
+           "  SEC       OPS   OPS/SEC   BYTES/SEC\n"
+           "    1      2480   2489.02   156 MiB/s\n"
+           "elapsed: 1   ops: 4096   ops/sec: 2522.9   bytes/sec: 165347696.64\n")
+    assert rc.bench_rate(out) == pytest.approx(165347696.64)
+    assert rc.bench_rate("elapsed: 2  ops: 64  ops/sec: 30.1  bytes/sec: 120 MiB/s\n") \
+        == 120 * MiB
+    assert rc.bench_rate("no summary") is None

@@ -81,38 +81,59 @@ def _rounds(text: str) -> list[tuple[int, int]]:
 
 @app.command()
 def replication(
-    json_out: str = typer.Option(None, "--json", help="write the results to this JSON file"),
+    json_out: str = typer.Option("out/bench-replication.json", "--json",
+                                 help="write the results to this JSON file"),
     sizes_mib: str = typer.Option("256,1024", "--sizes-mib", help="image sizes, MiB"),
     changes: str = typer.Option("4@64,4@1024,16@1024,64@1024", "--changes",
                                 help="incremental rounds: MiB changed @ write size KiB"),
     jobs: int = typer.Option(16, "--jobs", help="cutpoint-sync workers"),
+    repeats: int = typer.Option(3, "--repeats", min=1, max=50,
+                                help="interleaved turns per round"),
+    baseline: str = typer.Option("export-diff", "--baseline",
+                                 help="export-diff, or export-diff,rbd-mirror (rbd-mirror "
+                                      "in snapshot mode, one daemon at DR)"),
+    ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling",
+                                 help="measure the DR OSD's write ceiling (rbd bench)"),
 ) -> None:
-    """cutpoint-sync against `rbd export-diff | rbd import-diff` on the same snapshots.
+    """cutpoint-sync against `rbd export-diff | rbd import-diff` (and rbd-mirror
+    in snapshot mode) on the same change sets, with the OSD's write ceiling.
 
     Uses the running lab if it is healthy; otherwise brings up a VM-less lab
     (two Ceph sites) under the lab lock and tears it down afterwards."""
-    from cutpoint.bench import replication as rb
+    from cutpoint.bench import replication as rt
+    from cutpoint.bench import replication_bench as rb
+    from cutpoint.bench.replication_report import table
     from cutpoint.lab.errors import LabError
 
-    cfg = rb.BenchConfig(sizes_mib=_ints(sizes_mib, "--sizes-mib"),
-                         changes=_rounds(changes), jobs=jobs)
     if not 1 <= jobs <= 64:
         raise typer.BadParameter("--jobs wants 1..64")
+    cfg = rb.BenchConfig(sizes_mib=_ints(sizes_mib, "--sizes-mib"),
+                         changes=_rounds(changes), jobs=jobs, repeats=repeats,
+                         baselines=[b.strip() for b in baseline.split(",") if b.strip()],
+                         ceiling=ceiling)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     from cutpoint.coordinator.dr.replicate import ReplicationError
 
     try:
-        rb.sync_binary()
-    except ReplicationError as exc:
+        rt.sync_binary()
+        if cfg.mirror:
+            from cutpoint.bench.replication_mirror import mirror_binary
+            mirror_binary()
+    except (ReplicationError, rt.ReplicationError) as exc:
         typer.echo(f"cutpoint-lab bench: error: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
         doc = _with_lab(None, lambda status: rb.run_benchmark(status, cfg, log=_log))
-    except (LabError, rb.ReplicationError) as exc:
+    except (LabError, rt.ReplicationError) as exc:
         typer.echo(f"cutpoint-lab bench: error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo("")
-    typer.echo(rb.table(doc))
+    typer.echo(table(doc))
     if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         with open(json_out, "w") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")
@@ -172,6 +193,7 @@ def control_plane(
 app.command("quiesce")(quiesce_cli)
 
 from cutpoint.lab.cli import (
+    bench_dr,  # noqa: F401  (dr-rpo)
     bench_groupsnap,  # noqa: F401  (pause, snapsize, overhead)
     bench_scale,  # noqa: F401  (scale)
 )
