@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
-all=(proto journal qmp config domxml sync-args sync-progress)
+all=(proto journal qmp config domxml sync-args sync-progress sync-serve)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 share=$(( secs / ${#targets[@]} ))
@@ -49,7 +49,8 @@ sync_lib=(storage/sync/sync_util.c storage/sync/sync_args.c
           storage/sync/sync_conn.c storage/sync/sync_lock.c
           storage/sync/sync_site.c storage/sync/sync_diff.c
           storage/sync/sync_verify.c storage/sync/sync_copy.c
-          storage/sync/sync_plan.c storage/sync/sync_engine.c)
+          storage/sync/sync_plan.c storage/sync/sync_engine.c
+          storage/sync/sync_serve.c)
 
 build() {
     local t=$1 out=build-fuzz/fuzz_${1//-/_}
@@ -69,6 +70,9 @@ build() {
                $(pkg-config --libs libxml-2.0) -lpthread -o "$out" ;;
     sync-args) clang "${cflags[@]}" "${sync_lib[@]}" \
                storage/tests/fuzz_sync_args.c -lrbd -lrados -lssl -lcrypto -lz \
+               -ljansson -lpthread -o "$out" ;;
+    sync-serve) clang "${cflags[@]}" "${sync_lib[@]}" \
+               storage/tests/fuzz_sync_serve.c -lrbd -lrados -lssl -lcrypto -lz \
                -ljansson -lpthread -o "$out" ;;
     sync-progress) clang "${cflags[@]}" storage/sync/sync_progress.c \
                storage/sync/sync_identity.c storage/sync/sync_util.c \

@@ -24,7 +24,7 @@ sync_args_parse(int argc, char **argv, struct sync_opts *o, const char **bad)
     enum { O_SRC_CONF = 256, O_SRC_ID, O_SRC_KEYRING, O_SRC_POOL, O_DST_CONF,
            O_DST_ID, O_DST_KEYRING, O_DST_POOL, O_IMAGE, O_SNAP, O_BASE,
            O_FULL, O_VFULL, O_VONLY, O_RATE, O_STATE, O_CHUNK, O_JOBS,
-           O_PMS, O_EVERIFY, O_TIMEOUT, O_EPOCH, O_HELP };
+           O_PMS, O_EVERIFY, O_TIMEOUT, O_EPOCH, O_SERVE, O_HELP };
     static const struct option longopts[] = {
         {"src-conf", required_argument, NULL, O_SRC_CONF},
         {"src-id", required_argument, NULL, O_SRC_ID},
@@ -48,6 +48,7 @@ sync_args_parse(int argc, char **argv, struct sync_opts *o, const char **bad)
         {"extent-verify", required_argument, NULL, O_EVERIFY},
         {"op-timeout", required_argument, NULL, O_TIMEOUT},
         {"epoch", required_argument, NULL, O_EPOCH},
+        {"serve", no_argument, NULL, O_SERVE},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -78,6 +79,7 @@ sync_args_parse(int argc, char **argv, struct sync_opts *o, const char **bad)
         case O_FULL: o->full_resync = 1; break;
         case O_VFULL: o->verify_full = 1; break;
         case O_VONLY: o->verify_only = 1; break;
+        case O_SERVE: o->serve = 1; break;
         case O_RATE:
             if (parse_num(optarg, 0, 1e6, &o->rate_mbps) < 0)
                 *bad = "--rate-mbps wants a number from 0 to 1000000";
@@ -136,6 +138,15 @@ sync_args_parse(int argc, char **argv, struct sync_opts *o, const char **bad)
         *bad = "unexpected positional argument";
     if (*bad == NULL && (o->src.conf == NULL || o->dst.conf == NULL))
         *bad = "--src-conf and --dst-conf are required";
+    if (*bad == NULL && o->serve) {
+        /* The images come from stdin, one request a line (sync_serve.h). */
+        if (o->image != NULL || o->target != NULL || o->base != NULL)
+            *bad = "--serve takes its images from stdin, not --image, "
+                   "--snap or --base";
+        else if (o->verify_only)
+            *bad = "--serve does not take --verify-only";
+        return *bad == NULL ? SYNC_ARGS_SERVE : SYNC_ARGS_USAGE;
+    }
     if (*bad == NULL && (o->image == NULL || o->image[0] == '\0'))
         *bad = "--image is required";
     if (*bad == NULL && (o->target == NULL || o->target[0] == '\0'))

@@ -11,6 +11,8 @@
 /* What the command line asks for. */
 enum sync_args_action {
     SYNC_ARGS_RUN,       /* o is complete: replicate (or verify) */
+    SYNC_ARGS_SERVE,     /* --serve: o has the sites and the defaults;
+                            the copies come from stdin (sync_serve.h) */
     SYNC_ARGS_HELP,      /* --help, -h */
     SYNC_ARGS_VERSION,   /* --version, -V */
     SYNC_ARGS_USAGE,     /* bad usage: *bad says why (NULL when getopt

@@ -72,15 +72,52 @@ sync_conn_open(const struct sync_site *s, const char *which, int op_timeout_s,
     return 0;
 }
 
+int
+sync_conn_borrow(const struct sync_conn *from, const struct sync_site *s,
+                 const char *which, struct sync_conn *c, char *err,
+                 size_t errlen)
+{
+    int rc;
+
+    memset(c, 0, sizeof(*c));
+    if (from == NULL || !from->connected) {
+        sync_seterr(err, errlen, "%s: no connected session to borrow",
+                    which);
+        return -1;
+    }
+    c->cluster = from->cluster;
+    c->connected = 1;
+    c->borrowed = 1;
+    rc = rados_ioctx_create(c->cluster, s->pool, &c->io);
+    if (rc < 0) {
+        sync_seterr(err, errlen, "%s: pool %s: %s", which, s->pool,
+                    strerror(-rc));
+        c->io = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int
+sync_conn_for_run(const struct sync_conn *shared, const struct sync_site *s,
+                  const char *which, int op_timeout_s, struct sync_conn *c,
+                  char *err, size_t errlen)
+{
+    if (shared != NULL)
+        return sync_conn_borrow(shared, s, which, c, err, errlen);
+    return sync_conn_open(s, which, op_timeout_s, c, err, errlen);
+}
+
 void
 sync_conn_close(struct sync_conn *c)
 {
     if (c->io != NULL)
         rados_ioctx_destroy(c->io);
-    if (c->cluster != NULL)
+    if (c->cluster != NULL && !c->borrowed)
         rados_shutdown(c->cluster);
     c->io = NULL;
     c->cluster = NULL;
+    c->connected = 0;
 }
 
 void *

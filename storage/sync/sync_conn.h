@@ -16,6 +16,8 @@ struct sync_conn {
     rados_t cluster;
     rados_ioctx_t io;
     int connected;
+    int borrowed;      /* cluster belongs to a serve session (sync_serve.h):
+                          closing gives back the I/O context only */
 };
 
 /*
@@ -28,7 +30,25 @@ int sync_conn_open(const struct sync_site *s, const char *which,
                    int op_timeout_s, struct sync_conn *c, char *err,
                    size_t errlen);
 
-/* Shut c down (a no-op for a closed or never opened one). */
+/*
+ * Open pool s->pool on the connected cluster of `from` (a serve session's
+ * connection, owned by the session): no new mon or OSD session, only an
+ * I/O context.  Returns 0, or -1 with a message in err; c is closed by
+ * sync_conn_close either way, which leaves the cluster connected.
+ */
+int sync_conn_borrow(const struct sync_conn *from, const struct sync_site *s,
+                     const char *which, struct sync_conn *c, char *err,
+                     size_t errlen);
+
+/* Open site s for a run: borrowed from `shared` if not NULL (a serve
+ * session), else a connection of its own (sync_conn_open). */
+int sync_conn_for_run(const struct sync_conn *shared,
+                      const struct sync_site *s, const char *which,
+                      int op_timeout_s, struct sync_conn *c, char *err,
+                      size_t errlen);
+
+/* Shut c down (a no-op for a closed or never opened one); a borrowed
+ * cluster stays connected. */
 void sync_conn_close(struct sync_conn *c);
 
 /*

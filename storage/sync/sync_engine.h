@@ -69,6 +69,8 @@ enum {
                             epoch >= the copy's (sync_fence.h) */
 };
 
+struct sync_conn;      /* sync_conn.h */
+
 struct sync_site {
     const char *conf;      /* ceph.conf path */
     const char *id;        /* client id without "client." (e.g. admin) */
@@ -101,6 +103,7 @@ struct sync_opts {
     int full_resync;           /* copy everything (base may be missing) */
     int verify_full;           /* hash both whole snapshots at the end */
     int verify_only;           /* only compare the two existing snapshots */
+    int serve;                 /* cutpoint-sync --serve (sync_serve.h) */
     int extent_verify;         /* SYNC_VERIFY_OSD or SYNC_VERIFY_READBACK */
     double rate_mbps;          /* MB/s (10^6 bytes); 0 = unlimited */
     const char *state_dir;     /* where progress records live */
@@ -110,6 +113,11 @@ struct sync_opts {
     int op_timeout_s;          /* bound on one mon or OSD request */
     uint64_t epoch;            /* fencing epoch the source is active under
                                   (0: before any failover); sync_fence.h */
+    /* A serve session's connections (sync_serve.h), borrowed by the run
+     * (its own I/O contexts on src.pool and dst.pool); NULL: the run
+     * connects to the site itself and shuts the connection down. */
+    const struct sync_conn *src_shared;
+    const struct sync_conn *dst_shared;
     sync_event_fn on_event;
     sync_log_fn on_log;
     void *arg;

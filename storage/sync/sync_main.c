@@ -13,16 +13,13 @@
 #include "sync_args.h"
 #include "sync_engine.h"
 #include "sync_fence.h"
+#include "sync_serve.h"
 
 /* Exit codes, documented in docs/replication.md. */
 enum {
     EXIT_OK = 0,
     EXIT_ERROR = 1,
     EXIT_USAGE = 2,
-    EXIT_NOBASE = 3,
-    EXIT_VERIFY = 4,
-    EXIT_NOSRC = 5,
-    EXIT_FENCED = 6,
 };
 
 static void
@@ -56,6 +53,9 @@ usage(FILE *f)
 "  --epoch N            fencing epoch the source site is active under\n"
 "                       (default 0); a DR image that is the live copy\n"
 "                       since an epoch >= N is refused, nothing written\n"
+"  --serve              connect once, then copy one image per JSON line\n"
+"                       on stdin ({\"image\", \"snap\", \"base\", ...}; see\n"
+"                       docs/replication.md); exit 0 at EOF\n"
 "exit: 0 ok, 1 error, 2 usage, 3 base missing at DR, 4 verification\n"
 "      failed, 5 image or snapshot missing at the primary, 6 fenced:\n"
 "      the DR image is the live copy\n");
@@ -137,6 +137,7 @@ main(int argc, char **argv)
         }
         break;
     case SYNC_ARGS_RUN:
+    case SYNC_ARGS_SERVE:
         break;
     }
     if (bad != NULL) {
@@ -153,19 +154,13 @@ main(int argc, char **argv)
         return EXIT_ERROR;
     }
 
+    if (o.serve)
+        return sync_serve(&o, stdin) == 0 ? EXIT_OK : EXIT_ERROR;
+
     rc = sync_run(&o, &r, err, sizeof(err));
-    switch (rc) {
-    case SYNC_OK: code = EXIT_OK; break;
-    case SYNC_ENOBASE: code = EXIT_NOBASE; break;
-    case SYNC_EVERIFY: code = EXIT_VERIFY; break;
-    case SYNC_ENOSRC: code = EXIT_NOSRC; break;
-    case SYNC_EFENCED: code = EXIT_FENCED; break;
-    default: code = EXIT_ERROR; break;
-    }
+    code = sync_exit_code(rc);
     if (code != EXIT_OK) {
-        ev = json_pack("{s:s,s:i,s:s,s:s,s:s}", "event", "error", "exit",
-                       code, "image", o.image, "target", o.target,
-                       "message", err);
+        ev = sync_error_event(code, NULL, o.image, o.target, err);
         if (ev != NULL) {
             char *s = json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
 

@@ -33,8 +33,9 @@ sync_site_src_prep(void *arg)
     int rc;
 
     p->ret = SYNC_ERR;
-    p->conn_rc = sync_conn_open(&o->src, "primary", o->op_timeout_s, p->c,
-                                p->err, sizeof(p->err));
+    p->conn_rc = sync_conn_for_run(o->src_shared, &o->src, "primary",
+                                   o->op_timeout_s, p->c, p->err,
+                                   sizeof(p->err));
     if (p->conn_rc < 0)
         return NULL;
     rc = rbd_open_read_only(p->c->io, o->image, &p->img, NULL);
@@ -116,8 +117,9 @@ sync_site_dst_prep(void *arg)
     int rc;
 
     p->ret = SYNC_ERR;
-    p->conn_rc = sync_conn_open(&o->dst, "dr", o->op_timeout_s, p->c,
-                                p->err, sizeof(p->err));
+    p->conn_rc = sync_conn_for_run(o->dst_shared, &o->dst, "dr",
+                                   o->op_timeout_s, p->c, p->err,
+                                   sizeof(p->err));
     if (p->conn_rc < 0)
         return NULL;
     if (!p->open) {

@@ -65,6 +65,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         check_run(&o);
         break;
+    case SYNC_ARGS_SERVE:
+        /* the sites and defaults of a session; no image of its own */
+        if (bad || !o.serve || o.image || o.target || o.base ||
+            o.verify_only || !o.src.conf || !o.dst.conf)
+            abort();
+        break;
     case SYNC_ARGS_USAGE:
         break;
     case SYNC_ARGS_HELP:
