@@ -2,10 +2,13 @@
 
     result = replicate_group(src_site, dst_site, members, jobs=2)
 
-Each member is one `cutpoint-sync` run (docs/replication.md) copying
+Each member is one `cutpoint-sync` copy (docs/replication.md) of
 `pool/image@snap` from `src_site` to the same-named image and snapshot at
-`dst_site`, incrementally from `base` when the member has one.  Runs go in
-parallel, at most `jobs` at a time.  A site is a `CephSite` (site.py): the
+`dst_site`, incrementally from `base` when the member has one.  Copies go
+in parallel, at most `jobs` at a time, through `jobs` `cutpoint-sync
+--serve` sessions that each connect to both clusters once and copy one
+member after another (`sync_argv` is the one-shot command line of one
+member, for tools and tests).  A site is a `CephSite` (site.py): the
 engine gets its ceph.conf, cephx id, keyring path and the member's pool as
 mapped at that site.  The engine reads a ceph.conf file, so a site given by
 mon addresses gets a generated one (`mon_host` only) in the state directory.
@@ -252,13 +255,17 @@ class _Watch:
 
 
 def _stop_when(proc: subprocess.Popen[str], stop: _GroupStop, watch: _Watch,
-               deadline: float, stall_s: float | None) -> None:
+               deadline: float, stall_s: float | None,
+               finished: threading.Event | None = None) -> None:
     """Kills the engine once `stop` is set (another member failed), its
-    progress stalls, or the run's deadline passes: reading its output alone
+    progress stalls, or the copy's deadline passes: reading its output alone
     would wait for as long as the engine runs, and an engine behind a hung
-    OSD says nothing."""
-    while proc.poll() is None:
+    OSD says nothing.  Returns without killing once `finished` is set (the
+    copy ended; the serve session goes on with the next one)."""
+    while proc.poll() is None and not (finished is not None and finished.is_set()):
         stopped = stop.wait(0.2)
+        if finished is not None and finished.is_set():
+            return
         now = time.monotonic()
         if stopped:
             watch.why = f"stopped: {stop.why}"
@@ -274,78 +281,149 @@ def _stop_when(proc: subprocess.Popen[str], stop: _GroupStop, watch: _Watch,
         return
 
 
-def _copy_one(src: CephSite, dst: CephSite, m: MemberCopy, res: MemberResult,
-              on_event: EventHook | None, timeout: float, stop: _GroupStop,
-              **kw: Any) -> None:
-    if stop.is_set():
-        res.state, res.error = "failed", f"not copied: {stop.why}"
+def serve_argv(src: CephSite, dst: CephSite, pool: str, *, verify_full: bool = False,
+               rate_mbps: float | None = None, state_dir: str = DEFAULT_STATE_DIR,
+               epoch: int = 0) -> list[str]:
+    """`cutpoint-sync --serve` for a run of copies src -> dst: the sites'
+    access (their pools mapped from logical `pool`, each request names its
+    own), and what every copy of the run shares: the fencing epoch, the
+    rate limit, full verification and the sites' op timeout."""
+    argv = [sync_binary(), *site_args("src", src, pool, state_dir),
+            *site_args("dst", dst, pool, state_dir), "--serve",
+            "--state-dir", state_dir, "--progress-ms", "500", "--epoch", str(epoch),
+            "--op-timeout", str(max(src.op_timeout_s, dst.op_timeout_s))]
+    if verify_full:
+        argv.append("--verify-full")
+    if rate_mbps:
+        argv += ["--rate-mbps", f"{rate_mbps:g}"]
+    return argv
+
+
+def member_request(src: CephSite, dst: CephSite, m: MemberCopy, rid: str) -> dict[str, Any]:
+    """One request line of a serve session: the member, its pool as each site maps it."""
+    return {"id": rid, "image": m.image, "snap": m.snap, "base": m.base,
+            "src_pool": src.pool(m.pool), "dst_pool": dst.pool(m.pool)}
+
+
+class _Session:
+    """One `cutpoint-sync --serve` process: both clusters connected once,
+    then one member copied per request (docs/replication.md, "Serve mode").
+    Its stderr (key=value logs) is drained on a thread, keeping the tail."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.tail: list[str] = []
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True,
+                                       name="cutpoint-sync stderr")
+        self._drain.start()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.tail = (self.tail + [line.rstrip()])[-20:]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def copy(self, src: CephSite, dst: CephSite, m: MemberCopy, res: MemberResult, rid: str,
+             on_event: EventHook | None, timeout: float, stop: _GroupStop,
+             stall_s: float | None) -> None:
+        """Copy one member; res says how it went.  A copy that is stopped,
+        stalls or times out kills the session (its next copy needs a new one)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        res.state = "copying"
         if on_event:
-            on_event("member.failed", res.as_dict())
-        return
-    argv = sync_argv(src, dst, m, **kw)
-    res.state = "copying"
-    if on_event:
-        on_event("member.copying", {"image": m.image, "snap": m.snap, "base": m.base})
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    done: dict[str, Any] | None = None
-    err: dict[str, Any] | None = None
-    assert proc.stdout is not None
-    watch = _Watch()
-    stall_s = None if kw.get("verify_full") else \
-        stall_bound_s(max(src.op_timeout_s, dst.op_timeout_s), kw.get("rate_mbps"))
-    threading.Thread(target=_stop_when, args=(proc, stop, watch, t0 + timeout, stall_s),
-                     name=f"stop {m.image}", daemon=True).start()
-    try:
-        for line in proc.stdout:
-            if not line.strip():
-                continue
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            kind = ev.get("event")
-            if kind == "done":
-                done = ev
-            elif kind == "error":
-                err = ev
-            elif kind == "progress":
-                watch.progress(ev)
-                if on_event:
-                    on_event("member.progress", {"image": m.image, **ev})
-        rc = proc.wait(timeout=timeout)
-        stderr = proc.stderr.read() if proc.stderr else ""
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    res.seconds = time.monotonic() - t0
-    res.returncode = rc
-    if rc != 0 or done is None:
-        res.state = "failed"
-        msg = (err or {}).get("message") or stderr.strip().splitlines()[-1:] or ["no done event"]
-        if watch.why and err is None:
-            msg = watch.why
-        res.error = f"cutpoint-sync rc={rc}: {msg if isinstance(msg, str) else msg[0]}"
-    else:
-        res.full = bool(done.get("full"))
-        res.already = bool(done.get("already"))
-        res.bytes_shipped = int(done.get("bytes_shipped", 0))
-        res.bytes_changed = int(done.get("bytes_changed", 0))
-        res.bytes_zeroed = int(done.get("bytes_zeroed", 0))
-        res.bytes_repaired = int(done.get("bytes_repaired", 0))
-        res.bytes_zero_data = int(done.get("bytes_zero_data", 0))
-        res.bytes_zero_skipped = int(done.get("bytes_zero_skipped", 0))
-        res.verified_full = bool(done.get("verified_full"))
-        res.sha256 = done.get("dr_sha256")
-        if kw.get("verify_full") and not res.already and not res.verified_full:
-            res.state = "failed"
-            res.error = "full verification was asked for and not reported"
+            on_event("member.copying", {"image": m.image, "snap": m.snap, "base": m.base})
+        t0 = time.monotonic()
+        watch, finished = _Watch(), threading.Event()
+        threading.Thread(target=_stop_when,
+                         args=(self.proc, stop, watch, t0 + timeout, stall_s, finished),
+                         name=f"stop {m.image}", daemon=True).start()
+        done: dict[str, Any] | None = None
+        err: dict[str, Any] | None = None
+        try:
+            self.proc.stdin.write(json.dumps(member_request(src, dst, m, rid)) + "\n")
+            self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(ev, dict):
+                    continue
+                kind = ev.get("event")
+                if kind == "error" and ev.get("id") in (rid, None):
+                    err = ev  # None: the session itself failed (a site not connected)
+                    break
+                if ev.get("id") != rid:
+                    continue
+                if kind == "done":
+                    done = ev
+                    break
+                if kind == "progress":
+                    watch.progress(ev)
+                    if on_event:
+                        on_event("member.progress", {"image": m.image, **ev})
+        except (BrokenPipeError, OSError):
+            pass  # the session is gone: judged below
+        finally:
+            finished.set()
+        res.seconds = time.monotonic() - t0
+        if done is not None:
+            res.returncode = 0
+            _judge_done(res, done, verify_full="--verify-full" in self.argv)
         else:
-            res.state = "verified"
-        res.throughput_mbps = (res.bytes_shipped / 1e6 / res.seconds) if res.seconds else 0.0
-    if on_event:
-        on_event(f"member.{res.state}", res.as_dict())
+            if err is None and self.alive():
+                self.proc.kill()
+            rc = int(err["exit"]) if err is not None and "exit" in err else self.proc.wait()
+            res.returncode = rc
+            res.state = "failed"
+            msg = (err or {}).get("message") or (watch.why if watch.why else None) \
+                or (self.tail[-1] if self.tail else "no done event")
+            if watch.why and err is None:
+                msg = watch.why
+            res.error = f"cutpoint-sync rc={rc}: {msg}"
+        if on_event:
+            on_event(f"member.{res.state}", res.as_dict())
+
+    def close(self) -> None:
+        """EOF ends the session; one that does not end is killed."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def _judge_done(res: MemberResult, done: dict[str, Any], verify_full: bool) -> None:
+    """A member's done event into its result (verified unless full
+    verification was asked for and not reported)."""
+    res.full = bool(done.get("full"))
+    res.already = bool(done.get("already"))
+    res.bytes_shipped = int(done.get("bytes_shipped", 0))
+    res.bytes_changed = int(done.get("bytes_changed", 0))
+    res.bytes_zeroed = int(done.get("bytes_zeroed", 0))
+    res.bytes_repaired = int(done.get("bytes_repaired", 0))
+    res.bytes_zero_data = int(done.get("bytes_zero_data", 0))
+    res.bytes_zero_skipped = int(done.get("bytes_zero_skipped", 0))
+    res.verified_full = bool(done.get("verified_full"))
+    res.sha256 = done.get("dr_sha256")
+    if verify_full and not res.already and not res.verified_full:
+        res.state = "failed"
+        res.error = "full verification was asked for and not reported"
+    else:
+        res.state = "verified"
+    res.throughput_mbps = (res.bytes_shipped / 1e6 / res.seconds) if res.seconds else 0.0
 
 
 def replicate_group(src: CephSite, dst: CephSite, members: Sequence[MemberCopy],
@@ -354,7 +432,12 @@ def replicate_group(src: CephSite, dst: CephSite, members: Sequence[MemberCopy],
                     on_event: EventHook | None = None,
                     timeout_s: float = 1800, epoch: int = 0) -> GroupReplication:
     """Copy every member (at most `jobs` at once); verified only if all are.
-    `epoch`: the group's fencing epoch, passed to every cutpoint-sync run."""
+    `epoch`: the group's fencing epoch, passed to every copy.
+
+    The members go through `jobs` `cutpoint-sync --serve` sessions, each
+    connected to both clusters once and copying one member after another
+    (a process and two cluster connections per member cost about half of
+    a small copy: docs/benchmarks.md "Replication")."""
     if not members:
         raise ReplicationError("a group snapshot with no member disks is not replicable")
     if jobs < 1:
@@ -375,18 +458,43 @@ def replicate_group(src: CephSite, dst: CephSite, members: Sequence[MemberCopy],
     # of its requests time out one after the other; run member after
     # member, a group of 8 disks took 181 s to fail in the lab.
     stop = _GroupStop()
-
-    def copy(m: MemberCopy, r: MemberResult) -> None:
-        try:
-            _copy_one(src, dst, m, r, on_event, timeout_s, stop, verify_full=verify_full,
+    argv = serve_argv(src, dst, members[0].pool, verify_full=verify_full,
                       rate_mbps=rate_mbps, state_dir=state_dir, epoch=epoch)
-        except Exception as exc:  # noqa: BLE001  recorded per member (invariant 7)
-            r.state, r.error = "failed", f"{type(exc).__name__}: {exc}"
-        if r.state == "failed":
-            stop.set(f"{r.image} failed first ({r.error})")
+    stall_s = None if verify_full else \
+        stall_bound_s(max(src.op_timeout_s, dst.op_timeout_s), rate_mbps)
+    todo = list(enumerate(zip(members, results, strict=True)))
+    todo.reverse()
+    lock = threading.Lock()
+
+    def worker() -> None:
+        sess: _Session | None = None
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    n, (m, r) = todo.pop()
+                if stop.is_set():
+                    r.state, r.error = "failed", f"not copied: {stop.why}"
+                    if on_event:
+                        on_event("member.failed", r.as_dict())
+                    continue
+                try:
+                    if sess is None or not sess.alive():
+                        if sess is not None:
+                            sess.close()
+                        sess = _Session(argv)
+                    sess.copy(src, dst, m, r, f"m{n}", on_event, timeout_s, stop, stall_s)
+                except Exception as exc:  # noqa: BLE001  recorded per member (invariant 7)
+                    r.state, r.error = "failed", f"{type(exc).__name__}: {exc}"
+                if r.state == "failed":
+                    stop.set(f"{r.image} failed first ({r.error})")
+        finally:
+            if sess is not None:
+                sess.close()
 
     with ThreadPoolExecutor(max_workers=min(jobs, len(members))) as ex:
-        for f in [ex.submit(copy, m, r) for m, r in zip(members, results, strict=True)]:
+        for f in [ex.submit(worker) for _ in range(min(jobs, len(members)))]:
             f.result()
     out = GroupReplication(
         state="verified" if all(r.state == "verified" for r in results) else "failed",

@@ -11,7 +11,9 @@ import pytest
 from cutpoint.coordinator.dr.replicate import (
     MemberCopy,
     ReplicationError,
+    member_request,
     replicate_group,
+    serve_argv,
     stall_bound_s,
     sync_argv,
 )
@@ -70,3 +72,48 @@ def test_a_copy_is_stopped_after_two_op_timeouts_without_progress() -> None:
     assert stall_bound_s(5) == 60
     assert stall_bound_s(100) == 200
     assert stall_bound_s(30, 8) == pytest.approx(60 + (16 << 20) / 8e6)
+
+
+def test_a_serve_session_gets_the_sites_and_each_member_its_mapped_pools(
+        tmp_path: Path) -> None:
+    """The group's copies go through `cutpoint-sync --serve`: the session has
+    both sites' access and what every copy shares; each request names its
+    member and its pool as each site maps it."""
+    src = CephSite("primary", pools={"vms": "vms", "db": "db-p"},
+                   ceph_conf="/etc/ceph/p.conf", op_timeout_s=5)
+    dst = CephSite("dr", pools={"vms": "dr-vms", "db": "db-dr"},
+                   ceph_conf="/etc/ceph/d.conf", op_timeout_s=9)
+    argv = serve_argv(src, dst, "vms", rate_mbps=12.5, epoch=4, state_dir=str(tmp_path),
+                      verify_full=True)
+    assert "--serve" in argv and "--image" not in argv and "--snap" not in argv
+    assert (opt(argv, "--src-conf"), opt(argv, "--dst-conf"), opt(argv, "--dst-pool")) == \
+        ("/etc/ceph/p.conf", "/etc/ceph/d.conf", "dr-vms")
+    assert (opt(argv, "--epoch"), opt(argv, "--rate-mbps"), opt(argv, "--op-timeout"),
+            opt(argv, "--state-dir")) == ("4", "12.5", "9", str(tmp_path))
+    assert "--verify-full" in argv
+    req = member_request(src, dst, MemberCopy("pg-data", "cp.g.3", "cp.g.2", pool="db"), "m1")
+    assert req == {"id": "m1", "image": "pg-data", "snap": "cp.g.3", "base": "cp.g.2",
+                   "src_pool": "db-p", "dst_pool": "db-dr"}
+
+
+def test_a_session_that_cannot_connect_fails_the_group_with_why(tmp_path: Path) -> None:
+    """The real engine, no cluster: its session reports that a site could not
+    be connected; the first member fails with that message, and the group
+    stops (the others are not copied or fail the same way)."""
+    missing = str(tmp_path / "nowhere.conf")
+    src = CephSite("primary", pools={"rbd": "rbd"}, ceph_conf=missing)
+    dst = CephSite("dr", pools={"rbd": "rbd"}, ceph_conf=missing)
+    members = [MemberCopy(f"img{i}", "cp.g.2", "cp.g.1") for i in range(4)]
+    events: list[str] = []
+    rep = replicate_group(src, dst, members, jobs=2, state_dir=str(tmp_path / "state"),
+                          on_event=lambda kind, _doc: events.append(kind))
+    assert rep.state == "failed" and not rep.recovery_point
+    assert all(m.state == "failed" for m in rep.members)
+    errors = [m.error or "" for m in rep.members]
+    first = [m for m in rep.members if (m.error or "").startswith("cutpoint-sync rc=1: ")]
+    assert first and all("nowhere.conf: No such file" in (m.error or "") for m in first), errors
+    assert all(m.returncode == 1 for m in first)
+    # the rest: never started, or stopped (killed) once the first had failed
+    assert all(e.startswith(("cutpoint-sync rc=1: ", "not copied: ")) or ": stopped: " in e
+               for e in errors), errors
+    assert events[-1] == "group.failed"
