@@ -15,15 +15,21 @@ cluster is doing background work left over from the bench itself
 see docs/benchmarks.md "Replication" for the run where the trimming of the
 256 MiB images overlapped the 1 GiB full copies.
 
-rbd-mirror mirrors an image to the same name at DR, where cutpoint-sync
-writes its own copy; it gets its own primary image (`bench-rm-N`), kept
-identical to cutpoint-sync's source by replaying each change set into it
-(`rbd export-diff | rbd import-diff` inside the primary, untimed) before
-the turn.
+cutpoint-sync is measured twice: one process per copy (the one-shot
+command line, timed as a whole process) and through a `--serve` session
+(the control plane's path since coordinator/dr/replicate.py uses it: one
+session per image size, connected before the rounds, timed from the
+request to its done event); the session writes into its own DR pool
+(`bench-serve`), since both copy the same image name.  rbd-mirror mirrors
+an image to the same name at DR too; it gets its own primary image
+(`bench-rm-N`), kept identical to cutpoint-sync's source by replaying
+each change set into it (`rbd export-diff | rbd import-diff` inside the
+primary, untimed) before the turn.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -48,6 +54,7 @@ from cutpoint.bench.replication import (
 from cutpoint.bench.replication_cluster import (
     TRIM_SLEEP,
     both_sites,
+    ceph,
     dead_osds,
     load,
     osd_cpu,
@@ -57,17 +64,19 @@ from cutpoint.bench.replication_cluster import (
 )
 from cutpoint.bench.replication_mirror import Mirror
 from cutpoint.bench.replication_report import Pair, Round, fmt, summarize
+from cutpoint.bench.replication_serve import SyncSession
 from cutpoint.lab.ceph import rbd_cmd
 
 BASELINES = ("export-diff", "rbd-mirror")
-# The DR memstore OSD holds 4 GiB: with rbd-mirror each size has three copies
-# there (cutpoint-sync's, the pipeline's, rbd-mirror's) plus memstore's
-# clones of written objects; keep the copies under this.
-MIRROR_DR_BUDGET_MIB = 3072
+# The DR memstore OSD holds 4 GiB: each size has a copy there per method
+# (cutpoint-sync's, the serve session's, the pipeline's, rbd-mirror's) plus
+# memstore's clones of written objects; keep the copies under this.
+DR_BUDGET_MIB = 3072
+SERVE_POOL = "bench-serve"
 
 @dataclass
 class BenchConfig:
-    sizes_mib: list[int] = field(default_factory=lambda: [256, 1024])
+    sizes_mib: list[int] = field(default_factory=lambda: [256, 512])
     # Incremental rounds: (MiB changed by random writes, write size KiB).
     # 64 KiB writes give many small extents; 1 MiB writes fewer, larger
     # ones.  Memstore clones a whole 4 MiB object on the first write after
@@ -87,10 +96,17 @@ class BenchConfig:
     # Write sizes (KiB) whose ceiling is measured; empty: the rounds' sizes
     # and 4 MiB.  ceiling False: not measured.
     ceiling: bool = True
+    # cutpoint-sync --serve measured beside the one-shot runs.
+    serve: bool = True
 
     @property
     def mirror(self) -> bool:
         return "rbd-mirror" in self.baselines
+
+    @property
+    def dr_copies(self) -> int:
+        """Copies of each size the DR OSD holds at once."""
+        return 2 + int(self.serve) + int(self.mirror)
 
     def validate(self) -> None:
         if self.repeats < 1:
@@ -99,11 +115,11 @@ class BenchConfig:
         if bad or "export-diff" not in self.baselines:
             raise ValueError(f"--baseline takes export-diff (always) and rbd-mirror, got "
                              f"{','.join(self.baselines)}")
-        if self.mirror and 3 * sum(self.sizes_mib) > MIRROR_DR_BUDGET_MIB:
-            raise ValueError(f"with rbd-mirror every size is held three times at DR: "
-                             f"3 x {sum(self.sizes_mib)} MiB is over the lab's "
-                             f"{MIRROR_DR_BUDGET_MIB} MiB budget (4 GiB memstore OSD); "
-                             "use --sizes-mib 256 or 256,512")
+        if self.dr_copies * sum(self.sizes_mib) > DR_BUDGET_MIB:
+            raise ValueError(f"every size is held {self.dr_copies} times at DR (a copy per "
+                             f"method): {self.dr_copies} x {sum(self.sizes_mib)} MiB is over "
+                             f"the lab's {DR_BUDGET_MIB} MiB budget (4 GiB memstore OSD); "
+                             "use smaller --sizes-mib (256,512 fits)")
 
 
 def _pipeline(status: dict[str, Any], image: str, dst_image: str, snap: str,
@@ -158,6 +174,9 @@ def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any,
         snap_create(p, img, "w0")
         run_sync(status, img, "w0", None, ["--jobs", str(cfg.jobs)], cfg.state_dir)
         _pipeline(status, img, ed, "w0", None)
+        if cfg.serve:
+            with SyncSession(status, ["--jobs", str(cfg.jobs)], cfg.state_dir) as sess:
+                sess.copy(img, "w0", dst_pool=SERVE_POOL)
         if mirror is not None:
             # rbd-mirror's first image (its first sessions to both sites).
             log(f"warm-up: rbd-mirror full copy {mirror.enable(img):.2f} s (untimed)")
@@ -168,13 +187,15 @@ def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any,
         # full copies come on top of them.  In the run of 08:44 the second
         # copy of the first 1 GiB pair (cutpoint-sync) took 4.50 s with
         # 6.6 s of OSD CPU against 1.84 s and 1.8 s in the next pair.
-        extra = (sum(cfg.sizes_mib) - max(cfg.sizes_mib)) * 2 * MiB + 512 * MiB
+        held = (2 + int(cfg.serve)) * size
+        extra = max(cfg.dr_copies * sum(cfg.sizes_mib) * MiB - held, 64 * MiB)
         create_image(d, "bench-warm-x", extra)
         bench_write(d, "bench-warm-x", extra, io_size=4 * MiB, pattern_kind="seq")
         log(f"warm-up copy of {size // MiB} MiB done (untimed), DR held "
-            f"{(2 * size + extra) // MiB} MiB")
+            f"{(held + extra) // MiB} MiB")
     finally:
-        for site, name in ((p, img), (d, img), (d, ed), (d, "bench-warm-x")):
+        ds = {**d, "pool": SERVE_POOL}
+        for site, name in ((p, img), (d, img), (d, ed), (d, "bench-warm-x"), (ds, img)):
             try:
                 remove_image(site, name)
             except ReplicationError as exc:
@@ -191,6 +212,7 @@ class _Bench:
         self.status, self.cfg, self.log, self.mirror = status, cfg, log, mirror
         self.turn = 0
         self.extra = ["--jobs", str(cfg.jobs)]
+        self.session: SyncSession | None = None   # the size's serve session
 
     def pair(self, img: str, ed: str, snap: str, prev: str | None,
              rm: str | None = None) -> Pair:
@@ -206,13 +228,15 @@ class _Bench:
             settle_s, busy = settle(self.status, self.cfg.settle_timeout, self.log)
         else:
             busy = both_sites(self.status)
-        methods = ["sync", "pipe"] + (["mirror"] if rm and self.mirror else [])
+        methods = ["sync", "pipe"] + (["serve"] if self.session is not None else []) \
+            + (["mirror"] if rm and self.mirror else [])
         k = self.turn % len(methods)
         order = methods[k:] + methods[:k]
         self.turn += 1
         load0 = load()
         run: SyncRun | None = None
-        pipe_s = sync_cpu = pipe_cpu = mirror_cpu = 0.0
+        served: SyncRun | None = None
+        pipe_s = sync_cpu = pipe_cpu = mirror_cpu = serve_cpu = 0.0
         mirror_s = mirror_ms = None
         for method in order:
             c0 = osd_cpu(self.status)
@@ -222,6 +246,10 @@ class _Bench:
             elif method == "pipe":
                 pipe_s = _pipeline(self.status, img, ed, snap, prev)
                 pipe_cpu = osd_cpu(self.status) - c0
+            elif method == "serve":
+                assert self.session is not None
+                served = self.session.copy(img, snap, prev, dst_pool=SERVE_POOL)
+                serve_cpu = osd_cpu(self.status) - c0
             else:
                 assert self.mirror is not None and rm is not None
                 if prev is None:
@@ -230,7 +258,8 @@ class _Bench:
                     mirror_ms, mirror_s = self.mirror.snapshot(rm)
                 mirror_cpu = osd_cpu(self.status) - c0
         assert run is not None
-        first = {"sync": "sync", "pipe": "pipeline", "mirror": "rbd-mirror"}[order[0]]
+        first = {"sync": "sync", "pipe": "pipeline", "serve": "serve",
+                 "mirror": "rbd-mirror"}[order[0]]
         # cutpoint-sync and the pipeline are timed as whole processes
         # (start, connect, copy); rbd-mirror from its snapshot to arrival.
         return Pair(data + zero, int(run.done["bytes_shipped"]), run.seconds, pipe_s,
@@ -238,7 +267,10 @@ class _Bench:
                     round(settle_s, 3), busy, round(sync_cpu, 3), round(pipe_cpu, 3),
                     round(load0, 2), mirror_s,
                     round(mirror_ms, 2) if mirror_ms is not None else None,
-                    round(mirror_cpu, 3))
+                    round(mirror_cpu, 3),
+                    served.seconds if served is not None else None,
+                    served.done.get("phase_ms", {}) if served is not None else {},
+                    round(serve_cpu, 3))
 
     def quiesce(self) -> None:
         """Wait out the trimming of what was just removed before anything
@@ -259,12 +291,27 @@ class _Bench:
         rbd(p, "import-diff", "--no-progress", "-", spec(p, rm), input=data, timeout=900)
 
     def size(self, size_mib: int, rounds: list[Round]) -> None:
+        """Every round of one image size; the serve session (if measured)
+        is connected before them and closed after."""
+        if self.cfg.serve:
+            self.session = SyncSession(self.status, self.extra, self.cfg.state_dir)
+            self.log(f"cutpoint-sync --serve session connected in "
+                     f"{self.session.ready['connect_ms']:.1f} ms")
+        try:
+            self._size(size_mib, rounds)
+        finally:
+            if self.session is not None:
+                self.session.close()
+                self.session = None
+
+    def _size(self, size_mib: int, rounds: list[Round]) -> None:
         p, d = self.status["sites"]["primary"], self.status["sites"]["dr"]
         cfg, log = self.cfg, self.log
         size = size_mib * MiB
         img, ed = f"bench-sync-{size_mib}", f"bench-ed-{size_mib}"
         rm = f"bench-rm-{size_mib}" if self.mirror else None
-        for site, name in ((p, img), (d, img), (d, ed)):
+        ds = {**d, "pool": SERVE_POOL}
+        for site, name in ((p, img), (d, img), (d, ed), (ds, img)):
             remove_image(site, name)
         create_image(p, img, size)
         log(f"size {size_mib} MiB: filling the image")
@@ -285,9 +332,13 @@ class _Bench:
             if k:
                 for name in (img, ed):
                     remove_image(d, name)
+                if cfg.serve:
+                    remove_image(ds, img)
                 self.quiesce()
             create_image(d, img, size)
             create_image(d, ed, size)
+            if cfg.serve:
+                create_image(ds, img, size)
             full.pairs.append(self.pair(img, ed, "b0", None, rm if k == 0 else None))
             log(fmt(full, full.pairs[-1]))
         rounds.append(full)
@@ -308,7 +359,8 @@ class _Bench:
                 # bounds memstore's clones (4 GiB per OSD).  Its trimming is
                 # waited out at once, before the next writes (see quiesce).
                 # rbd-mirror prunes its own mirror snapshots.
-                for site, name in ((p, img), (d, img), (d, ed)) + (((p, rm),) if rm else ()):
+                for site, name in ((p, img), (d, img), (d, ed)) + (((p, rm),) if rm else ()) \
+                        + (((ds, img),) if cfg.serve else ()):
                     rbd(site, "snap", "rm", "--no-progress", spec(site, name, prev))
                 self.quiesce()
                 prev = snap
@@ -317,6 +369,8 @@ class _Bench:
         # Every copy must be right, or its speed means nothing.
         want = snap_sha256(p, img, prev)
         got = [snap_sha256(d, img, prev), snap_sha256(d, ed, prev)]
+        if cfg.serve:
+            got.append(snap_sha256(ds, img, prev))
         if rm and self.mirror:
             got.append(self.mirror.dr_sha256(rm))
         ok = all(g == want for g in got)
@@ -325,6 +379,16 @@ class _Bench:
                 f"{', '.join(g[:12] for g in got)}")
         for r in mine:
             r.identical = ok
+
+
+def _serve_pool(d: dict[str, Any], create: bool) -> None:
+    """The DR pool of the serve session's copies: created (if absent) or removed."""
+    pools = json.loads(ceph(d, "osd", "pool", "ls", "--format", "json"))
+    if create and SERVE_POOL not in pools:
+        ceph(d, "osd", "pool", "create", SERVE_POOL, "8", "8")
+        rbd(d, "pool", "init", SERVE_POOL)
+    elif not create and SERVE_POOL in pools:
+        ceph(d, "osd", "pool", "rm", SERVE_POOL, SERVE_POOL, "--yes-i-really-really-mean-it")
 
 
 def _ceilings(status: dict[str, Any], cfg: BenchConfig, log: Any) -> dict[str, float]:
@@ -351,6 +415,8 @@ def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
     ceiling: dict[str, float] = {}
     before = trim_sleep(status, {"primary": TRIM_SLEEP, "dr": TRIM_SLEEP})
     try:
+        if cfg.serve:
+            _serve_pool(d, create=True)
         if mirror is not None:
             mirror.start()
         _warm_up(status, cfg, log, mirror)
@@ -363,6 +429,8 @@ def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
                       (d, f"bench-ed-{size_mib}")]
             if mirror is not None:
                 names.append((p, f"bench-rm-{size_mib}"))
+            if cfg.serve:
+                names.append(({**d, "pool": SERVE_POOL}, f"bench-sync-{size_mib}"))
             bench.size(size_mib, rounds)
     finally:
         # A size's images are removed only at the end, so their trimming
@@ -376,6 +444,11 @@ def run_benchmark(status: dict[str, Any], cfg: BenchConfig,
         for site, name in names if not dead else []:
             try:
                 remove_image(site, name, timeout=120)
+            except ReplicationError as exc:
+                log(f"cleanup: {exc}")
+        if cfg.serve and not dead:
+            try:
+                _serve_pool(d, create=False)
             except ReplicationError as exc:
                 log(f"cleanup: {exc}")
         try:

@@ -113,7 +113,9 @@ def test_table_shows_median_and_spread() -> None:
     text = rb.table(doc)
     assert "| 1024 | full | 3 | 1024.0 | 1.000 | 2.20 (2.00–9.00) |" in text
     assert "2.50 (2.10–7.00)" in text and "1/3" in text
-    assert "incremental target >= 1.5: NOT met" in text  # no incremental round
+    # no incremental round: nothing to claim
+    assert "targets judged on cutpoint-sync: incremental >= 1.5x export-diff: NOT met" in text
+    assert "faster than rbd-mirror: not measured" in text
 
 
 def test_rbd_mirror_column_and_verdicts() -> None:
@@ -142,20 +144,49 @@ def test_rbd_mirror_column_and_verdicts() -> None:
     assert "0.08 (0.07–0.09, n=3)" in text
     # 4 MiB in 0.10 s = 40 MiB/s: all of the 64 KiB ceiling
     assert "40.0 (100%)" in text
-    assert "target > 1 on incremental rounds: NOT met" in text
+    assert "faster than rbd-mirror: NOT met" in text
+
+
+def test_serve_column_decides_the_targets_when_measured() -> None:
+    def sp(sync_s: float, pipe_s: float, serve_s: float, mirror_s: float) -> rb.Pair:
+        p = pair(sync_s, pipe_s)
+        p.serve_s, p.mirror_s = serve_s, mirror_s
+        p.serve_phase_ms = {"connect": 2.0, "copy": serve_s * 500}
+        return p
+
+    # one-shot runs lose to both baselines, the serve session beats both
+    inc = rb.Round(256, "+4 MiB/64K", [sp(0.12, 0.10, 0.05, 0.08), sp(0.13, 0.11, 0.06, 0.07),
+                                        sp(0.12, 0.10, 0.05, 0.08)], identical=True)
+    row = inc.row()
+    assert row["serve_n"] == 3 and row["serve_s"] == 0.05
+    assert row["speedup_serve"] == pytest.approx(0.10 / 0.05, 1e-3)
+    assert row["speedup_serve_vs_mirror"] == pytest.approx(0.08 / 0.05, 1e-3)
+    assert row["serve_phase_ms"] == {"connect": 2.0, "copy": 25.0}
+    s = rb.summarize([inc])
+    assert s["incremental_ratio"] < 1 and s["incremental_ratio_vs_mirror"] < 1
+    assert s["incremental_ratio_serve"] == pytest.approx(2.0, 1e-3)
+    assert s["target_method"] == "cutpoint-sync --serve"
+    assert s["target_incremental_1_5_met"] is True and s["target_beats_mirror_met"] is True
+    text = rb.table({"rounds": [row], "summary": s})
+    assert "0.050 (0.050–0.060) | 80.0 | 2.00x" in text
+    assert "targets judged on cutpoint-sync --serve" in text
 
 
 def test_without_rbd_mirror_no_column_and_no_verdict() -> None:
     inc = rb.Round(256, "+4 MiB/64K", [pair(0.1, 0.1)], identical=True)
     s = rb.summarize([inc])
     assert s["incremental_ratio_vs_mirror"] is None and s["target_beats_mirror_met"] is None
-    assert "rbd-mirror" not in rb.table({"rounds": [inc.row()], "summary": s})
+    text = rb.table({"rounds": [inc.row()], "summary": s})
+    assert "rbd-mirror snapshot s" not in text and "faster than rbd-mirror: not measured" in text
 
 
 def test_config_checks_baselines_and_dr_budget() -> None:
-    rbench.BenchConfig(sizes_mib=[256], baselines=["export-diff", "rbd-mirror"]).validate()
-    with pytest.raises(ValueError, match="three times at DR"):
-        rbench.BenchConfig(baselines=["export-diff", "rbd-mirror"]).validate()
+    rbench.BenchConfig(baselines=["export-diff", "rbd-mirror"]).validate()  # 4 x 768 MiB
+    with pytest.raises(ValueError, match="held 4 times at DR"):
+        rbench.BenchConfig(sizes_mib=[256, 1024],
+                           baselines=["export-diff", "rbd-mirror"]).validate()
+    with pytest.raises(ValueError, match="held 3 times at DR"):
+        rbench.BenchConfig(sizes_mib=[256, 1024]).validate()
     with pytest.raises(ValueError, match="--baseline"):
         rbench.BenchConfig(baselines=["export-diff", "zerto"]).validate()
     with pytest.raises(ValueError, match="repeats"):

@@ -78,3 +78,21 @@ def test_second_run_on_same_image_is_refused(tmp_path: Path) -> None:
         cp = run(*BASE, state=tmp_path)
     assert cp.returncode == 1
     assert "another cutpoint-sync is copying this image" in cp.stdout
+
+
+def test_serve_takes_no_image_of_its_own() -> None:
+    cp = run("--serve", "--src-conf", "a", "--dst-conf", "b", "--image", "i")
+    assert cp.returncode == 2 and "--serve takes its images from stdin" in cp.stderr
+
+
+def test_serve_with_an_unreadable_config_is_an_error_event(tmp_path: Path) -> None:
+    """The session connects first: a site it cannot connect ends it with
+    exit 1 and an error event that names no image."""
+    cp = subprocess.run([sync_binary(), "--serve", "--src-conf", "/nonexistent/primary.conf",
+                         "--dst-conf", "/nonexistent/dr.conf", "--state-dir", str(tmp_path)],
+                        input='{"image":"i","snap":"s"}\n', capture_output=True, text=True,
+                        timeout=60, check=False)
+    assert cp.returncode == 1
+    ev = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert ev["event"] == "error" and ev["exit"] == 1 and "image" not in ev
+    assert "/nonexistent/" in ev["message"]

@@ -83,7 +83,8 @@ def _rounds(text: str) -> list[tuple[int, int]]:
 def replication(
     json_out: str = typer.Option("out/bench-replication.json", "--json",
                                  help="write the results to this JSON file"),
-    sizes_mib: str = typer.Option("256,1024", "--sizes-mib", help="image sizes, MiB"),
+    sizes_mib: str = typer.Option("256,512", "--sizes-mib", help="image sizes, MiB (the DR "
+                                  "OSD holds a copy of each per method: 3 GiB in all)"),
     changes: str = typer.Option("4@64,4@1024,16@1024,64@1024", "--changes",
                                 help="incremental rounds: MiB changed @ write size KiB"),
     jobs: int = typer.Option(16, "--jobs", help="cutpoint-sync workers"),
@@ -94,6 +95,9 @@ def replication(
                                       "in snapshot mode, one daemon at DR)"),
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling",
                                  help="measure the DR OSD's write ceiling (rbd bench)"),
+    serve: bool = typer.Option(True, "--serve/--no-serve",
+                               help="also time cutpoint-sync --serve (the control plane's "
+                                    "path), one session per image size"),
 ) -> None:
     """cutpoint-sync against `rbd export-diff | rbd import-diff` (and rbd-mirror
     in snapshot mode) on the same change sets, with the OSD's write ceiling.
@@ -110,7 +114,7 @@ def replication(
     cfg = rb.BenchConfig(sizes_mib=_ints(sizes_mib, "--sizes-mib"),
                          changes=_rounds(changes), jobs=jobs, repeats=repeats,
                          baselines=[b.strip() for b in baseline.split(",") if b.strip()],
-                         ceiling=ceiling)
+                         ceiling=ceiling, serve=serve)
     try:
         cfg.validate()
     except ValueError as exc:
