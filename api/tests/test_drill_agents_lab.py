@@ -195,9 +195,11 @@ def test_two_groups_drill_at_once(bed4: DrillBed) -> None:
 
 def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path) -> None:
     """A drill's process killed (SIGKILL) once its VMs run: its domains and
-    clones stay at DR.  The sweeper leaves them while the drill's job is
-    still running (its tag is active), and removes them by their tag once
-    the job is not: no domain, clone or tap remains."""
+    clones stay at DR, and the recovery point's snapshots it protected stay
+    protected.  The sweeper leaves them while the drill's job is still
+    running (its tag is active), and once the job is not, removes them by
+    their tag and unprotects what the drill protected (the image's metadata
+    names it): no domain, clone, tap or protection remains."""
     import json
     import multiprocessing
     import os
@@ -249,10 +251,17 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
     left = bed.domains()
     site = spec.site
     clones = leftovers(site, "drill-5eed0001", [bed.dr["pool"]])["images"]
-    print(f"\nafter kill -9: domains {left}, clones {clones}")
+    def protected() -> list[str]:
+        pool = bed.dr["pool"]
+        return sorted(img for img in bed.images.values() if "protected: True" in bed.rbd(
+            "info", f"{pool}/{img}@{RP}").stdout)
+
+    print(f"\nafter kill -9: domains {left}, clones {clones}, protected {protected()}")
     assert sum(len(v) for v in left.values()) == 2 and len(clones) == 2
+    assert protected() == sorted(bed.images.values())  # the killed drill protected them
     out = drill_sweeper.sweep(sf, settings)  # the job still runs: nothing of it goes
     assert out["vms_stopped"] == [] and out["images_removed"] == [], out
+    assert out["snapshots_unprotected"] == [] and protected() == sorted(bed.images.values())
     assert bed.domains() == left
     with sf() as s:
         s.get(Job, job_id).state = JobState.failed
@@ -264,6 +273,10 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
         ["drill-5eed0001-drl-vm1", "drill-5eed0001-drl-vm2"], out
     assert sorted(out["images_removed"]) == sorted(f"dr:{bed.dr['pool']}/{c}" for c in clones)
     assert out["errors"] == [], out
+    # the recovery point's snapshots the killed drill protected are not any more
+    assert sorted(out["snapshots_unprotected"]) == sorted(
+        f"dr:{bed.dr['pool']}/{img}@{RP}" for img in bed.images.values()), out
+    assert protected() == []
     assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
     assert leftovers(site, "drill-5eed0001", [bed.dr["pool"]])["images"] == []
 
