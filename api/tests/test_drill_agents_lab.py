@@ -329,3 +329,53 @@ def test_drill_job_with_the_groups_plan_and_its_report(bed: DrillBed, tmp_path: 
     assert all(r["ready_s"] is not None for r in doc["vms"]) and doc["rto_s"] is not None
     assert [b["group"] for b in report["boot_order"]] == ["first", "second"]
     assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+
+
+def test_tcp_readiness_and_http_checks_on_the_drill_network(bed: DrillBed,
+                                                            tmp_path: Path) -> None:
+    """The drill network probed from the control side: the copies' kernel
+    command lines give each an address on the drill bridge and an HTTP port
+    (the tiny guest's `cp.listen`); this process has a leg on the bridge
+    (10.99.0.254/24, as docs/drills.md says a worker needs).  Each VM is
+    ready by its tcp rule, the `tcp` check connects to both ports and each
+    `http` check reads its own guest's page.  Negative controls: an `http`
+    check of vm2's page wanting vm1's name, and a `tcp` check of a port
+    nothing listens on, both fail (so the verdict is failed); cleanup leaves
+    nothing."""
+    import subprocess
+
+    from cutpoint.coordinator.dr.boot import AgentBooter
+    from cutpoint.coordinator.dr.drill import run_drill
+    from cutpoint.coordinator.dr.plan import RecoveryPlan
+
+    ips = {vm: f"10.99.0.{11 + i}" for i, vm in enumerate(bed.vms)}
+    sf = bed.database(tiny_image(), {vm: f"cp.ip={ip}/24 cp.listen=8080"
+                                     for vm, ip in ips.items()})
+    settings = bed.settings()
+    subprocess.run(["ip", "addr", "add", "10.99.0.254/24", "dev", BRIDGE], check=True)
+    plan = RecoveryPlan.parse({"boot_groups": [{"name": "web", "vms": [
+        {"vm": vm, "readiness": {"kind": "tcp", "address": ip, "port": 8080,
+                                 "timeout_s": 180}} for vm, ip in ips.items()]}]})
+    checks = [{"name": "tcp", "params": {"targets": [{"address": ip, "port": 8080}
+                                                     for ip in ips.values()]}}]
+    checks += [{"name": "http", "params": {"url": f"http://{ip}:8080/",
+                                           "regex": f"cutpoint guest {vm}"}}
+               for vm, ip in ips.items()]
+    checks += [{"name": "http", "timeout_s": 30, "params": {
+                    "url": f"http://{ips['drl-vm2']}:8080/", "regex": "cutpoint guest drl-vm1$"}},
+               {"name": "tcp", "timeout_s": 10, "params": {"address": ips["drl-vm1"],
+                                                           "port": 9}}]
+    report = run_drill(bed.spec(sf, settings, checks=checks, plan=plan), AgentBooter(),
+                       lambda ev: print(f"  {ev['t_s']:7.2f} {ev['step']} {ev['status']} "
+                                        f"{ev.get('vm') or ev.get('check') or ''}"))
+    print(f"checks: {[(c['name'], c['ok'], c['summary']) for c in report['checks']]}")
+    ready = [e for e in report["timeline"] if e["step"] == "boot" and e["status"] == "ok"]
+    print(f"ready: {[(e['vm'], e['ready_s'], e['rule']) for e in ready]}")
+    assert sorted(e["vm"] for e in ready) == sorted(bed.vms)
+    assert all(e["rule"]["kind"] == "tcp" for e in ready), ready
+    assert [c["ok"] for c in report["checks"]] == [True, True, True, False, False], \
+        report["checks"]
+    assert "cutpoint guest drl-vm2" in report["checks"][2]["output"]
+    assert report["verdict"] == "failed" and report["error"] is None
+    assert report["cleanup"]["ok"], report["cleanup"]
+    assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
