@@ -68,11 +68,19 @@ LEDGER_QUERY = (
     "missing=%s', count(*), coalesce(bool_and(j.id = j.k), false), count(*) - count(l.id)) "
     "END FROM j LEFT JOIN ledger l ON l.id = j.id")
 
+# The post hook: PostgreSQL accepts connections (its crash recovery done),
+# or its unit failed (a PANIC in recovery: the drill fails at once, not at
+# the hook's timeout).
+WAIT_PG = ("until pg_isready -q -h /run/postgresql; do "
+           "if systemctl -q is-failed cp-postgres.service; then "
+           "journalctl -b -o cat --no-pager -u cp-postgres.service | tail -20; exit 1; fi; "
+           "sleep 1; done")
+
 PLAN = {"boot_groups": [{
     "name": "db",
     "vms": [{"vm": VM, "readiness": {"kind": "guest-ping", "timeout_s": 600}}],
     "post": [{"kind": "guest-exec", "vm": VM, "path": "/bin/sh", "timeout_s": 900,
-              "args": ["-c", "until pg_isready -q -h /run/postgresql; do sleep 1; done"]}]}]}
+              "args": ["-c", WAIT_PG]}]}]}
 
 CHECKS: list[Any] = [
     {"name": "postgres", "timeout_s": 600,
