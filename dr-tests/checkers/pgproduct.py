@@ -73,7 +73,7 @@ LEDGER_QUERY = (
 # the hook's timeout).
 WAIT_PG = ("until pg_isready -q -h /run/postgresql; do "
            "if systemctl -q is-failed cp-postgres.service; then "
-           "journalctl -b -o cat --no-pager -u cp-postgres.service | tail -20; exit 1; fi; "
+           "journalctl -b -o cat --no-pager -u cp-postgres.service | tail -5 >&2; exit 1; fi; "
            "sleep 1; done")
 
 PLAN = {"boot_groups": [{
