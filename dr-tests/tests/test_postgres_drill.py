@@ -315,3 +315,29 @@ def test_report_html_shows_recovery_check_rto_and_replication() -> None:
     assert "123,456,789 B" in page and "(full SHA-256)" in page
     assert page.count("<td>full</td>") == len(pgdrill.GROUP)
     assert "rbd/p-cpwal-d0" in page
+
+
+def test_db_vm_domain_is_one_a_drill_can_start(tmp_path: Path) -> None:
+    """The PostgreSQL VM's domain (dbdrill.domain_xml) is one the control
+    plane signs for a drill: every disk RBD (the root too), each group disk
+    with its serial; rewritten onto the drill bridge with the drill's clones."""
+    from cutpoint.api.services.vmdef_rewrite import DrTarget, rbd_images, rewrite
+
+    vm = dbdrill.DbVM(pgproduct.VM, "primary-h1", dict(pgdrill.GROUP))
+    vm.images = {s: f"p-{s}" for s in vm.targets()}
+    site = {"mon_addrs": ["v2:10.77.0.1:3300", "v1:10.77.0.1:6789"]}
+    xml = dbdrill.domain_xml(vm, _image(tmp_path), site, {"user": "cutpoint", "uuid":
+                             "0b0e5b3c-0000-4000-8000-000000000001"}, "/lab/ceph.conf",
+                             tmp_path / "console", "rbd")
+    assert rbd_images(xml) == [f"rbd/p-{s}" for s in ("cproot", "cpwal", "cpdata",
+                                                      "cpjournal")]
+    assert "<serial>cpwal</serial>" in xml and "cp.mode=idle" in xml
+    out = rewrite(xml, DrTarget(pool="rbd", mon_hosts=(("10.77.0.2", 6789),),
+                                auth_user="cutpoint", secret_uuid="0b0e5b3c-0000-4000-8000-"
+                                "000000000002", name="drill-1234abcd-cp-pg", uuid="",
+                                images={f"rbd/p-{s}": f"rbd/drill-1234abcd-p-{s}"
+                                        for s in vm.targets()},
+                                isolate="cpdrill0", taps="d1234abcd00"))
+    assert rbd_images(out) == [f"rbd/drill-1234abcd-p-{s}" for s in vm.targets()]
+    assert "<source bridge=\"cpdrill0\"" in out or "<source bridge='cpdrill0'" in out
+    assert "<serial>cpjournal</serial>" in out and vm.mac not in out
