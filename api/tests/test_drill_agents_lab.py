@@ -379,3 +379,79 @@ def test_tcp_readiness_and_http_checks_on_the_drill_network(bed: DrillBed,
     assert report["verdict"] == "failed" and report["error"] is None
     assert report["cleanup"]["ok"], report["cleanup"]
     assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+
+
+def test_drill_through_http_survives_its_worker_killed(bed: DrillBed, tmp_path: Path,
+                                                       local_services: Any) -> None:
+    """A drill asked for through HTTP (`POST /v1/groups/drl/drills`) and run
+    by a real Celery worker; the worker (its whole process group) is killed
+    with SIGKILL while the drill's VMs run (a post hook holds the drill
+    there), and a new worker is started.  The broker hands the job out
+    again (visibility timeout 10 s) and the new delivery cleans up what the
+    first left (drills.py `_interrupted`: the drill's state file), the
+    sweeper at the new worker's start having left the still-running job's
+    tag alone; the job ends failed, `drill_interrupted`.  Asserted by the
+    drill's tag: no domain, clone or tap remains, and the recovery point's
+    snapshots are no longer protected."""
+    import json
+    import time
+
+    from cutpoint.api.config import DefinitionTarget
+    from cutpoint.coordinator.dr.drill import leftovers
+    from cutpoint.lab.sites import ceph_site
+    from plane import Plane, admin_client, wait_for
+
+    c_id = bed.dr["clients"]["cutpoint"]["client_id"]
+    targets = {"dr": {"host": "dr-h1", "auth_user": c_id, "secret_uuid": bed.secret,
+                      "mon_hosts": [bed.mon()], "drill_network": BRIDGE}}
+    plane = Plane(tmp_path, int(local_services.redis_port or 0), {
+        "CUTPOINT_AGENT_CA": str(bed.certs / "ca.pem"),
+        "CUTPOINT_AGENT_CERT": str(bed.certs / "coordinator.pem"),
+        "CUTPOINT_AGENT_KEY": str(bed.certs / "coordinator.key")},
+        CUTPOINT_BOOTER="agent", CUTPOINT_DEFINITION_SIGNING_KEY=str(tmp_path / "sign.pem"),
+        CUTPOINT_DEFINITION_TARGETS=json.dumps(targets), CUTPOINT_AGENT_TIMEOUT_S="15",
+        CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="10", CP_DRILL_DIR=str(tmp_path / "drills"))
+    plane.settings = plane.settings.model_copy(update={
+        "definition_signing_key": tmp_path / "sign.pem",
+        "definition_targets": {k: DefinitionTarget(**v) for k, v in targets.items()}})
+    site = ceph_site(bed.status, "dr")
+
+    def protected() -> list[str]:
+        return sorted(img for img in bed.images.values() if "protected: True" in bed.rbd(
+            "info", f"{bed.dr['pool']}/{img}@{RP}").stdout)
+
+    with plane:
+        bed.database(tiny_image())
+        bed.group(plane.sf)
+        plane.start("worker")
+        hold = {"boot_groups": [{"name": "all", "vms": list(bed.vms), "post": [
+            {"kind": "script", "path": "/bin/sleep", "args": ["600"], "timeout_s": 900}]}]}
+        with admin_client(plane) as c:
+            r = c.post("/v1/groups/drl/drills", json={"checks": [
+                {"name": "guest-exec", "params": {"path": "/bin/true"}}], "plan": hold})
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+            tag = f"drill-{job_id.replace('-', '')[:8]}"
+            t0 = time.monotonic()
+            wait_for(lambda: sum(len(v) for v in bed.domains().values()) == 2, 240,
+                     "the drill's two VMs running", plane)
+            assert c.get(f"/v1/jobs/{job_id}").json()["state"] == "running"
+            plane.kill9("worker")
+            left = bed.domains()
+            clones = leftovers(site, tag, [bed.dr["pool"]])["images"]
+            print(f"\nworker killed at {time.monotonic() - t0:.1f} s: domains {left}, "
+                  f"clones {clones}, protected {protected()}")
+            assert sorted(n for v in left.values() for n in v) == \
+                [f"{tag}-drl-vm1", f"{tag}-drl-vm2"]
+            assert len(clones) == 2 and protected() == sorted(bed.images.values())
+            t1 = time.monotonic()
+            plane.start("worker2")
+            wait_for(lambda: c.get(f"/v1/jobs/{job_id}").json()["state"] in
+                     ("succeeded", "failed"), 300, "the redelivered drill job", plane)
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            print(f"job after the restart ({time.monotonic() - t1:.1f} s): {job['state']} "
+                  f"{job['error_code']}: {job['error']}")
+            assert job["state"] == "failed" and job["error_code"] == "drill_interrupted", job
+    assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+    assert not any(leftovers(site, tag, [bed.dr["pool"]]).values())
+    assert protected() == []
