@@ -134,11 +134,12 @@ def run(status: dict[str, Any], workdir: Path, coordinated: int = 1,
         primary["boot_to_ledger_s"] = round(time.monotonic() - t0, 1)
         time.sleep(interval)
         for _ in range(coordinated):
+            before = journal_records(bed, vm)
             res = bed.snapshot_coordinated()
             v = res["vms"][0]
             snaps.append({"name": res["name"], "txn": res["txn"], "mode": "coordinated",
                           "pause_ms": v.get("paused_ms"), "spread_ms": v.get("snapshot_ms"),
-                          "journal_before": journal_records(bed, vm)})
+                          "journal_before": before})
             bed.record(res["name"], res["txn"])
             time.sleep(interval)
         for i in range(uncoordinated):
