@@ -21,6 +21,7 @@ failover would) and `vm1` on dr-h1 (the definition_targets host).
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import re
@@ -164,7 +165,9 @@ class DrillBed:
             f"[tls]\nca = {self.certs / 'ca.pem'}\ncert = {self.certs / (name + '.pem')}\n"
             f"key = {self.certs / (name + '.key')}\n\n"
             f"[libvirt]\nuri = {h.uri}\ndiscover = yes\n"
-            f"definition_key = {self.tmp / 'sign.pub'}\n")
+            f"definition_key = {self.tmp / 'sign.pub'}\n"
+            # the tiny guest's kernel and initrd: direct kernel boot
+            f"definition_paths = {' '.join(boot_dirs())}\n")
         with open(d / "agent.log", "wb") as log:
             p = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
                                  stderr=log)
@@ -283,7 +286,7 @@ class DrillBed:
             definition_signing_key=self.tmp / "sign.pem",
             definition_targets={"dr": DefinitionTarget(
                 host="dr-h1", auth_user=c["client_id"], secret_uuid=self.secret,
-                mon_hosts=[self.mon()], drill_network=BRIDGE)})
+                mon_hosts=[self.mon()], drill_network=BRIDGE, boot_paths=boot_dirs())})
 
     def spec(self, sf: Any, settings: Any, vms: tuple[str, ...] | None = None,
              **kw: Any) -> Any:
@@ -328,11 +331,19 @@ class DrillBed:
             self._remove_image(self.dr["pool"], img)
 
 
+@functools.cache
 def tiny_image() -> dict[str, Any]:
     from cutpoint.lab import image
 
     kernel = max(glob.glob("/boot/vmlinuz-*"))
     return image.build(kernel, log=print)
+
+
+def boot_dirs() -> list[str]:
+    """The directories of the tiny guest's kernel and initrd: what the DR
+    site lets a signed definition boot (boot_paths, definition_paths)."""
+    img = tiny_image()
+    return sorted({str(Path(img[k]).parent) for k in ("kernel", "initrd")})
 
 
 __all__ = ["BRIDGE", "RP", "DrillBed", "shutil", "tiny_image"]

@@ -269,13 +269,12 @@ def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
     site's op timeout) with an error that
     says so, the snapshot is not offered as a recovery point; with the OSD
     back, a replicate request completes it, equal to the primary's."""
-    from faultkit import hung
+    from faultkit import hung_osd
 
     c = client
     sid, images = _copying(c, lab, plane, dr_op_timeout_s=OP_TIMEOUT_S)
-    osd = int((Path(lab["sites"]["dr"]["data_dir"]) / "run" / "osd.0.pid").read_text())
     t0 = time.monotonic()
-    with hung(osd):
+    with hung_osd(lab, "dr"):
         def ended() -> dict[str, Any] | None:
             r = c.get(f"/v1/snapshots/{sid}/replication").json()
             return r if r["state"] in ("failed", "verified") else None

@@ -172,8 +172,16 @@ def test_libvirt_vm_fails_over_from_its_captured_definition(
             assert f"uuid='{dr_secret}'" in xml and f"name='{mon.split(':')[0]}'" in xml
             for d in vm["disks"]:
                 assert f"name='rbd/{d['image']}'" in xml
-        wait_for(lambda: all("cp-init: ready" in Path(v["console"]).read_text(errors="replace")
-                             for v in prim), 120, "the DR guests' ready line", plane)
+            # only host files the DR site allows (vmdef_policy, the agent's
+            # definition_paths): its console directory, not the primary's file
+            assert vm["console"] not in xml
+            assert f"file='{domains.dr_console(lab, vm['name'])}'" in xml, xml
+
+        def ready(v: dict[str, Any]) -> bool:
+            p = domains.dr_console(lab, v["name"])
+            return p.exists() and "cp-init: ready" in p.read_text(errors="replace")
+
+        wait_for(lambda: all(ready(v) for v in prim), 120, "the DR guests' ready line", plane)
         # The writer checker on the DR copy of the recovery point the guests
         # booted from (the DR images were rolled back to it), against the
         # primary's stopped disks.

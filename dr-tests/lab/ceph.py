@@ -159,6 +159,34 @@ def ceph_cmd(site_dir_: Path, *args: str) -> list[str]:
             "--connect-timeout", "30", *args]
 
 
+def renew_pg_leases(site_dir_: Path, timeout: float = 90) -> float:
+    """Give a lab site's PGs a new peering interval once its OSD is back
+    from a stop; returns the seconds until every PG was active+clean.
+
+    The lab's one OSD is every PG's only member, so no peer renews a PG's
+    read lease: after the OSD is stopped (SIGSTOP) for longer than the
+    lease (0.8 x osd_heartbeat_grace, 16 s), its PGs stay `laggy` once it
+    is back and the requests queued on them wait for good (ceph/ceph-container
+    issue 1682; seen here on 2026-11-27 in the DR OSD hang cell: 28 requests
+    stuck 294 s after SIGCONT).  A cluster with peers renews the lease.
+    `pg repeer` refuses with one OSD up, so the OSD is marked down: it is
+    alive, boots again, and its PGs peer anew (8 s when tried by hand).
+    """
+    t0 = time.monotonic()
+    run(ceph_cmd(site_dir_, "osd", "down", "0"), timeout=60)
+    while True:
+        out = run(ceph_cmd(site_dir_, "pg", "ls", "-f", "json"), timeout=60).stdout
+        data = json.loads(out)
+        stats = data["pg_stats"] if isinstance(data, dict) else data
+        states = {x["pgid"]: x["state"] for x in stats}
+        if states and all(v == "active+clean" for v in states.values()):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise LabError(f"{site_dir_.name}: PGs not active+clean {timeout:.0f} s after "
+                           f"marking osd.0 down: {states}")
+        time.sleep(1)
+
+
 def rbd_cmd(site_status: dict[str, Any], *args: str) -> list[str]:
     """argv for the `rbd` CLI against one site of `lab status`."""
     return ["rbd", "-c", site_status["ceph_conf"], "--id", site_status.get("client_id", "admin"),
