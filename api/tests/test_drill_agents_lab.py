@@ -433,8 +433,12 @@ def test_drill_through_http_survives_its_worker_killed(bed: DrillBed, tmp_path: 
             job_id = r.json()["id"]
             tag = f"drill-{job_id.replace('-', '')[:8]}"
             t0 = time.monotonic()
-            wait_for(lambda: sum(len(v) for v in bed.domains().values()) == 2, 240,
-                     "the drill's two VMs running", plane)
+            def booted() -> bool:
+                # A job that ended before its VMs ran fails here, with its error.
+                job = c.get(f"/v1/jobs/{job_id}").json()
+                assert job["state"] in ("queued", "running"), job
+                return sum(len(v) for v in bed.domains().values()) == 2
+            wait_for(booted, 240, "the drill's two VMs running", plane)
             assert c.get(f"/v1/jobs/{job_id}").json()["state"] == "running"
             plane.kill9("worker")
             left = bed.domains()

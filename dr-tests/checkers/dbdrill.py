@@ -14,11 +14,14 @@ the drill is the control plane's.
     agents    a cutpointd on primary-h1 (libvirt driver, the domain named)
               and one on dr-h1 (discover = yes, the lab's definition key),
               both the lab's config (cutpoint.lab.agents)
-    control   a SQLite control-plane database: the sites, the two hosts
-    plane     (pinned), the VM and its disks from the primary agent's
-              `inventory` (services/inventory.apply), its definition
-              captured from the agent (services/vm_definitions.refresh_host),
-              the group and its policy (replication target dr)
+    control   the product's server (`cutpoint server --embedded`: API,
+    plane     worker, beat) with the agent booter; into its database the
+              test bed writes what an operator's site add, inventory sync
+              and group create would: the sites, the two hosts (pinned),
+              the VM and its disks from the primary agent's `inventory`
+              (services/inventory.apply), its definition captured from the
+              agent (services/vm_definitions.refresh_host), the group and
+              its policy (replication target dr, no schedule)
     snapshot  coordinated: `cutpoint snapshot --group-file` (the product's
               two-phase commit through the primary agent); uncoordinated
               (the negative control): `rbd snap create` member by member,
@@ -26,14 +29,14 @@ the drill is the control plane's.
               snapshot with its members (as the capture service records
               one), replicated to DR by the product's replicate_group with
               a full verification, then marked verified at DR
-    drill     drills.request (the route's service: the plan, the checks, the
-              recovery point, the booter) and drills.run_job (the drill
-              task's body): clones at DR, the definition rewritten for the
-              isolated drill bridge `cpdrill0` of dr-h1 and signed, started
-              through dr-h1's agent, ready by guest-ping, the plan's post
-              hook waits for the database, the checks run in the guest
-              through qemu-ga, teardown; drill_reports.evidence is what
-              `GET /v1/drills/{id}/report` serves
+    drill     `cutpoint drill run GROUP --point TXN --plan FILE --json`, as
+              an operator runs it: the API queues the drill job, the
+              server's worker runs it (clones at DR, the definition
+              rewritten for the isolated drill bridge `cpdrill0` of dr-h1
+              and signed, started through dr-h1's agent, ready by
+              guest-ping, the plan's post hook waits for the database, the
+              checks run in the guest through qemu-ga, teardown); the
+              evidence is read from `GET /v1/drills/{id}/report`
 
 Nothing of this needs the lab's launcher or console.  The figures each
 drill prints (`breakdown`) come from the drill's own timeline.
@@ -41,10 +44,11 @@ drill prints (`breakdown`) come from the drill's own timeline.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import os
+import shutil
+import signal
 import ssl
 import subprocess
 import time
@@ -167,6 +171,8 @@ class DbDrillBed:
         self.consoles = {vm.name: workdir / f"{vm.name}.console" for vm in vms}
         self.sf: Any = None
         self.settings: Any = None
+        self.server: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
         self.group_id = 0
         self.snapshots: list[str] = []
 
@@ -281,7 +287,6 @@ class DbDrillBed:
     def control_plane(self) -> None:
         from cutpoint.api.config import DefinitionTarget, Settings
         from cutpoint.api.models import (
-            Base,
             Disk,
             Group,
             GroupDisk,
@@ -292,14 +297,27 @@ class DbDrillBed:
             Vm,
         )
         from cutpoint.api.services import agents, inventory, vm_definitions
+        from cutpoint.api.services_local import free_port
+        from cutpoint.lab.demo import start_server
         from cutpoint.lab.sites import access
         from sqlalchemy import create_engine, select
         from sqlalchemy.orm import sessionmaker
 
         lv = self.status["libvirt"]
         targets = dict(lv["definition_targets"]["dr"], drill_network=DRILL_BRIDGE)
-        db = self.workdir / "cp.db"
-        db.unlink(missing_ok=True)
+        # The product's server (API, worker, beat; `cutpoint server
+        # --embedded`) with the agent booter: the drills are asked for with
+        # `cutpoint drill run`.  The test bed writes the rows an operator's
+        # `site add`, inventory sync and `group create` would, into its database.
+        state = self.workdir / "plane"
+        shutil.rmtree(state, ignore_errors=True)
+        state.mkdir(parents=True)
+        self.server, self.env = start_server(
+            state, self.certs, port=free_port(), show=False, booter="agent", settings={
+                "CUTPOINT_DEFINITION_SIGNING_KEY": str(lv["signing_key"]),
+                "CUTPOINT_DEFINITION_TARGETS": json.dumps({"dr": targets}),
+                "CP_DRILL_DIR": str(self.workdir / "drills")})
+        db = state / "server" / "cutpoint.db"
         self.settings = Settings(
             token_secret="db-drill-secret-0123456789", database_url=f"sqlite:///{db}",
             agent_ca=self.certs / "ca.pem", agent_cert=self.certs / "coordinator.pem",
@@ -307,7 +325,6 @@ class DbDrillBed:
             definition_signing_key=Path(lv["signing_key"]),
             definition_targets={"dr": DefinitionTarget(**targets)})
         eng = create_engine(f"sqlite:///{db}")
-        Base.metadata.create_all(eng)
         self.sf = sessionmaker(eng, expire_on_commit=False)
         with self.sf() as s:
             sites = {}
@@ -447,32 +464,32 @@ class DbDrillBed:
     # -- the drill --
     def drill(self, txn: str, plan: dict[str, Any], checks: list[Any] | None = None) \
             -> tuple[dict[str, Any], dict[str, Any]]:
-        """drills.request + drills.run_job of recovery point `txn`; returns the
-        job's report and the evidence the API serves for it."""
-        from cutpoint.api.models import Group, Job, JobState, utcnow
-        from cutpoint.api.services import drill_reports, drills
+        """`cutpoint drill run GROUP --point TXN --plan FILE --json` (the
+        checks in the plan's drill_checks), as an operator runs it; returns
+        the job's report and the evidence `GET /v1/drills/{id}/report` serves."""
+        import httpx
+        from cutpoint.checkers.pgcoord import REPO
 
-        os.environ["CP_DRILL_DIR"] = str(self.workdir / "drills")
-        with self.sf() as s:
-            g = s.get(Group, self.group_id)
-            job = drills.request(s, g, txn, checks, "operator", "agent", self.settings,
-                                 plan=plan)
-            job_id = job.id
-        t0 = dt.datetime.now(dt.UTC)
+        plan_file = self.workdir / f"plan-{txn}.json"
+        plan_file.write_text(json.dumps(dict(plan, drill_checks=checks or [])))
+        argv = [str(REPO / ".venv" / "bin" / "cutpoint"), "drill", "run", self.group,
+                "--point", txn, "--plan", str(plan_file), "--json", "--timeout", "1800"]
+        p = subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                           timeout=2000, check=False)
         try:
-            report = drills.run_job(self.sf, self.settings, job_id)
-            state = JobState.succeeded
-        except drills.DrillFailed as exc:
-            report, state = dict(exc.result or {}), JobState.failed
-            if not report:
-                raise
-        with self.sf() as s:  # what the task's wrapper records
-            j = s.get(Job, job_id)
-            j.state, j.result, j.finished_at = state, report, utcnow()
-            j.started_at = j.started_at or t0
-            s.commit()
-            ev = drill_reports.evidence(s, j).model_dump(mode="json")
-        return report, ev
+            job: dict[str, Any] = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            raise RuntimeError(f"{' '.join(argv)} rc={p.returncode}\n{p.stdout}\n"
+                               f"{p.stderr}") from None
+        report = job.get("result") or {}
+        if not report:
+            raise RuntimeError(f"drill job {job.get('id')} {job.get('state')} with no "
+                               f"report: {job.get('error_code')}: {job.get('error')}")
+        r = httpx.get(f"{self.env['CUTPOINT_URL']}/v1/drills/{job['id']}/report",
+                      headers={"Authorization": f"Bearer {self.env['CUTPOINT_TOKEN']}"},
+                      timeout=60)
+        r.raise_for_status()
+        return report, r.json()
 
     def leftovers(self, tag: str) -> dict[str, list[str]]:
         """What of drill `tag` is still at DR: domains on dr-h1, clones, taps."""
@@ -488,7 +505,15 @@ class DbDrillBed:
         return {"domains": doms, "clones": clones, "taps": taps}
 
     def cleanup(self) -> dict[str, Any]:
-        """The primary domains, the agents, every image of the run."""
+        """The server, the primary domains, the agents, every image of the run."""
+        if self.server is not None:
+            self.server.terminate()
+            try:
+                self.server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait(timeout=30)
+            self.server = None
         self.stop_vms()
         self.stop_agents()
         return self.imgs.cleanup()

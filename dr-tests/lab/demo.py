@@ -55,25 +55,31 @@ def cp(*args: str, env: dict[str, str] | None = None, check: bool = True,
     return r.stdout if capture else ""
 
 
-def start_server(state: Path, certs: Path, port: int = 18470,
-                 show: bool = True) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """`cutpoint server --embedded` with the lab's booter, its state under
-    `state`; returns it once ready, and the environment (CUTPOINT_URL,
-    CUTPOINT_TOKEN: the admin token it wrote) for `cutpoint` commands.
-    Unless `show`, its log goes to `state`/server.log, not our output."""
+def start_server(state: Path, certs: Path, port: int = 18470, show: bool = True,
+                 booter: str = "lab", settings: dict[str, str] | None = None) \
+        -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """`cutpoint server --embedded` with `booter` (the lab's by default) and
+    `settings` (CUTPOINT_* variables), its state under `state`; returns it
+    once ready, and the environment (CUTPOINT_URL, CUTPOINT_TOKEN: the admin
+    token it wrote) for `cutpoint` commands.  Unless `show`, its log goes
+    to `state`/server.log, not our output."""
     token_file = state / "admin.token"
     if show:
-        print(f"$ CUTPOINT_BOOTER=lab cutpoint server --embedded --state-dir {state / 'server'} "
-              f"--port {port} --agent-certs {certs} --admin-token-file {token_file}")
+        print(f"$ CUTPOINT_BOOTER={booter} cutpoint server --embedded --state-dir "
+              f"{state / 'server'} --port {port} --agent-certs {certs} "
+              f"--admin-token-file {token_file}")
     with open(os.devnull if show else state / "server.log", "ab") as log:
         server = subprocess.Popen(
             [EXE, "server", "--embedded", "--state-dir", str(state / "server"),
              "--port", str(port), "--agent-certs", str(certs),
              "--admin-token-file", str(token_file)], start_new_session=True,
-            env={**os.environ, "CUTPOINT_BOOTER": "lab"},
+            env={**os.environ, **(settings or {}), "CUTPOINT_BOOTER": booter},
             stdout=None if show else log, stderr=None if show else log)
     env = {**os.environ, "CUTPOINT_URL": f"http://127.0.0.1:{port}"}
     for _ in range(120):
+        if server.poll() is not None:
+            raise SystemExit(f"cutpoint server --embedded exited with {server.returncode}"
+                             + ("" if show else f"; see {state / 'server.log'}"))
         if token_file.exists():
             try:
                 import httpx
