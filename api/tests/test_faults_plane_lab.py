@@ -305,12 +305,19 @@ def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
     # the hung copy) may run another attempt once the first released the
     # group: let it end, then ask again if it is not a recovery point.
     x = wait_for(settled, 300, "no copy running", plane, every=1)
+    again = None
     if not x["recovery_point"]:
         r = c.post(f"/v1/snapshots/{sid}/replicate")
         assert r.status_code == 202, r.text
+        again = r.json()["id"]
 
     def verified() -> dict[str, Any] | None:
         x = c.get(f"/v1/snapshots/{sid}/replication").json()
+        if again and not x["recovery_point"]:
+            # A copy that fails again with the OSD back fails the cell
+            # here, with its error, rather than at the timeout.
+            j = c.get(f"/v1/jobs/{again}").json()
+            assert j["state"] != "failed", j
         return x if x["recovery_point"] else None
     after = wait_for(verified, 300, "the copy completed with the OSD back", plane, every=1)
     print(f"with the OSD back: {after['state']} after {after['attempts']} attempts")
