@@ -401,9 +401,10 @@ def test_drill_through_http_survives_its_worker_killed(bed: DrillBed, tmp_path: 
     from cutpoint.lab.sites import ceph_site
     from plane import Plane, admin_client, wait_for
 
-    c_id = bed.dr["clients"]["cutpoint"]["client_id"]
-    targets = {"dr": {"host": "dr-h1", "auth_user": c_id, "secret_uuid": bed.secret,
-                      "mon_hosts": [bed.mon()], "drill_network": BRIDGE}}
+    # The bed's DR target (its boot_paths: the site's allow-list for the
+    # guests' kernel and initrd), as the worker's environment.
+    targets = {k: v.model_dump(mode="json")
+               for k, v in bed.settings().definition_targets.items()}
     plane = Plane(tmp_path, int(local_services.redis_port or 0), {
         "CUTPOINT_AGENT_CA": str(bed.certs / "ca.pem"),
         "CUTPOINT_AGENT_CERT": str(bed.certs / "coordinator.pem"),
@@ -436,7 +437,8 @@ def test_drill_through_http_survives_its_worker_killed(bed: DrillBed, tmp_path: 
             def booted() -> bool:
                 # A job that ended before its VMs ran fails here, with its error.
                 job = c.get(f"/v1/jobs/{job_id}").json()
-                assert job["state"] in ("queued", "running"), job
+                assert job["state"] in ("queued", "running"), \
+                    (job["state"], job["error_code"], job["error"])
                 return sum(len(v) for v in bed.domains().values()) == 2
             wait_for(booted, 240, "the drill's two VMs running", plane)
             assert c.get(f"/v1/jobs/{job_id}").json()["state"] == "running"

@@ -193,10 +193,20 @@ class DbDrillBed:
         return time.monotonic() - t0
 
     def _status_with_vms(self) -> dict[str, Any]:
+        """The lab's status with this run's VMs, and the DR site letting a
+        signed definition name the Debian image's kernel and initrd too
+        (boot_paths: the control plane's target and the DR agent's
+        definition_paths)."""
         vms = [{"name": vm.name, "host": vm.host, "site": "primary", "driver": "libvirt",
                 "disks": [{"node": dev} for dev in vm.targets().values()]}
                for vm in self.vms]
-        return {**self.status, "vms": vms}
+        lv = self.status["libvirt"]
+        dr = dict(lv["definition_targets"]["dr"])
+        dr["boot_paths"] = sorted({*dr.get("boot_paths", []),
+                                   *(str(Path(f).parent) for f in (self.image.kernel,
+                                                                    self.image.initrd))})
+        lv = {**lv, "definition_targets": {**lv["definition_targets"], "dr": dr}}
+        return {**self.status, "vms": vms, "libvirt": lv}
 
     def start_vms(self) -> None:
         lv = self.status["libvirt"]
@@ -303,7 +313,7 @@ class DbDrillBed:
         from sqlalchemy import create_engine, select
         from sqlalchemy.orm import sessionmaker
 
-        lv = self.status["libvirt"]
+        lv = self._status_with_vms()["libvirt"]
         targets = dict(lv["definition_targets"]["dr"], drill_network=DRILL_BRIDGE)
         # The product's server (API, worker, beat; `cutpoint server
         # --embedded`) with the agent booter: the drills are asked for with
