@@ -274,8 +274,11 @@ class Drill:
         vms = [drill_checks.DrillVM(v.name, self.original.get(v.name, v.name),
                                     self.request.agents.get(v.name))
                for v in self.request.vms]
+        rp = self.spec.recovery_point
+        points = [ImageRef(d.pool, d.image, rp) for vm in self.spec.vms for d in vm.disks]
         return drill_checks.CheckContext(self.spec.site, list(self.clones), vms,
-                                         tls=self.request.tls, drill_id=self.id)
+                                         tls=self.request.tls, drill_id=self.id,
+                                         points=points)
 
     def run_checks(self) -> list[dict[str, Any]]:
         out = []
@@ -283,7 +286,7 @@ class Drill:
         for c in self.checks:
             ctx = drill_checks.CheckContext(base.site, base.images, base.vms, dict(c.params),
                                             c.timeout_s, base.tls, base.drill_id,
-                                            base._addresses)
+                                            base._addresses, base.points)
             self.event("check", "started", check=c.name)
             r = drill_checks.run(c, ctx)
             n = sum(1 for x in out if x["name"] == c.name)

@@ -8,7 +8,7 @@ bridges, joined by cpbr0) with the lab's guest addresses.  They boot with
 cp.mode=idle; the CL=ALL writer (`cp-writer`) is started on node 1 through
 the agent's vm.guest_exec.  One group snapshot of both VMs through the
 product (both agents, one two-phase commit), replicated and drilled by the
-control plane's drill job:
+control plane's drill job, asked for by `cutpoint drill run`:
 
     plan    one boot group `cassandra`: both nodes, ready by guest-ping,
             then a post hook that waits until `nodetool status` lists both

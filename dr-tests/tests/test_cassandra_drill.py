@@ -10,7 +10,7 @@ recipe hash), node 1 a libvirt domain on primary-h1 and node 2 on
 primary-h2 with RBD disks, on the lab network; Cassandra at RF 2 with the
 commit log on its own disk, the CL=ALL writer and its operation log; one
 group snapshot of both VMs through the product, replicated by the product;
-the control plane's drill job boots both copies from their captured
+`cutpoint drill run` against the product's server, whose worker boots both copies from their captured
 definitions on the DR agent, on the isolated drill bridge, and runs the
 `cassandra` check (nodetool status all UN, a CQL query) and the operation
 log check in the guest (cp-check through guest-exec).

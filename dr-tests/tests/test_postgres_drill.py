@@ -8,8 +8,9 @@ in the guest.  The PostgreSQL VM is a libvirt domain at the primary with
 RBD disks; its definition is captured by the control plane; the group
 snapshot is the product's (`cutpoint snapshot`, the agent's librbd
 snapshots), replicated by the product with a full verification; the drill
-is the control plane's drill job (drills.request + drills.run_job: clones
-at DR, the captured definition rewritten onto the isolated drill bridge
+is asked for as an operator asks for one, `cutpoint drill run` against the
+product's server (`cutpoint server --embedded`), and run by its worker
+(clones at DR, the captured definition rewritten onto the isolated drill bridge
 and signed, started by the DR agent, ready by guest-ping) with the
 `postgres` check (pg_isready, pg_amcheck, and the ledger query: every
 journaled acknowledgement is a row).  cutpoint.checkers.pgproduct says
