@@ -50,7 +50,7 @@ def _free_port() -> int:
 
 
 def guest_xml(name: str, img: dict[str, Any], disk: str, mon: str, user: str,
-              secret: str) -> str:
+              secret: str, extra: str = "") -> str:
     host, _, port = mon.rpartition(":")
     return f"""<domain type='qemu'>
   <name>{name}</name>
@@ -59,7 +59,7 @@ def guest_xml(name: str, img: dict[str, Any], disk: str, mon: str, user: str,
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{img['kernel']}</kernel><initrd>{img['initrd']}</initrd>
-    <cmdline>console=ttyS0 quiet cp.name={name} cp.ndisks=1</cmdline></os>
+    <cmdline>console=ttyS0 quiet cp.name={name} cp.ndisks=1{extra}</cmdline></os>
   <devices>
     <emulator>/usr/bin/qemu-system-x86_64</emulator>
     <disk type='network' device='disk'><driver name='qemu' type='raw' cache='none'/>
@@ -187,7 +187,9 @@ class DrillBed:
         return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
 
     # -- control plane --
-    def database(self, tiny: dict[str, Any]) -> Any:
+    def database(self, tiny: dict[str, Any], cmdline: dict[str, str] | None = None) -> Any:
+        """The control plane's database; `cmdline`: words added to a VM's
+        kernel command line in its captured definition."""
         from cutpoint.api.models import Base, Host, Site, Vm, VmDefinition
         from sqlalchemy import create_engine
         from sqlalchemy.orm import sessionmaker
@@ -214,7 +216,7 @@ class DrillBed:
                 s.add(v)
                 s.flush()
                 xml = guest_xml(vm, tiny, self.images[vm], "10.77.0.2:6789", "cutpoint-prim",
-                                str(uuid.uuid4()))
+                                str(uuid.uuid4()), " " + (cmdline or {}).get(vm, ""))
                 s.add(VmDefinition(vm_id=v.id, host="prim-h1", version=1,
                                    format="libvirt-domain-xml",
                                    sha256=hashlib.sha256(xml.encode()).hexdigest(),

@@ -4,8 +4,10 @@
 
 Steps, each a timeline event in the report:
 
-    clone      protect <image>@<recovery point> (unless it is already) and clone
-               it -> drill-<id>-<image>, in the same pool at DR (site.py)
+    clone      protect <image>@<recovery point> (unless it is already; the
+               image's metadata `cutpoint.drill_protected.<snap>` then names
+               the drill, for the sweeper) and clone it ->
+               drill-<id>-<image>, in the same pool at DR (site.py)
     boot       the booter starts one VM per member VM from the clones, on a
                network with no route to production (the booter's own
                events, e.g. `isolate`, go into the timeline too), then waits
@@ -60,6 +62,16 @@ from cutpoint.coordinator.dr.drill_report import render_html
 from cutpoint.coordinator.dr.site import CephConnection, CephSite, ImageRef
 
 EventHook = Callable[[dict[str, Any]], None]
+
+
+# Image metadata key that names the drill that protected a snapshot of the
+# image (value: its tag `drill-<id>`), set before the protect and removed
+# after the unprotect (api/services/drill_sweeper.py reads it).
+PROTECTED_PREFIX = "cutpoint.drill_protected."
+
+
+def protected_key(snap: str) -> str:
+    return f"{PROTECTED_PREFIX}{snap}"
 
 
 @dataclass
@@ -152,6 +164,10 @@ class Drill:
                 disks = []
                 for d in vm.disks:
                     if not ceph.is_protected(d.pool, d.image, rp):
+                        # Whose protection this is, on the image, before it
+                        # exists: the drill sweeper finds it there when the
+                        # process died and its state file is out of reach.
+                        ceph.metadata_set(d.pool, d.image, protected_key(rp), self.tag)
                         ceph.protect(d.pool, d.image, rp)
                         self.protected.append(ImageRef(d.pool, d.image, rp))
                     name = f"{self.tag}-{d.image}"
@@ -258,8 +274,11 @@ class Drill:
         vms = [drill_checks.DrillVM(v.name, self.original.get(v.name, v.name),
                                     self.request.agents.get(v.name))
                for v in self.request.vms]
+        rp = self.spec.recovery_point
+        points = [ImageRef(d.pool, d.image, rp) for vm in self.spec.vms for d in vm.disks]
         return drill_checks.CheckContext(self.spec.site, list(self.clones), vms,
-                                         tls=self.request.tls, drill_id=self.id)
+                                         tls=self.request.tls, drill_id=self.id,
+                                         points=points)
 
     def run_checks(self) -> list[dict[str, Any]]:
         out = []
@@ -267,7 +286,7 @@ class Drill:
         for c in self.checks:
             ctx = drill_checks.CheckContext(base.site, base.images, base.vms, dict(c.params),
                                             c.timeout_s, base.tls, base.drill_id,
-                                            base._addresses)
+                                            base._addresses, base.points)
             self.event("check", "started", check=c.name)
             r = drill_checks.run(c, ctx)
             n = sum(1 for x in out if x["name"] == c.name)
@@ -323,6 +342,7 @@ class Drill:
             for p in self.protected:
                 try:
                     ceph.unprotect(p.pool, p.image, str(p.snap))
+                    ceph.metadata_remove(p.pool, p.image, protected_key(str(p.snap)))
                 except CephError as exc:
                     errors.append(str(exc))
         return errors
