@@ -322,6 +322,7 @@ def test_db_vm_domain_is_one_a_drill_can_start(tmp_path: Path) -> None:
     """The PostgreSQL VM's domain (dbdrill.domain_xml) is one the control
     plane signs for a drill: every disk RBD (the root too), each group disk
     with its serial; rewritten onto the drill bridge with the drill's clones."""
+    from cutpoint.api.services.vmdef_policy import SitePolicy
     from cutpoint.api.services.vmdef_rewrite import DrTarget, rbd_images, rewrite
 
     vm = dbdrill.DbVM(pgproduct.VM, "primary-h1", dict(pgdrill.GROUP))
@@ -338,7 +339,10 @@ def test_db_vm_domain_is_one_a_drill_can_start(tmp_path: Path) -> None:
                                 "000000000002", name="drill-1234abcd-cp-pg", uuid="",
                                 images={f"rbd/p-{s}": f"rbd/drill-1234abcd-p-{s}"
                                         for s in vm.targets()},
-                                isolate="cpdrill0", taps="d1234abcd00"))
+                                isolate="cpdrill0", taps="d1234abcd00",
+                                # the DR site lets it name the image's kernel
+                                # and initrd (vmdef_policy; DbDrillBed's boot_paths)
+                                policy=SitePolicy(boot_paths=(str(tmp_path),))))
     assert rbd_images(out) == [f"rbd/drill-1234abcd-p-{s}" for s in vm.targets()]
     assert "<source bridge=\"cpdrill0\"" in out or "<source bridge='cpdrill0'" in out
     assert "<serial>cpjournal</serial>" in out and vm.mac not in out
