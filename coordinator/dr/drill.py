@@ -18,7 +18,8 @@ Steps, each a timeline event in the report:
                rewritten for its clones as `drill-<id>-<vm>` on the
                isolated drill network, signed, transient (the control
                plane builds them: api/services/drill_boot.py)
-    check      each check over the clones (checks.py; built in: `writer`)
+    check      each check over the clones and the booted VMs (checks.py; the
+               built-in `writer` reads the recovery point's DR snapshots)
     verdict    pass iff every guest booted and every check passed
     cleanup    (always, in `finally`) the booter stops what it started,
                the clones are removed, the snapshot unprotected if we
