@@ -60,8 +60,9 @@ from xml.sax.saxutils import escape, quoteattr
 from cutpoint.checkers.rbddrill import DrillImages
 from cutpoint.lab import domains
 from cutpoint.lab.debian_image import Image
+from cutpoint.lab.demo import DRILL_NETWORK, drill_network
 
-DRILL_BRIDGE = "cpdrill0"
+DRILL_BRIDGE = DRILL_NETWORK
 # The lab of these drills: both Ceph clusters, one host per site, libvirt,
 # no tiny guests (their CPU would slow the TCG Debian guests).
 LAB = {"hosts": 1, "vms_per_host": 0, "driver": "libvirt"}
@@ -244,11 +245,7 @@ class DbDrillBed:
             self.agents.append(start_agent(st, h, self.certs, standby=False))
         wait_libvirt_ready(st, self.certs, [h for h in self.status["hosts"]
                                             if h["site"] == "primary"], timeout=120)
-        subprocess.run(["ip", "-n", self.dr_host["netns"], "link", "del", DRILL_BRIDGE],
-                       check=False, capture_output=True)
-        for cmd in (["link", "add", DRILL_BRIDGE, "type", "bridge"],
-                    ["link", "set", DRILL_BRIDGE, "up"]):
-            subprocess.run(["ip", "-n", self.dr_host["netns"], *cmd], check=True)
+        drill_network(self.dr_host["netns"])  # the demo's isolated bridge, cpdrill0
 
     def stop_agents(self) -> None:
         from cutpoint.lab.agents import stop_agent_pid
