@@ -12,13 +12,19 @@
  *                       vm.stop leaves no domain: a drill's copy)
  *                       only when the control plane's definition-signing
  *                       key ([libvirt] definition_key) signed that XML for
- *                       that VM name (defsig.h); FORBIDDEN otherwise
+ *                       that VM name (defsig.h), and only when the XML
+ *                       keeps to this agent's own policy of what a
+ *                       definition may name of the host ([libvirt]
+ *                       definition_paths, defpolicy.h: the signature says
+ *                       who signed, not that it is safe); FORBIDDEN
+ *                       otherwise, naming the element
  */
 #include "cmd.h"
 
 #include <string.h>
 #include <openssl/evp.h>
 
+#include "defpolicy.h"
 #include "defsig.h"
 #include "domxml.h"
 #include "log.h"
@@ -132,6 +138,13 @@ cmd_vm_start_signed(struct agent *a, json_t *spec, const char **code,
         log_warnx("event=vm_start vm=%s result=refused why=bad_signature "
                   "sha256=%s msg=\"%s\"", name, sum, why);
         FAIL("FORBIDDEN", "vm %s: definition refused: %s", name, why);
+    }
+    if (defpolicy_check(xml, strlen(xml), a->cfg.definition_paths, why,
+                        sizeof(why)) < 0) {
+        log_warnx("event=vm_start vm=%s result=refused why=definition_policy "
+                  "sha256=%s msg=\"%s\"", name, sum, why);
+        FAIL("FORBIDDEN", "vm %s: definition refused by this agent's policy "
+             "([libvirt] definition_paths): %s", name, why);
     }
     if (!(dx = malloc(sizeof(*dx))))
         FAIL("INTERNAL", "out of memory");

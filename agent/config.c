@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "defpolicy.h"
 #include "log.h"
 #include "runcmd.h"
 #include "vm.h"
@@ -319,6 +320,14 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             if (v[0] != '/')
                 goto bad;
             TAKE(cfg->definition_key);
+        } else if (KEY("libvirt", "definition_paths")) {
+            char why[256];
+            if (defpolicy_paths_valid(v, why, sizeof(why)) < 0) {
+                snprintf(err, errlen, "%s:%d: [libvirt] definition_paths: %s",
+                         path, lineno, why);
+                goto cleanup;
+            }
+            TAKE(cfg->definition_paths);
         }
         else if (KEY("libvirt", "qmp_passthrough")) {
             if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0)
@@ -439,6 +448,11 @@ toolong:
          * there) only through discovery */
         snprintf(err, errlen, "%s: [libvirt] definition_key needs [libvirt] "
                  "uri and discover = yes", path);
+        goto cleanup;
+    }
+    if (cfg->definition_paths[0] && !cfg->definition_key[0]) {
+        snprintf(err, errlen, "%s: [libvirt] definition_paths is the policy "
+                 "of signed definitions, but definition_key is not set", path);
         goto cleanup;
     }
     if (cfg->definition_key[0] && access(cfg->definition_key, R_OK) < 0) {

@@ -81,6 +81,11 @@ struct agent_config {
      * vm.start defines a domain XML from the wire only when it signed it
      * (defsig.h); "" none: never. */
     char definition_key[1024];
+    /* The host paths a signed definition may name (defpolicy.h): blank-
+     * separated absolute prefixes for kernels, initrds, firmware, console
+     * logs and the Ceph conf; "" none (a definition naming any host path
+     * is refused). */
+    char definition_paths[1024];
     struct cfg_vm vms[CFG_MAX_VMS];
     int nvms;
 };

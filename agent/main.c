@@ -14,7 +14,6 @@
 #include "agent.h"
 #include "config.h"
 #include "log.h"
-#include "sdnotify.h"
 #include "server.h"
 #include "tls.h"
 
@@ -95,9 +94,7 @@ main(int argc, char **argv)
         agent_stop(&agent);
         fatalx("event=start_failed msg=\"%s\"", err);
     }
-    /* Ready once recovery is done: what a previous run paused is resumed;
-     * libvirt and Ceph may still be connecting (bringup.c). */
-    sdnotify_send("READY=1");
+    /* READY=1 is sent by server_run once its listener is open. */
     if (server_run(&agent, &stop_flag, err, sizeof(err)) < 0) {
         agent_stop(&agent);
         fatalx("event=server_failed msg=\"%s\"", err);

@@ -460,11 +460,26 @@ redirect_merge(struct agent *a, struct vm *v, const char *txn,
 {
     int to = a->cfg.qmp_timeout_ms, n = v->cfg->ndisks, merged = 0, rc = 0;
     int started[CFG_MAX_DISKS] = {0}, held[CFG_MAX_DISKS] = {0}, gone = 0;
+    int other = 0;
     double t0 = mono_ms(), deadline = t0 + RD_MERGE_MS;
     json_t *nodes = NULL, *blocks = NULL;
     struct qmp_err qe;
     char jerr[256];
 
+    if (strcmp(v->ops->name, "qmp") != 0) {
+        /* Only the qmp driver redirects (redirect_usable): an entry of a VM
+         * that another driver runs now (an earlier run's, from before its
+         * driver changed: a VM moved under libvirt, an upgrade) names
+         * overlays whose nodes its QEMU never held, and its driver may not
+         * reach QMP at all (libvirt without qmp_passthrough).  Retrying the
+         * merge would fail forever and keep every prepare BUSY; they are
+         * judged as a gone QEMU's are: removed when they hold no guest
+         * write, else kept and reported. */
+        other = 1;
+        if ((rc = redirect_offline(a, v, txn, err, errlen)) < 0)
+            goto out;
+        goto done;
+    }
     if (vm_qmp(v, "query-block", NULL, to, &blocks, &qe) < 0) {
         /* Its QEMU is gone (killed, stopped outside the agent): nothing
          * holds the overlays; those without a guest write go. */
@@ -542,11 +557,12 @@ out:
     if (rc == 0)
         log_info("event=redirect_merged txn=%s vm=%s why=%s disks=%d "
                  "merged=%d qemu=%s ms=%.3f", txn, v->cfg->name, why, n,
-                 merged, gone ? "gone" : "up", mono_ms() - t0);
+                 merged, other ? "other_driver" : gone ? "gone" : "up",
+                 mono_ms() - t0);
     else
         log_warnx("event=redirect_merge_failed txn=%s vm=%s why=%s "
                   "qemu=%s entry=kept%s msg=\"%s\"", txn, v->cfg->name, why,
-                  gone ? "gone" : "up", rc == RD_KEPT ? " overlay=kept" : "",
-                  err);
+                  other ? "other_driver" : gone ? "gone" : "up",
+                  rc == RD_KEPT ? " overlay=kept" : "", err);
     return rc;
 }

@@ -22,6 +22,7 @@
 #include "pool.h"
 #include "proto.h"
 #include "replyq.h"
+#include "sdnotify.h"
 #include "tls.h"
 
 #define MAX_CONNS CFG_MAX_CONNECTIONS
@@ -509,6 +510,13 @@ server_run(struct agent *a, volatile sig_atomic_t *stop, char *err,
              "max_connections=%d workers=%d", a->cfg.listen_addr,
              a->cfg.listen_port, a->cfg.host, a->nvms, s.authz.revoked.n,
              a->cfg.max_connections, a->cfg.workers);
+    /* Ready: recovery is done (what a previous run paused is resumed) and
+     * the listener is open; libvirt and Ceph may still be connecting
+     * (bringup.c).  Sent before the listener opened, a unit that depends
+     * on this one could be refused: the CI rehearsal of 3c33cb8 connected
+     * right after READY=1 and got ECONNREFUSED, the agent still building
+     * its TLS context under load. */
+    sdnotify_send("READY=1");
     while (!*stop) {
         int n = epoll_wait(s.efd, evs, 64, 500);
         double now;

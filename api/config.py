@@ -42,6 +42,32 @@ class DefinitionTarget(BaseModel):
     # of their copies to: one with no route to production (no uplink, no
     # forwarding).  None: no drill boots through the agents at this site.
     drill_network: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,15}$")
+    # The host files of this site's hosts a definition may name
+    # (services/vmdef_policy.py): directories (or files) of the kernels,
+    # initrds, DTBs and firmware of direct kernel boot; anything else is
+    # refused.  Empty: no definition with a <kernel> or <loader> is signed.
+    boot_paths: list[str] = Field(default_factory=list)
+    # The hosts' directory of console logs (a VM's <log file=> becomes
+    # <console_dir>/<name>.<device><n>.log); None: logs dropped (pty only).
+    console_dir: str | None = None
+    # The Ceph client conf of the hosts' QEMUs (<config file=> of each RBD
+    # disk); None: dropped (QEMU reads the host's default).
+    ceph_conf: str | None = None
+
+    @field_validator("boot_paths")
+    @classmethod
+    def _abs_paths(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not p.startswith("/") or os.path.normpath(p) != p.rstrip("/") or p == "/":
+                raise ValueError(f"{p!r}: give an absolute, normal path other than /")
+        return v
+
+    @field_validator("console_dir", "ceph_conf")
+    @classmethod
+    def _abs_path(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or os.path.normpath(v) != v or v == "/"):
+            raise ValueError(f"{v!r}: give an absolute, normal path other than /")
+        return v
 
     @field_validator("mon_hosts")
     @classmethod

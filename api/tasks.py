@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -170,6 +171,15 @@ def _snapshot_of_job(s: Session, job_id: str | None) -> tuple[Job, int]:
     return job, job.snapshot_id
 
 
+# Waiting for another delivery's claim has no limit of its own: the claim
+# ends with its holder (its TTL) or with the job.  Celery's retry() reads
+# max_retries=None as "the task's default" (3), not as no limit; a drill
+# job redelivered after its worker was killed gave up after 3 checks (CI
+# rehearsal of 7b6d99e: MaxRetriesExceededError while the dead worker's
+# claim was still live).
+CLAIM_RETRIES = sys.maxsize
+
+
 def _claim(ctx: Ctx) -> JobClaim:
     """This delivery's claim on the job (jobclaim.py), or a retry: the job
     runs on another worker (a redelivery after the visibility timeout), or
@@ -185,10 +195,10 @@ def _claim(ctx: Ctx) -> JobClaim:
         who = jobclaim.holder(ctx.redis, ctx.job_id)
     except redis.RedisError as exc:
         log.warning("job=%s event=claim_failed error=%r", ctx.job_id, exc)
-        raise ctx.task.retry(countdown=later, max_retries=None) from exc
+        raise ctx.task.retry(countdown=later, max_retries=CLAIM_RETRIES) from exc
     log.info("job=%s event=running_elsewhere holder=%s: checking again in %.0f s",
              ctx.job_id, who, later)
-    raise ctx.task.retry(countdown=later, max_retries=None)
+    raise ctx.task.retry(countdown=later, max_retries=CLAIM_RETRIES)
 
 
 def _run_job(ctx: Ctx, fn: Callable[[Ctx], dict[str, Any] | None], name: str) -> None:

@@ -13,7 +13,8 @@
 #   journal        the agent journal file          agent/tests/fuzz-seeds/journal
 #   qmp            QMP client on a monitor stream  agent/tests/fuzz-seeds/qmp
 #   config         the agent INI file              agent/tests/fuzz-seeds/config
-#   domxml         libvirt domain XML (disks)      agent/tests/fuzz-seeds/domxml
+#   domxml         libvirt domain XML (disks, and  agent/tests/fuzz-seeds/domxml
+#                  a signed definition's policy)
 #   sync-args      cutpoint-sync's command line    storage/tests/fuzz-seeds/sync-args
 #   sync-progress  cutpoint-sync's progress record storage/tests/fuzz-seeds/sync-progress
 #
@@ -39,7 +40,8 @@ cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -DCUTPOINT_VERSION="\"$(cat VERSION)\""
 agent_drivers=(agent/config.c agent/log.c agent/runcmd.c agent/vm.c
                agent/vm_qmp.c agent/vm_libvirt.c agent/lvdef.c agent/lvconn.c
                agent/lvcache.c agent/lvdomain.c agent/lvcall.c agent/lvstart.c
-               agent/guest_libvirt.c agent/domxml.c agent/guest_qga.c agent/qmp.c
+               agent/guest_libvirt.c agent/domxml.c agent/defpolicy.c
+               agent/guest_qga.c agent/qmp.c
                agent/qga.c storage/snap.c storage/snap_rbd.c storage/snap_qmp.c
                storage/rbdsnap.c)
 sync_lib=(storage/sync/sync_util.c storage/sync/sync_args.c
@@ -66,7 +68,7 @@ build() {
                $(pkg-config --libs libxml-2.0) -ljansson -lvirt -lvirt-qemu -lrbd \
                -lrados -lpthread -o "$out" ;;
     domxml) clang "${cflags[@]}" $(pkg-config --cflags libxml-2.0) \
-               agent/domxml.c agent/tests/fuzz_domxml.c \
+               agent/domxml.c agent/defpolicy.c agent/tests/fuzz_domxml.c \
                $(pkg-config --libs libxml-2.0) -lpthread -o "$out" ;;
     sync-args) clang "${cflags[@]}" "${sync_lib[@]}" \
                storage/tests/fuzz_sync_args.c -lrbd -lrados -lssl -lcrypto -lz \

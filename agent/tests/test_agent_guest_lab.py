@@ -60,7 +60,7 @@ def tiny_domain(name: str, img: dict[str, Any], console: Path) -> str:
     <cmdline>console=ttyS0 quiet cp.name={name}</cmdline></os>
   <devices>
     <emulator>/usr/bin/qemu-system-x86_64</emulator>
-    <serial type='file'><source path='{console}'/><target port='0'/></serial>
+    <serial type='pty'><log file='{console}' append='off'/><target port='0'/></serial>
     <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
     <memballoon model='none'/>
   </devices>
@@ -104,7 +104,8 @@ async def exercise(c: AgentClient, vm: str, kver: str) -> None:
 
 
 @pytest.fixture
-def lv(tmp_path: Path) -> Iterator[tuple[LibvirtAgent, LibvirtHost, Ed25519PrivateKey]]:
+def lv(tiny: dict[str, Any], tmp_path: Path) \
+        -> Iterator[tuple[LibvirtAgent, LibvirtHost, Ed25519PrivateKey]]:
     key = Ed25519PrivateKey.generate()
     pub = tmp_path / "definition-signing.pub"
     pub.write_bytes(vmdef_sign.public_pem(key))
@@ -113,7 +114,11 @@ def lv(tmp_path: Path) -> Iterator[tuple[LibvirtAgent, LibvirtHost, Ed25519Priva
     agent = None
     try:
         agent = LibvirtAgent(tmp_path, discover=True, uri=host.uri,
-                             extra=f"definition_key = {pub}\n")
+                             # what the signed tiny domain names of the host
+                             # (agent/defpolicy.h): its kernel, initrd, console log
+                             extra=f"definition_key = {pub}\ndefinition_paths = "
+                             f"{Path(tiny['kernel']).parent} {Path(tiny['initrd']).parent} "
+                             f"{tmp_path}\n")
         agent.start()
         yield agent, host, key
     finally:

@@ -353,6 +353,60 @@ test_no_key_configured(void **state)
     agent_teardown();
 }
 
+/* Signed is not safe: a definition that names host files outside this
+ * agent's [libvirt] definition_paths, or a host device, is refused before
+ * libvirt sees it (defpolicy.h), and the same kernel is started once the
+ * policy allows its directory. */
+static void
+test_signed_but_outside_the_policy(void **state)
+{
+    const char *code;
+    char sig[89], msg[512];
+    const char *kernel = "<domain type='test'><name>dr6</name><memory>1024"
+                         "</memory><os><type>hvm</type><kernel>/srv/cp-boot/"
+                         "vmlinuz</kernel></os></domain>";
+    const char *serial = "<domain type='test'><name>dr7</name><memory>1024"
+                         "</memory><os><type>hvm</type></os><devices><serial "
+                         "type='file'><source path='/etc/cron.d/cp'/>"
+                         "</serial></devices></domain>";
+    const char *log = "<domain type='test'><name>dr8</name><memory>1024"
+                      "</memory><os><type>hvm</type></os><devices><serial "
+                      "type='pty'><log file='/etc/shadow'/></serial>"
+                      "</devices></domain>";
+    json_t *r;
+
+    (void)state;
+    agent_setup(pub_path);
+    sign(key, "dr6", kernel, sig);
+    r = start("dr6", kernel, sig, &code, msg, sizeof(msg));
+    assert_null(r);
+    assert_string_equal(code, "FORBIDDEN");
+    if (!strstr(msg, "<kernel> /srv/cp-boot/vmlinuz"))
+        fail_msg("%s", msg);
+    assert_int_equal(domain_state("dr6"), -1);
+    sign(key, "dr7", serial, sig);
+    r = start("dr7", serial, sig, &code, msg, sizeof(msg));
+    assert_null(r);
+    assert_string_equal(code, "FORBIDDEN");
+    assert_non_null(strstr(msg, "<serial type='file'>"));
+    assert_int_equal(domain_state("dr7"), -1);
+    snprintf(a.cfg.definition_paths, sizeof(a.cfg.definition_paths),
+             "/srv/cp-boot /var/log/cp");
+    sign(key, "dr8", log, sig);
+    r = start("dr8", log, sig, &code, msg, sizeof(msg));
+    assert_null(r);
+    assert_string_equal(code, "FORBIDDEN");
+    assert_non_null(strstr(msg, "<log file='/etc/shadow'>"));
+    assert_int_equal(domain_state("dr8"), -1);
+    sign(key, "dr6", kernel, sig);
+    r = start("dr6", kernel, sig, &code, msg, sizeof(msg));
+    if (!r)
+        fail_msg("allowed kernel: %s %s", code, msg);
+    json_decref(r);
+    assert_int_equal(domain_state("dr6"), VIR_DOMAIN_RUNNING);
+    agent_teardown();
+}
+
 static void
 test_definition_is_the_inactive_xml(void **state)
 {
@@ -403,6 +457,12 @@ test_config_key(void **state)
          "definition_key = %s.missing\n", "No such file"},
         {"uri = test:///default\ndiscover = yes\ndefinition_key = rel.pem\n%s",
          "definition_key"},
+        {"uri = test:///default\ndiscover = yes\ndefinition_key = %s\n"
+         "definition_paths = /srv/boot /var/log/cp/\n", NULL},
+        {"uri = test:///default\ndiscover = yes\ndefinition_key = %s\n"
+         "definition_paths = /srv/../etc\n", "definition_paths: /srv/../etc"},
+        {"uri = test:///default\ndiscover = yes\ndefinition_paths = /srv\n",
+         "definition_key is not set"},
     };
 
     (void)state;
@@ -411,7 +471,7 @@ test_config_key(void **state)
         char lv[1024];
 
         assert_true(fd >= 0);
-        snprintf(lv, sizeof(lv), cases[i][0], i < 4 ? pub_path : "");
+        snprintf(lv, sizeof(lv), cases[i][0], i != 4 ? pub_path : "");
         n = snprintf(text, sizeof(text), "[tls]\nca = /c\ncert = /p\nkey = /k\n"
                      "[libvirt]\n%s", lv);
         assert_int_equal(write(fd, text, (size_t)n), n);
@@ -440,6 +500,7 @@ main(void)
         cmocka_unit_test(test_signed_start),
         cmocka_unit_test(test_signed_transient_start),
         cmocka_unit_test(test_no_key_configured),
+        cmocka_unit_test(test_signed_but_outside_the_policy),
         cmocka_unit_test(test_definition_is_the_inactive_xml),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -36,7 +36,9 @@ from cutpoint.lab.ceph import rbd_cmd
 from cutpoint.lab.proc import read_pidfile
 from cutpoint.lab.status import write_status
 
-pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2)]
+# Raw QEMU: the redirect cut (and these tests' own QMP calls) needs it;
+# the same lab as test_agent_lab.py, so no extra bring-up.
+pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2, driver="qemu")]
 
 # A killed QEMU's watch on an image blocks its removal until the OSD drops
 # it (osd_client_watch_timeout, 30 s); the agent retries every second.

@@ -99,8 +99,11 @@ def vm_show(name: str, site: str | None = SiteOpt, host: str | None = HostOpt,
                                  f"dr_verified={s['dr_verified_at'] or '-'}" if s else "-"))
     d = defs[-1] if defs else None
     c.print("definition: " + (f"v{d['version']} {d['format']} sha256={d['sha256'][:12]} "
-                              f"captured={d['captured_at']} from={d['host']}" if d else
+                              f"captured={d['captured_at']} from={d['host']} "
+                              f"dr={d.get('dr_status', '?')}" if d else
                               "- (captured once the VM is in a group)"))
+    for why in (d or {}).get("dr_refusals", []):
+        c.print(f"  not signed for DR: {why}")
     t = Table("target", "backend", "source", "size", "group", "present")
     for d in v["disks"]:
         t.add_row(d["node"], d["backend"], _source(d), _gib(d["size_bytes"]),

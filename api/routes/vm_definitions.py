@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cutpoint.api.deps import IdPath, SessionDep, Viewer
+from cutpoint.api.deps import IdPath, SessionDep, SettingsDep, Viewer
 from cutpoint.api.errors import NotFound
 from cutpoint.api.models import Vm
 from cutpoint.api.schemas.vm_definitions import VmDefinitionFull, VmDefinitionPublic
@@ -14,18 +14,20 @@ router = APIRouter(tags=["inventory"])
 
 
 @router.get("/vms/{vm_id}/definitions", response_model=list[VmDefinitionPublic])
-def list_definitions(vm_id: IdPath, session: SessionDep, _: Viewer) -> list[VmDefinitionPublic]:
-    """The versions of the VM's captured definition, oldest first (without their text)."""
+def list_definitions(vm_id: IdPath, session: SessionDep, settings: SettingsDep,
+                     _: Viewer) -> list[VmDefinitionPublic]:
+    """The versions of the VM's captured definition, oldest first (without
+    their text), each with whether the DR rewrite signs it (`dr_status`)."""
     get_or_404(session, Vm, vm_id, "vm")
-    return vm_definitions.versions(session, vm_id)
+    return vm_definitions.versions(session, vm_id, settings)
 
 
 @router.get("/vms/{vm_id}/definitions/{version}", response_model=VmDefinitionFull)
 def get_definition(vm_id: IdPath, version: IdPath, session: SessionDep,
-                   _: Viewer) -> VmDefinitionFull:
+                   settings: SettingsDep, _: Viewer) -> VmDefinitionFull:
     """One version of the VM's captured definition, with its text."""
     get_or_404(session, Vm, vm_id, "vm")
-    row = vm_definitions.one(session, vm_id, version)
+    row = vm_definitions.one(session, vm_id, version, settings)
     if row is None:
         raise NotFound(f"vm {vm_id} has no definition version {version}",
                        code="definition_not_found")

@@ -18,6 +18,13 @@ class VmDefinitionPublic(Public):
     host: str = Field(description="The host whose agent gave it.")
     uid: str | None = Field(default=None, description="The VM's identity then.")
     captured_at: dt.datetime
+    dr_status: str = Field(default="signable", description=(
+        "`signable`: the DR rewrite signs it for every site of definition_targets; "
+        "`refused`: it does not (see dr_refusals); `not-libvirt`: a start command, "
+        "which no agent is sent."))
+    dr_refusals: list[str] = Field(default_factory=list, description=(
+        "Each element the DR rewrite refuses (vmdef_policy: host files, devices, "
+        "passthrough), prefixed `site NAME:` when only that site's allow-list refuses it."))
 
 
 class VmDefinitionFull(VmDefinitionPublic):

@@ -71,6 +71,7 @@ def definitions(sf: Any, settings: Any, target: str, plan_network: str | None = 
     drill bridge when it names one, else the site's drill_network)."""
     from cutpoint.api.services import vmdef_sign
     from cutpoint.api.services.failover import dr_agent_for
+    from cutpoint.api.services.vmdef_policy import site_policy
     from cutpoint.api.services.vmdef_rewrite import DrTarget, RewriteError, rewrite
     from cutpoint.coordinator.dr.boot import AgentRef, BootVM
     from cutpoint.coordinator.dr.drill import DrillBoot
@@ -103,7 +104,7 @@ def definitions(sf: Any, settings: Any, target: str, plan_network: str | None = 
                              auth_user=conf.auth_user, secret_uuid=conf.secret_uuid,
                              by_target={dk.node: f"{pools.get(dk.pool, dk.pool)}/{dk.image}"
                                         for dk in v.disks},
-                             name=name, uuid=str(uuid.uuid4()),
+                             name=name, uuid=str(uuid.uuid4()), policy=site_policy(conf),
                              isolate=plan_network or conf.drill_network,
                              # d<drill id><VM index>: 12 characters with the
                              # interface's index, inside IFNAMSIZ

@@ -14,6 +14,13 @@ sweeper does not wait for that.  A pass:
    `drill-<8 hex>-*` whose tag is not one of those is removed (EBUSY: a
    watch of a stopped QEMU lingers; retried for 10 s, then left for the
    next pass);
+2b. there too, every snapshot a drill protected (the image's metadata
+   `cutpoint.drill_protected.<snap>` names the drill's tag, set before the
+   protect: coordinator/dr/drill.py) whose tag is not active is
+   unprotected once it has no clone left, and the key removed; one with a
+   clone still (another drill's) keeps its key for a later pass.  Without
+   this a killed drill's protection stayed until its job was redelivered,
+   and a protected snapshot is one retention cannot delete;
 3. at each pinned host of those sites: every VM its agent's inventory
    lists named `drill-<8 hex>-*` whose tag is not active is stopped
    (`vm.stop`: a drill's VMs are transient, so nothing stays defined).
@@ -54,7 +61,8 @@ def sweep(sf: Any, settings: Any) -> dict[str, Any]:
     from cutpoint.coordinator.dr.ceph_errors import CephError
     from cutpoint.coordinator.dr.site import CephConnection
 
-    out: dict[str, Any] = {"vms_stopped": [], "images_removed": [], "errors": []}
+    out: dict[str, Any] = {"vms_stopped": [], "images_removed": [],
+                           "snapshots_unprotected": [], "errors": []}
     with sf() as s:
         active = active_tags(s)
         targets = select(Policy.replication_target_id).where(
@@ -84,12 +92,49 @@ def sweep(sf: Any, settings: Any) -> dict[str, Any]:
                             out["images_removed"].append(f"{name}:{pool}/{image}")
                         elif err:
                             out["errors"].append(f"{name}:{pool}/{image}: {err}")
+                    done, errs = _unprotect(c, pool, active)
+                    out["snapshots_unprotected"] += [f"{name}:{x}" for x in done]
+                    out["errors"] += [f"{name}:{x}" for x in errs]
         except CephError as exc:
             out["errors"].append(f"site {name}: {exc}")
-    if out["vms_stopped"] or out["images_removed"] or out["errors"]:
-        log.warning("event=drill_sweep vms_stopped=%s images_removed=%s errors=%s",
-                    out["vms_stopped"], out["images_removed"], out["errors"])
+    if out["vms_stopped"] or out["images_removed"] or out["snapshots_unprotected"] \
+            or out["errors"]:
+        log.warning("event=drill_sweep vms_stopped=%s images_removed=%s "
+                    "snapshots_unprotected=%s errors=%s", out["vms_stopped"],
+                    out["images_removed"], out["snapshots_unprotected"], out["errors"])
     return out
+
+
+def _unprotect(c: Any, pool: str, active: set[str]) -> tuple[list[str], list[str]]:
+    """Unprotects the snapshots of `pool` that a drill no longer active
+    protected (step 2b); returns those done and the errors."""
+    from cutpoint.coordinator.dr.ceph_errors import CephError, CephNotFound
+    from cutpoint.coordinator.dr.drill import PROTECTED_PREFIX
+
+    done: list[str] = []
+    errors: list[str] = []
+    for image in c.list_images(pool):
+        if TAGGED.match(image):
+            continue  # a drill's clone: it protects nothing
+        try:
+            keys = c.metadata_list(pool, image, PROTECTED_PREFIX)
+        except CephNotFound:
+            continue
+        for key, tag in keys.items():
+            if tag in active:
+                continue
+            snap = key[len(PROTECTED_PREFIX):]
+            try:
+                if c.is_protected(pool, image, snap):
+                    c.unprotect(pool, image, snap)
+                c.metadata_remove(pool, image, key)
+                done.append(f"{pool}/{image}@{snap}")
+            except CephNotFound:
+                c.metadata_remove(pool, image, key)  # the snapshot is gone
+            except CephError as exc:
+                # EBUSY: a clone of it remains (another drill's): next pass
+                errors.append(f"{pool}/{image}@{snap} ({tag}): {exc}")
+    return done, errors
 
 
 def _remove(c: Any, pool: str, image: str) -> str | None:

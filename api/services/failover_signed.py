@@ -22,6 +22,7 @@ from typing import Any
 
 from cutpoint.api.models import Host, Site, Vm, VmDefinition
 from cutpoint.api.services import vmdef_sign
+from cutpoint.api.services.vmdef_policy import site_policy
 from cutpoint.api.services.vmdef_rewrite import DrTarget, RewriteError, rewrite
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -72,7 +73,7 @@ def signed_starts(s: Session, settings: Any, target: str, source: str,
             continue
         t = DrTarget(pool=next(iter(pools.values()), "rbd"), mon_hosts=mons,
                      auth_user=conf.auth_user, secret_uuid=conf.secret_uuid,
-                     networks=networks,
+                     networks=networks, policy=site_policy(conf),
                      by_target={node: f"{pools.get(pool, pool)}/{image}"
                                 for node, pool, image in disks})
         try:

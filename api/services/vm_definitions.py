@@ -12,7 +12,13 @@ a protected VM with no version yet (one that just joined a group), at
 most once a minute.
 
 Failover rewrites the newest version for the DR site (vmdef_rewrite.py)
-and sends it signed (vmdef_sign.py, failover_signed.py).
+and sends it signed (vmdef_sign.py, failover_signed.py).  Only a
+definition of the allow-list shape of vmdef_policy.py is signed: each
+version's `dr_status` says whether it is (`signable`) or why not
+(`refused`, with `dr_refusals` naming each element: for every DR site of
+`definition_targets`, and what no site allows), judged when it is
+captured (a warning in the log) and again when it is read (the settings
+may have changed), so that the operator sees it before a disaster.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from cutpoint.api.config import Settings
 from cutpoint.api.models import Disk, GroupDisk, GroupMember, Host, Vm, VmDefinition
 from cutpoint.api.schemas.vm_definitions import VmDefinitionFull, VmDefinitionPublic
 from cutpoint.api.services import agents
+from cutpoint.api.services.vmdef_policy import refusals_of, site_policy
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -120,6 +127,11 @@ def _capture(s: Session, settings: Settings, host: Host, vms: list[Vm]) -> dict[
         if new:
             log.info("event=vm_definition_stored vm=%s host=%s version=%d sha256=%s",
                      vm.name, host.name, row.version, row.sha256)
+            why = dr_refusals(row, settings)
+            if why:
+                log.warning("event=vm_definition_refused vm=%s host=%s version=%d "
+                            "refusals=%d msg=%r", vm.name, host.name, row.version,
+                            len(why), "; ".join(why))
     s.commit()
     return out
 
@@ -140,22 +152,44 @@ def refresh_host(s: Session, settings: Settings, host: Host, *, changed: bool) -
     return _capture(s, settings, host, vms)
 
 
-def _public(row: VmDefinition) -> dict[str, Any]:
+def dr_refusals(row: VmDefinition, settings: Settings | None) -> list[str]:
+    """Why the DR rewrite would refuse `row` (vmdef_policy.py): what no
+    site allows, then per DR site of `definition_targets` ("site NAME: ..."
+    for its host files); [] when it is signable everywhere."""
+    if row.format != "libvirt-domain-xml":
+        return []
+    base = refusals_of(row.definition)
+    out = list(base)
+    targets = settings.definition_targets if settings is not None else {}
+    for site, conf in sorted(targets.items()):
+        out += [f"site {site}: {r}" for r in refusals_of(row.definition, site_policy(conf))
+                if r not in base]
+    return out
+
+
+def _public(row: VmDefinition, settings: Settings | None) -> dict[str, Any]:
+    why = dr_refusals(row, settings)
     return {"vm_id": row.vm_id, "version": row.version, "format": row.format,
             "sha256": row.sha256, "size_bytes": len(row.definition.encode()),
-            "host": row.host, "uid": row.uid, "captured_at": row.captured_at}
+            "host": row.host, "uid": row.uid, "captured_at": row.captured_at,
+            "dr_status": ("not-libvirt" if row.format != "libvirt-domain-xml" else
+                          "refused" if why else "signable"),
+            "dr_refusals": why}
 
 
-def versions(s: Session, vm_id: int) -> list[VmDefinitionPublic]:
+def versions(s: Session, vm_id: int, settings: Settings | None = None) \
+        -> list[VmDefinitionPublic]:
     rows = s.scalars(select(VmDefinition).where(VmDefinition.vm_id == vm_id)
                      .order_by(VmDefinition.version))
-    return [VmDefinitionPublic(**_public(r)) for r in rows]
+    return [VmDefinitionPublic(**_public(r, settings)) for r in rows]
 
 
-def one(s: Session, vm_id: int, version: int | None) -> VmDefinitionFull | None:
+def one(s: Session, vm_id: int, version: int | None,
+        settings: Settings | None = None) -> VmDefinitionFull | None:
     """Version `version` (None: the newest) with its text."""
     row = latest(s, vm_id) if version is None else s.scalar(
         select(VmDefinition).where(VmDefinition.vm_id == vm_id,
                                    VmDefinition.version == version))
-    return None if row is None else VmDefinitionFull(**_public(row), definition=row.definition)
+    return None if row is None else VmDefinitionFull(**_public(row, settings),
+                                                     definition=row.definition)
 

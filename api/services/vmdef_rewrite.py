@@ -31,33 +31,44 @@ host.  Failover and drills start the VM at DR from a copy rewritten here
                        drops <uuid> (libvirt makes one)
     <seclabel>      -> removed (the DR host labels it by its own policy)
 
-A disk that is not RBD (a file, a block device) cannot exist at DR:
-RewriteError names it, as it does an unmapped network.  The output is
-what the DR agent is sent, signed (vmdef_sign.py).
+    <serial|console|...><log file=..>
+                    -> <console_dir>/<name>.<device><n>.log (the DR
+                       site's `console_dir`; none: dropped)
+    <disk><source><config file=..>
+                    -> the DR site's `ceph_conf` (none: dropped)
+    <os><nvram>     -> its file dropped (libvirt makes the VM's own)
+    <interface><target>
+                    -> dropped (libvirt names the tap), but for a drill's
+                       `taps`
 
-The signature makes the DR agent define whatever the XML says, as root,
-and the XML came from the primary host's agent.  So what would reach into
-the DR host beyond the VM's own disks and networks is refused rather
-than signed (a primary host that lies does not get the DR hosts with
-it): QEMU command-line passthrough (the qemu: namespace), host devices,
-host directories, shared memory, USB redirection, smartcards; a CD-ROM
-or floppy with a source; character devices on host files, pipes or
-devices; interfaces other than bridge and network, or with scripts; an
-emulator that is not a QEMU.  A unix channel's host path is dropped
-(libvirt makes its own).
+The output is what the DR agent is sent, signed (vmdef_sign.py).  The
+signature makes the DR agent define whatever the XML says, as root, and
+the XML came from the primary host's agent: so only a definition of the
+allow-list shape of vmdef_policy.py is rewritten (a primary host that
+lies does not get the DR hosts with it), anything else is refused with
+RewriteError naming the element, and the output is checked once more:
+every host path in it is one the DR site allows (`SitePolicy`: its
+boot files, console directory and Ceph conf).
 """
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from cutpoint.api.services.vmdef_policy import (
+    CHARDEVS,
+    RewriteError,
+    SitePolicy,
+    check_paths,
+    refusals,
+)
+
+__all__ = ["DrTarget", "RewriteError", "SitePolicy", "rbd_images", "rewrite"]
+
 CUTPOINT_NS = "https://cutpoint.dev/xmlns/agent/1"
 ET.register_namespace("cutpoint", CUTPOINT_NS)
-
-
-class RewriteError(ValueError):
-    """The definition cannot be started at DR as asked (a message saying why)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,10 @@ class DrTarget:
     # then its own by name, and two libvirtds of one network namespace
     # never pick the same vnetN at once
     taps: str | None = None
+    # the DR site's host files a definition may name (vmdef_policy.py:
+    # boot_paths, console_dir, ceph_conf; site_policy of its
+    # definition_targets entry)
+    policy: SitePolicy = field(default_factory=SitePolicy)
 
 
 def _one(parent: ET.Element, tag: str) -> ET.Element:
@@ -102,8 +117,12 @@ def _rbd_disk(disk: ET.Element, t: DrTarget) -> None:
         src.remove(h)
     for addr, port in t.mon_hosts:
         ET.SubElement(src, "host", {"name": addr, "port": str(port)})
-    for sl in src.findall("seclabel"):
+    for sl in src.findall("seclabel") + src.findall("auth"):
         src.remove(sl)
+    for conf in src.findall("config"):
+        src.remove(conf)
+    if t.policy.ceph_conf:
+        ET.SubElement(src, "config", {"file": t.policy.ceph_conf})
     auth = disk.find("auth")
     if auth is None:
         # libvirt reads <auth> before <source>; keep that order
@@ -149,6 +168,8 @@ def _interfaces(devices: ET.Element, t: DrTarget, new_macs: bool) -> None:
             if t.taps is not None:
                 ET.SubElement(itf, "target", {"dev": f"{t.taps}{n}"})
         elif kind in ("bridge", "network") and src is not None:
+            for tgt in itf.findall("target"):
+                itf.remove(tgt)  # libvirt names the tap (managed='no': a host's)
             old = src.get(kind, "")
             if old not in t.networks:
                 raise RewriteError(f"interface on {kind} {old!r}: no DR {kind} mapped "
@@ -159,47 +180,45 @@ def _interfaces(devices: ET.Element, t: DrTarget, new_macs: bool) -> None:
                 itf.remove(mac)
 
 
-QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
-HOST_DEVICES = ("hostdev", "filesystem", "shmem", "redirdev", "smartcard")
-CHARDEVS = ("serial", "console", "parallel", "channel")
-EMULATORS = ("qemu-system-", "qemu-kvm", "kvm")
+NAME = re.compile(r"^[^/\x00-\x1f]{1,200}$")
 
 
-def _refuse_host_access(root: ET.Element) -> None:
-    for el in root.iter():
-        if isinstance(el.tag, str) and el.tag.startswith(QEMU_NS):
-            raise RewriteError("the definition passes QEMU arguments through (qemu: "
-                               "namespace): not signed")
-    devices = root.find("devices")
-    if devices is None:
-        return
+def _chardevs(root: ET.Element, devices: ET.Element, t: DrTarget) -> None:
+    """Host sources dropped (a unix socket's path is libvirt's), console
+    logs into the DR site's console directory, one file per device."""
+    name = root.findtext("name") or ""
+    count: dict[str, int] = {}
     for dev in devices:
-        if dev.tag in HOST_DEVICES:
-            raise RewriteError(f"the definition has a <{dev.tag}> (host access): not signed")
-        if dev.tag == "disk" and dev.get("device", "disk") != "disk" and \
-                dev.find("source") is not None:
-            raise RewriteError(f"{dev.get('device')} {_target(dev)} has a source on the host: "
-                               "not signed")
-        if dev.tag in CHARDEVS:
-            if dev.get("type", "pty") not in ("pty", "unix", "spicevmc", "null", "vc"):
-                raise RewriteError(f"<{dev.tag} type={dev.get('type')!r}> reaches a host "
-                                   "file or device: not signed")
-            for src in dev.findall("source"):
-                dev.remove(src)  # unix: libvirt makes the socket's path itself
-        if dev.tag == "interface":
-            if dev.get("type") not in ("bridge", "network"):
-                raise RewriteError(f"<interface type={dev.get('type')!r}>: only bridge and "
-                                   "network interfaces are signed")
-            if dev.find("script") is not None or dev.find("downscript") is not None:
-                raise RewriteError("an interface runs a host script: not signed")
-        if dev.tag == "emulator":
-            name = (dev.text or "").strip().rsplit("/", 1)[-1]
-            if not name.startswith(EMULATORS):
-                raise RewriteError(f"emulator {dev.text!r} is not a QEMU: not signed")
+        if dev.tag not in CHARDEVS:
+            continue
+        n = count.get(dev.tag, 0)
+        count[dev.tag] = n + 1
+        for src in dev.findall("source"):
+            dev.remove(src)
+        for log in dev.findall("log"):
+            if t.policy.console_dir:
+                log.attrib.clear()
+                log.set("file", f"{t.policy.console_dir.rstrip('/')}/{name}.{dev.tag}{n}.log")
+                log.set("append", "off")
+            else:
+                dev.remove(log)
+
+
+def _os(root: ET.Element) -> None:
+    os_ = root.find("os")
+    if os_ is None:
+        return
+    for nv in os_.findall("nvram"):
+        nv.text = None  # libvirt makes the VM's own nvram file
+        for c in list(nv):
+            nv.remove(c)
 
 
 def rewrite(xml: str, t: DrTarget) -> str:
     """`xml` (a libvirt domain XML) rewritten for the DR site `t`."""
+    if "<!DOCTYPE" in xml or "<!ENTITY" in xml:
+        # entities would make libvirt read another document than this one
+        raise RewriteError("a DOCTYPE in a domain XML: not signed")
     try:
         root = ET.fromstring(xml)
     except ET.ParseError as exc:
@@ -208,7 +227,10 @@ def rewrite(xml: str, t: DrTarget) -> str:
         raise RewriteError("not a libvirt domain XML (<domain> with <name>)")
     if not t.mon_hosts:
         raise RewriteError("no DR monitor hosts")
-    _refuse_host_access(root)
+    why = refusals(root, t.policy)
+    if why:
+        raise RewriteError(f"not signed: {why[0]}" +
+                           (f" (and {len(why) - 1} more)" if len(why) > 1 else ""))
     if t.name is not None:
         _one(root, "name").text = t.name
     if t.uuid == "":
@@ -216,12 +238,18 @@ def rewrite(xml: str, t: DrTarget) -> str:
             root.remove(u)
     elif t.uuid is not None:
         _one(root, "uuid").text = t.uuid
-    for sl in root.findall("seclabel"):
+    if not NAME.match(root.findtext("name") or ""):
+        raise RewriteError(f"domain name {root.findtext('name')!r}: empty, too long, or "
+                           "with a '/' or a control character")
+    for sl in root.findall("seclabel") + root.findall("resource"):
         root.remove(sl)
+    _os(root)
     devices = root.find("devices")
     if devices is not None:
         _disks(devices, t)
         _interfaces(devices, t, t.new_macs or t.name is not None)
+        _chardevs(root, devices, t)
+    check_paths(root, t.policy)
     return ET.tostring(root, encoding="unicode") + "\n"
 
 

@@ -21,6 +21,7 @@ failover would) and `vm1` on dr-h1 (the definition_targets host).
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import re
@@ -49,7 +50,7 @@ def _free_port() -> int:
 
 
 def guest_xml(name: str, img: dict[str, Any], disk: str, mon: str, user: str,
-              secret: str) -> str:
+              secret: str, extra: str = "") -> str:
     host, _, port = mon.rpartition(":")
     return f"""<domain type='qemu'>
   <name>{name}</name>
@@ -58,7 +59,7 @@ def guest_xml(name: str, img: dict[str, Any], disk: str, mon: str, user: str,
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{img['kernel']}</kernel><initrd>{img['initrd']}</initrd>
-    <cmdline>console=ttyS0 quiet cp.name={name} cp.ndisks=1</cmdline></os>
+    <cmdline>console=ttyS0 quiet cp.name={name} cp.ndisks=1{extra}</cmdline></os>
   <devices>
     <emulator>/usr/bin/qemu-system-x86_64</emulator>
     <disk type='network' device='disk'><driver name='qemu' type='raw' cache='none'/>
@@ -164,7 +165,9 @@ class DrillBed:
             f"[tls]\nca = {self.certs / 'ca.pem'}\ncert = {self.certs / (name + '.pem')}\n"
             f"key = {self.certs / (name + '.key')}\n\n"
             f"[libvirt]\nuri = {h.uri}\ndiscover = yes\n"
-            f"definition_key = {self.tmp / 'sign.pub'}\n")
+            f"definition_key = {self.tmp / 'sign.pub'}\n"
+            # the tiny guest's kernel and initrd: direct kernel boot
+            f"definition_paths = {' '.join(boot_dirs())}\n")
         with open(d / "agent.log", "wb") as log:
             p = subprocess.Popen([str(cutpointd_path()), "-c", str(cfg)], stdout=log,
                                  stderr=log)
@@ -184,7 +187,9 @@ class DrillBed:
         return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
 
     # -- control plane --
-    def database(self, tiny: dict[str, Any]) -> Any:
+    def database(self, tiny: dict[str, Any], cmdline: dict[str, str] | None = None) -> Any:
+        """The control plane's database; `cmdline`: words added to a VM's
+        kernel command line in its captured definition."""
         from cutpoint.api.models import Base, Host, Site, Vm, VmDefinition
         from sqlalchemy import create_engine
         from sqlalchemy.orm import sessionmaker
@@ -211,7 +216,7 @@ class DrillBed:
                 s.add(v)
                 s.flush()
                 xml = guest_xml(vm, tiny, self.images[vm], "10.77.0.2:6789", "cutpoint-prim",
-                                str(uuid.uuid4()))
+                                str(uuid.uuid4()), " " + (cmdline or {}).get(vm, ""))
                 s.add(VmDefinition(vm_id=v.id, host="prim-h1", version=1,
                                    format="libvirt-domain-xml",
                                    sha256=hashlib.sha256(xml.encode()).hexdigest(),
@@ -281,7 +286,7 @@ class DrillBed:
             definition_signing_key=self.tmp / "sign.pem",
             definition_targets={"dr": DefinitionTarget(
                 host="dr-h1", auth_user=c["client_id"], secret_uuid=self.secret,
-                mon_hosts=[self.mon()], drill_network=BRIDGE)})
+                mon_hosts=[self.mon()], drill_network=BRIDGE, boot_paths=boot_dirs())})
 
     def spec(self, sf: Any, settings: Any, vms: tuple[str, ...] | None = None,
              **kw: Any) -> Any:
@@ -326,11 +331,19 @@ class DrillBed:
             self._remove_image(self.dr["pool"], img)
 
 
+@functools.cache
 def tiny_image() -> dict[str, Any]:
     from cutpoint.lab import image
 
     kernel = max(glob.glob("/boot/vmlinuz-*"))
     return image.build(kernel, log=print)
+
+
+def boot_dirs() -> list[str]:
+    """The directories of the tiny guest's kernel and initrd: what the DR
+    site lets a signed definition boot (boot_paths, definition_paths)."""
+    img = tiny_image()
+    return sorted({str(Path(img[k]).parent) for k in ("kernel", "initrd")})
 
 
 __all__ = ["BRIDGE", "RP", "DrillBed", "shutil", "tiny_image"]

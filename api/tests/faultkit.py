@@ -130,6 +130,19 @@ def hung(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+@contextlib.contextmanager
+def hung_osd(lab: dict[str, Any], site: str) -> Iterator[None]:
+    """A site's OSD stops answering until the block ends, then is back as
+    an OSD with peers would be: the lab's single OSD cannot renew its PGs'
+    read leases itself, so they peer anew (lab ceph.renew_pg_leases)."""
+    from cutpoint.lab.ceph import renew_pg_leases
+
+    with hung(ceph_pid(lab, site, "osd.0")):
+        yield
+    took = renew_pg_leases(Path(lab["sites"][site]["data_dir"]))
+    print(f"{site} osd.0 back: every PG active+clean after {took:.1f} s")
+
+
 def _iptables(netns: str, op: str, port: int, peer: str | None) -> None:
     # By port: the agent's traffic (it listens there; the coordinator's
     # connections come in).  By peer: every TCP packet to or from one

@@ -49,6 +49,11 @@ SECRET = "console-test-secret-0123456789"
 # A Redis database of its own: the jobs these tests queue are never run,
 # and no other test's worker must pick them up.
 REDIS_DB = 15
+# The HTTP client's timeout, in seconds.  httpx's default (5 s) is no bound
+# this test asserts: in `make test` this suite runs under nice beside the lab
+# suites, and one POST of `_seed` outlived it once (ReadTimeout, rehearsal CI
+# of 7a2d318, 2026-11-27) on a machine whose two cores ran TCG guests.
+HTTP_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -66,7 +71,7 @@ class Console:
             return list(s.scalars(q))
 
     def rest(self, role: str) -> httpx.Client:
-        return httpx.Client(base_url=self.base,
+        return httpx.Client(base_url=self.base, timeout=HTTP_TIMEOUT_S,
                             headers={"Authorization": f"Bearer {self.toks[role]}"})
 
 
@@ -88,7 +93,8 @@ def _seed(sf: sessionmaker[Session], base: str, admin: str) -> dict[str, str]:
              "disks": [{"id": f"primary-h1-vm1/disk{d}", "node": f"disk{d}", "backend": "rbd",
                         "pool": "rbd", "image": f"primary-h1-vm1-disk{d}"} for d in (0, 1)]}]})
         s.commit()
-    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin}"}) as c:
+    with httpx.Client(base_url=base, timeout=HTTP_TIMEOUT_S,
+                      headers={"Authorization": f"Bearer {admin}"}) as c:
         assert c.post("/v1/sites", json={"name": "dr"}).status_code == 201
         r = c.post("/v1/groups", json={"name": "app", "policy": {
             "replication_target": "dr", "rpo_seconds": 60}})
@@ -415,7 +421,7 @@ def test_fragments_and_schema(console: Console) -> None:
     """Without a session an htmx poll gets 401 and where to sign in; a
     sign-in without the form's nonce is refused; the console is no part of
     the OpenAPI document; pages carry their CSP."""
-    with httpx.Client(base_url=console.base) as c:
+    with httpx.Client(base_url=console.base, timeout=HTTP_TIMEOUT_S) as c:
         r = c.get(f"/console/jobs/{console.drills['passed']}/status",
                   headers={"HX-Request": "true"})
         assert r.status_code == 401 and r.headers["HX-Redirect"] == "/console/login"

@@ -195,9 +195,11 @@ def test_two_groups_drill_at_once(bed4: DrillBed) -> None:
 
 def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path) -> None:
     """A drill's process killed (SIGKILL) once its VMs run: its domains and
-    clones stay at DR.  The sweeper leaves them while the drill's job is
-    still running (its tag is active), and removes them by their tag once
-    the job is not: no domain, clone or tap remains."""
+    clones stay at DR, and the recovery point's snapshots it protected stay
+    protected.  The sweeper leaves them while the drill's job is still
+    running (its tag is active), and once the job is not, removes them by
+    their tag and unprotects what the drill protected (the image's metadata
+    names it): no domain, clone, tap or protection remains."""
     import json
     import multiprocessing
     import os
@@ -249,10 +251,17 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
     left = bed.domains()
     site = spec.site
     clones = leftovers(site, "drill-5eed0001", [bed.dr["pool"]])["images"]
-    print(f"\nafter kill -9: domains {left}, clones {clones}")
+    def protected() -> list[str]:
+        pool = bed.dr["pool"]
+        return sorted(img for img in bed.images.values() if "protected: True" in bed.rbd(
+            "info", f"{pool}/{img}@{RP}").stdout)
+
+    print(f"\nafter kill -9: domains {left}, clones {clones}, protected {protected()}")
     assert sum(len(v) for v in left.values()) == 2 and len(clones) == 2
+    assert protected() == sorted(bed.images.values())  # the killed drill protected them
     out = drill_sweeper.sweep(sf, settings)  # the job still runs: nothing of it goes
     assert out["vms_stopped"] == [] and out["images_removed"] == [], out
+    assert out["snapshots_unprotected"] == [] and protected() == sorted(bed.images.values())
     assert bed.domains() == left
     with sf() as s:
         s.get(Job, job_id).state = JobState.failed
@@ -264,6 +273,10 @@ def test_sweeper_removes_what_a_killed_drill_left(bed: DrillBed, tmp_path: Path)
         ["drill-5eed0001-drl-vm1", "drill-5eed0001-drl-vm2"], out
     assert sorted(out["images_removed"]) == sorted(f"dr:{bed.dr['pool']}/{c}" for c in clones)
     assert out["errors"] == [], out
+    # the recovery point's snapshots the killed drill protected are not any more
+    assert sorted(out["snapshots_unprotected"]) == sorted(
+        f"dr:{bed.dr['pool']}/{img}@{RP}" for img in bed.images.values()), out
+    assert protected() == []
     assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
     assert leftovers(site, "drill-5eed0001", [bed.dr["pool"]])["images"] == []
 
@@ -316,3 +329,135 @@ def test_drill_job_with_the_groups_plan_and_its_report(bed: DrillBed, tmp_path: 
     assert all(r["ready_s"] is not None for r in doc["vms"]) and doc["rto_s"] is not None
     assert [b["group"] for b in report["boot_order"]] == ["first", "second"]
     assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+
+
+def test_tcp_readiness_and_http_checks_on_the_drill_network(bed: DrillBed,
+                                                            tmp_path: Path) -> None:
+    """The drill network probed from the control side: the copies' kernel
+    command lines give each an address on the drill bridge and an HTTP port
+    (the tiny guest's `cp.listen`); this process has a leg on the bridge
+    (10.99.0.254/24, as docs/drills.md says a worker needs).  Each VM is
+    ready by its tcp rule, the `tcp` check connects to both ports and each
+    `http` check reads its own guest's page.  Negative controls: an `http`
+    check of vm2's page wanting vm1's name, and a `tcp` check of a port
+    nothing listens on, both fail (so the verdict is failed); cleanup leaves
+    nothing."""
+    import subprocess
+
+    from cutpoint.coordinator.dr.boot import AgentBooter
+    from cutpoint.coordinator.dr.drill import run_drill
+    from cutpoint.coordinator.dr.plan import RecoveryPlan
+
+    ips = {vm: f"10.99.0.{11 + i}" for i, vm in enumerate(bed.vms)}
+    sf = bed.database(tiny_image(), {vm: f"cp.ip={ip}/24 cp.listen=8080"
+                                     for vm, ip in ips.items()})
+    settings = bed.settings()
+    subprocess.run(["ip", "addr", "add", "10.99.0.254/24", "dev", BRIDGE], check=True)
+    plan = RecoveryPlan.parse({"boot_groups": [{"name": "web", "vms": [
+        {"vm": vm, "readiness": {"kind": "tcp", "address": ip, "port": 8080,
+                                 "timeout_s": 180}} for vm, ip in ips.items()]}]})
+    checks = [{"name": "tcp", "params": {"targets": [{"address": ip, "port": 8080}
+                                                     for ip in ips.values()]}}]
+    checks += [{"name": "http", "params": {"url": f"http://{ip}:8080/",
+                                           "regex": f"cutpoint guest {vm}"}}
+               for vm, ip in ips.items()]
+    checks += [{"name": "http", "timeout_s": 30, "params": {
+                    "url": f"http://{ips['drl-vm2']}:8080/", "regex": "cutpoint guest drl-vm1$"}},
+               {"name": "tcp", "timeout_s": 10, "params": {"address": ips["drl-vm1"],
+                                                           "port": 9}}]
+    report = run_drill(bed.spec(sf, settings, checks=checks, plan=plan), AgentBooter(),
+                       lambda ev: print(f"  {ev['t_s']:7.2f} {ev['step']} {ev['status']} "
+                                        f"{ev.get('vm') or ev.get('check') or ''}"))
+    print(f"checks: {[(c['name'], c['ok'], c['summary']) for c in report['checks']]}")
+    ready = [e for e in report["timeline"] if e["step"] == "boot" and e["status"] == "ok"]
+    print(f"ready: {[(e['vm'], e['ready_s'], e['rule']) for e in ready]}")
+    assert sorted(e["vm"] for e in ready) == sorted(bed.vms)
+    assert all(e["rule"]["kind"] == "tcp" for e in ready), ready
+    assert [c["ok"] for c in report["checks"]] == [True, True, True, False, False], \
+        report["checks"]
+    assert "cutpoint guest drl-vm2" in report["checks"][2]["output"]
+    assert report["verdict"] == "failed" and report["error"] is None
+    assert report["cleanup"]["ok"], report["cleanup"]
+    assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+
+
+def test_drill_through_http_survives_its_worker_killed(bed: DrillBed, tmp_path: Path,
+                                                       local_services: Any) -> None:
+    """A drill asked for through HTTP (`POST /v1/groups/drl/drills`) and run
+    by a real Celery worker; the worker (its whole process group) is killed
+    with SIGKILL while the drill's VMs run (a post hook holds the drill
+    there), and a new worker is started.  The broker hands the job out
+    again (visibility timeout 10 s) and the new delivery cleans up what the
+    first left (drills.py `_interrupted`: the drill's state file), the
+    sweeper at the new worker's start having left the still-running job's
+    tag alone; the job ends failed, `drill_interrupted`.  Asserted by the
+    drill's tag: no domain, clone or tap remains, and the recovery point's
+    snapshots are no longer protected."""
+    import json
+    import time
+
+    from cutpoint.api.config import DefinitionTarget
+    from cutpoint.coordinator.dr.drill import leftovers
+    from cutpoint.lab.sites import ceph_site
+    from plane import Plane, admin_client, wait_for
+
+    # The bed's DR target (its boot_paths: the site's allow-list for the
+    # guests' kernel and initrd), as the worker's environment.
+    targets = {k: v.model_dump(mode="json")
+               for k, v in bed.settings().definition_targets.items()}
+    plane = Plane(tmp_path, int(local_services.redis_port or 0), {
+        "CUTPOINT_AGENT_CA": str(bed.certs / "ca.pem"),
+        "CUTPOINT_AGENT_CERT": str(bed.certs / "coordinator.pem"),
+        "CUTPOINT_AGENT_KEY": str(bed.certs / "coordinator.key")},
+        CUTPOINT_BOOTER="agent", CUTPOINT_DEFINITION_SIGNING_KEY=str(tmp_path / "sign.pem"),
+        CUTPOINT_DEFINITION_TARGETS=json.dumps(targets), CUTPOINT_AGENT_TIMEOUT_S="15",
+        CUTPOINT_BROKER_VISIBILITY_TIMEOUT_S="10", CP_DRILL_DIR=str(tmp_path / "drills"))
+    plane.settings = plane.settings.model_copy(update={
+        "definition_signing_key": tmp_path / "sign.pem",
+        "definition_targets": {k: DefinitionTarget(**v) for k, v in targets.items()}})
+    site = ceph_site(bed.status, "dr")
+
+    def protected() -> list[str]:
+        return sorted(img for img in bed.images.values() if "protected: True" in bed.rbd(
+            "info", f"{bed.dr['pool']}/{img}@{RP}").stdout)
+
+    with plane:
+        bed.database(tiny_image())
+        bed.group(plane.sf)
+        plane.start("worker")
+        hold = {"boot_groups": [{"name": "all", "vms": list(bed.vms), "post": [
+            {"kind": "script", "path": "/bin/sleep", "args": ["600"], "timeout_s": 900}]}]}
+        with admin_client(plane) as c:
+            r = c.post("/v1/groups/drl/drills", json={"checks": [
+                {"name": "guest-exec", "params": {"path": "/bin/true"}}], "plan": hold})
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+            tag = f"drill-{job_id.replace('-', '')[:8]}"
+            t0 = time.monotonic()
+            def booted() -> bool:
+                # A job that ended before its VMs ran fails here, with its error.
+                job = c.get(f"/v1/jobs/{job_id}").json()
+                assert job["state"] in ("queued", "running"), \
+                    (job["state"], job["error_code"], job["error"])
+                return sum(len(v) for v in bed.domains().values()) == 2
+            wait_for(booted, 240, "the drill's two VMs running", plane)
+            assert c.get(f"/v1/jobs/{job_id}").json()["state"] == "running"
+            plane.kill9("worker")
+            left = bed.domains()
+            clones = leftovers(site, tag, [bed.dr["pool"]])["images"]
+            print(f"\nworker killed at {time.monotonic() - t0:.1f} s: domains {left}, "
+                  f"clones {clones}, protected {protected()}")
+            assert sorted(n for v in left.values() for n in v) == \
+                [f"{tag}-drl-vm1", f"{tag}-drl-vm2"]
+            assert len(clones) == 2 and protected() == sorted(bed.images.values())
+            t1 = time.monotonic()
+            plane.start("worker2")
+            wait_for(lambda: c.get(f"/v1/jobs/{job_id}").json()["state"] in
+                     ("succeeded", "failed"), 300, "the redelivered drill job", plane)
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            print(f"job after the restart ({time.monotonic() - t1:.1f} s): {job['state']} "
+                  f"{job['error_code']}: {job['error']}")
+            assert job["state"] == "failed" and job["error_code"] == "drill_interrupted", job
+    assert bed.domains() == {"dr-h1": [], "dr-h2": []} and bed.taps() == []
+    assert not any(leftovers(site, tag, [bed.dr["pool"]]).values())
+    assert protected() == []

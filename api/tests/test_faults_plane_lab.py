@@ -269,13 +269,12 @@ def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
     site's op timeout) with an error that
     says so, the snapshot is not offered as a recovery point; with the OSD
     back, a replicate request completes it, equal to the primary's."""
-    from faultkit import hung
+    from faultkit import hung_osd
 
     c = client
     sid, images = _copying(c, lab, plane, dr_op_timeout_s=OP_TIMEOUT_S)
-    osd = int((Path(lab["sites"]["dr"]["data_dir"]) / "run" / "osd.0.pid").read_text())
     t0 = time.monotonic()
-    with hung(osd):
+    with hung_osd(lab, "dr"):
         def ended() -> dict[str, Any] | None:
             r = c.get(f"/v1/snapshots/{sid}/replication").json()
             return r if r["state"] in ("failed", "verified") else None
@@ -306,12 +305,19 @@ def test_dr_osd_hung_mid_replication(lab: dict[str, Any], plane: Plane,
     # the hung copy) may run another attempt once the first released the
     # group: let it end, then ask again if it is not a recovery point.
     x = wait_for(settled, 300, "no copy running", plane, every=1)
+    again = None
     if not x["recovery_point"]:
         r = c.post(f"/v1/snapshots/{sid}/replicate")
         assert r.status_code == 202, r.text
+        again = r.json()["id"]
 
     def verified() -> dict[str, Any] | None:
         x = c.get(f"/v1/snapshots/{sid}/replication").json()
+        if again and not x["recovery_point"]:
+            # A copy that fails again with the OSD back fails the cell
+            # here, with its error, rather than at the timeout.
+            j = c.get(f"/v1/jobs/{again}").json()
+            assert j["state"] != "failed", j
         return x if x["recovery_point"] else None
     after = wait_for(verified, 300, "the copy completed with the OSD back", plane, every=1)
     print(f"with the OSD back: {after['state']} after {after['attempts']} attempts")

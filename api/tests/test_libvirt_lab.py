@@ -172,8 +172,16 @@ def test_libvirt_vm_fails_over_from_its_captured_definition(
             assert f"uuid='{dr_secret}'" in xml and f"name='{mon.split(':')[0]}'" in xml
             for d in vm["disks"]:
                 assert f"name='rbd/{d['image']}'" in xml
-        wait_for(lambda: all("cp-init: ready" in Path(v["console"]).read_text(errors="replace")
-                             for v in prim), 120, "the DR guests' ready line", plane)
+            # only host files the DR site allows (vmdef_policy, the agent's
+            # definition_paths): its console directory, not the primary's file
+            assert vm["console"] not in xml
+            assert f"file='{domains.dr_console(lab, vm['name'])}'" in xml, xml
+
+        def ready(v: dict[str, Any]) -> bool:
+            p = domains.dr_console(lab, v["name"])
+            return p.exists() and "cp-init: ready" in p.read_text(errors="replace")
+
+        wait_for(lambda: all(ready(v) for v in prim), 120, "the DR guests' ready line", plane)
         # The writer checker on the DR copy of the recovery point the guests
         # booted from (the DR images were rolled back to it), against the
         # primary's stopped disks.
@@ -187,3 +195,59 @@ def test_libvirt_vm_fails_over_from_its_captured_definition(
     finally:
         gone = domains.destroy(lab, dr_host, names)
         print(f"DR domains destroyed: {gone}")
+
+
+def test_failover_follows_the_plans_boot_order_and_network_map(
+        lab: dict[str, Any], plane: Plane, client: TestClient) -> None:
+    """The group's recovery plan drives its failover: two boot groups in the
+    reverse of the VMs' order (vm2's group first), and a failover network
+    map that puts the primary's `br0` onto `cpfo0` at DR (a bridge of the
+    DR host made here, not the site's default map br0 -> br0).  The job's
+    timeline has the groups ready in the plan's order, vm1 started only
+    after vm2's group was ready, and both DR domains on cpfo0."""
+    c = client
+    prim = primaries(lab)
+    names = [v["name"] for v in prim]
+    dr_host = lab["libvirt"]["definition_targets"]["dr"]["host"]
+    dr = domains.host_of(lab, dr_host)
+    netns = next(h["netns"] for h in lab["hosts"] if h["name"] == dr_host)
+    subprocess.run(["ip", "-n", netns, "link", "del", "cpfo0"], check=False,
+                   capture_output=True)
+    subprocess.run(["ip", "-n", netns, "link", "add", "cpfo0", "type", "bridge"], check=True)
+    subprocess.run(["ip", "-n", netns, "link", "set", "cpfo0", "up"], check=True)
+    plane.start("worker")
+    register(c, lab, plane)
+    wait_for(lambda: _captured(plane, names), 60, "the members' captured definitions", plane)
+    r = c.put("/v1/groups/app/plan", json={
+        "boot_groups": [{"name": "first", "vms": [names[1]]},
+                        {"name": "second", "vms": [names[0]]}],
+        "networks": {"failover": {"br0": "cpfo0"}}})
+    assert r.status_code in (200, 201), r.text
+    snapshot_and_replicate(c, plane)
+    r = c.post("/v1/groups/app/failover", json={"mode": "planned"})
+    assert r.status_code == 202, r.text
+    try:
+        job = finish(c, r.json()["id"], "the failover job", plane, 480, follow=True)
+        res = job["result"] or {}
+        assert job["state"] == "succeeded", (job["error_code"], job["error"], plane.tail())
+        tl = res["timeline"]
+        for e in tl:
+            if e["step"] in ("boot_group", "vm_start", "ready", "boot", "running"):
+                print(f"  {e['t_s']:7.2f} {e['step']} {e.get('status', '')} "
+                      f"{e.get('group') or e.get('vm') or e.get('vms') or ''}")
+        assert res["plan_version"] == 1, res
+        done = [e for e in tl if e["step"] == "boot_group" and e.get("status") == "ok"]
+        assert [e["group"] for e in done] == ["first", "second"], done
+        vm1_start = next(e["t_s"] for e in tl if e["step"] == "vm_start"
+                         and e.get("vm") == names[0])
+        assert done[0]["t_s"] <= vm1_start, (done, vm1_start)
+        for vm in prim:
+            xml = dr.virsh("dumpxml", vm["name"]) or ""
+            assert "<source bridge='cpfo0'/>" in xml, xml
+        print(f"\nfailover by the plan: RTO {res['rto_s']:.1f} s; groups ready at "
+              f"{[(e['group'], e['t_s']) for e in done]}; {names[0]} started at {vm1_start}")
+    finally:
+        gone = domains.destroy(lab, dr_host, names)
+        print(f"DR domains destroyed: {gone}")
+        subprocess.run(["ip", "-n", netns, "link", "del", "cpfo0"], check=False,
+                       capture_output=True)

@@ -65,6 +65,26 @@ def test_versions_only_on_change(api: Any, inventory: dict[str, Any],
     assert api.as_(None).get(f"/v1/vms/{vm_id}/definitions").status_code == 401
 
 
+def test_dr_status_names_what_the_rewrite_refuses(api: Any, inventory: dict[str, Any],
+                                                 session_factory: sessionmaker[Session]) -> None:
+    """A captured version that the DR rewrite would refuse says so when it
+    is read (vmdef_policy), before any failover needs it."""
+    hostile = XML.replace("</devices>", "<hostdev mode='subsystem' type='pci'/></devices>") \
+        .replace("<boot dev='hd'/>", "<kernel>/srv/k/vmlinuz</kernel><boot dev='hd'/>")
+    with session_factory() as s:
+        vm = _vm(s, "primary-h1-vm1")
+        vm_definitions.store(s, vm, _reply(XML))
+        vm_definitions.store(s, vm, _reply(hostile))
+        s.commit()
+        vm_id = vm.id
+    got = api.as_("viewer").get(f"/v1/vms/{vm_id}/definitions").json()
+    assert [(d["version"], d["dr_status"]) for d in got] == [(1, "signable"), (2, "refused")]
+    assert got[0]["dr_refusals"] == []
+    assert got[1]["dr_refusals"][0].startswith("<hostdev> is not allowed"), got[1]
+    one = api.as_("viewer").get(f"/v1/vms/{vm_id}/definitions/2").json()
+    assert one["dr_status"] == "refused" and one["dr_refusals"] == got[1]["dr_refusals"]
+
+
 def test_protected_vms_are_group_members(api: Any, inventory: dict[str, Any], settings: Any,
                                          session_factory: sessionmaker[Session]) -> None:
     host = inventory["hosts"][0]

@@ -100,6 +100,8 @@ class CheckContext:
     tls: tuple[str, str, str] | None = None
     drill_id: str = ""
     _addresses: dict[str, list[str]] = field(default_factory=dict)
+    # The recovery point's DR snapshots the clones (`images`) were made from.
+    points: list[ImageRef] = field(default_factory=list)
 
     def vm(self, name: str | None = None) -> DrillVM:
         """A drill VM by its drill name or the group VM's name; the first
@@ -144,12 +146,16 @@ class CheckContext:
         return self._addresses[vm.name]
 
 
-def writer(site: CephSite, images: list[ImageRef]) -> dict[str, Any]:
-    """The writer's records on every image are exactly 1..p, each once."""
+def writer(ctx: CheckContext) -> dict[str, Any]:
+    """The writer's records on every image of the recovery point are exactly
+    1..p, each once.  Read from the DR snapshots the clones were made from
+    (`points`), not from the clones: a booted copy's writer starts a run of
+    its own on its clone before the check reads it."""
     from cutpoint.coordinator.dr.writer_records import CephImageSpec, scan_specs
 
-    v = scan_specs([CephImageSpec(site, i) for i in images])
-    return {"ok": v.ok, "summary": v.summary(), "verdict": v.as_dict()}
+    v = scan_specs([CephImageSpec(ctx.site, i) for i in (ctx.points or ctx.images)])
+    return {"ok": v.ok, "summary": v.summary(), "verdict": v.as_dict(),
+            "read": [str(i) for i in (ctx.points or ctx.images)]}
 
 
 _REGISTRY: dict[str, Check] = {"writer": writer}

@@ -517,6 +517,23 @@ class CephConnection:
         self._image("set metadata", pool, image, lambda img: img.metadata_set(key, value),
                     obj=f"{_spec(pool, image)} key {key}")
 
+    def metadata_list(self, pool: str, image: str, prefix: str = "") -> dict[str, str]:
+        """The image's metadata whose keys start with `prefix`."""
+        def ls(img: Any) -> dict[str, str]:
+            return {str(k): str(v) for k, v in img.metadata_list() if str(k).startswith(prefix)}
+
+        return self._image("list metadata", pool, image, ls, read_only=True)
+
+    def metadata_remove(self, pool: str, image: str, key: str) -> None:
+        """Removes `key` from the image's metadata (absent: nothing to do)."""
+        def rm(img: Any) -> None:
+            try:
+                img.metadata_remove(key)
+            except KeyError:
+                pass
+
+        self._image("remove metadata", pool, image, rm, obj=f"{_spec(pool, image)} key {key}")
+
     # -- reading and verification ---------------------------------------------------
     def iter_read(self, pool: str, image: str, snap: str | None = None, *,
                   chunk: int = 4 * MiB) -> Generator[bytes, None, None]:

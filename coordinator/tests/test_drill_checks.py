@@ -169,3 +169,33 @@ def test_reading_addresses_parses_ip_output() -> None:
     c = Fake(SITE, [], [DrillVM("d-vm1", "vm1", object())], tls=("a", "b", "c"))
     assert c.addresses(c.vms[0]) == ["10.99.0.11", "10.99.1.5"]
     assert os.environ.get("CP_DRILL_ID") is None
+
+
+def test_writer_reads_the_recovery_point_not_the_clones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy booted from its definition runs its writer on its clone before
+    the check reads it (make demo, 2026-11-27: `records of 2 runs`), so the
+    writer check reads the DR snapshots the clones were made from; without
+    them (a context of images only) it reads the images."""
+    from cutpoint.coordinator.dr import writer_records
+
+    read: list[list[str]] = []
+
+    class Verdict:
+        ok = True
+
+        def summary(self) -> str:
+            return "OK"
+
+        def as_dict(self) -> dict:
+            return {}
+
+    def scan(specs: list) -> Verdict:
+        read.append([str(s.ref) for s in specs])
+        return Verdict()
+
+    monkeypatch.setattr(writer_records, "scan_specs", scan)
+    c = ctx({})
+    c.points = [ImageRef("rbd", "vm1-disk0", "cp.g.t1")]
+    assert checks.run(CheckSpec("writer", {}, 10), c)["ok"]
+    assert checks.run(CheckSpec("writer", {}, 10), ctx({}))["ok"]
+    assert read == [["rbd/vm1-disk0@cp.g.t1"], ["rbd/drill-x-vm1-disk0"]]

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutpoint.lab import domains
 from cutpoint.lab.errors import LabError
 from cutpoint.lab.proc import MARK, pid_alive
 from cutpoint.lab.standby import (
@@ -109,6 +110,10 @@ def render_config(status: dict[str, Any], host: dict[str, Any], certs_dir: Path,
             first_dr = next(h for h in status["hosts"] if h["site"] == host["site"])
             if first_dr["name"] == host["name"] and lv.get("definition_key"):
                 lines.append(f"definition_key = {lv['definition_key']}")
+                # what a signed definition may name here (agent/defpolicy.h)
+                paths = domains.definition_paths(status)
+                if paths:
+                    lines.append(f"definition_paths = {paths}")
         lines.append("")
     for vm in status.get("vms", []):
         if vm["host"] != host["name"]:

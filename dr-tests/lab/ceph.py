@@ -159,6 +159,55 @@ def ceph_cmd(site_dir_: Path, *args: str) -> list[str]:
             "--connect-timeout", "30", *args]
 
 
+def _osd0(site_dir_: Path) -> tuple[int, bool, int]:
+    """(osdmap epoch, osd.0 up, the epoch osd.0 is up since)."""
+    d = json.loads(run(ceph_cmd(site_dir_, "osd", "dump", "-f", "json"), timeout=60).stdout)
+    o = next(x for x in d["osds"] if x["osd"] == 0)
+    return int(d["epoch"]), bool(o["up"]), int(o["up_from"])
+
+
+def renew_pg_leases(site_dir_: Path, timeout: float = 120) -> float:
+    """Give a lab site's PGs a new peering interval once its OSD is back
+    from a stop; returns the seconds until every PG was active+clean in it.
+
+    The lab's one OSD is every PG's only member, so no peer renews a PG's
+    read lease: after the OSD is stopped (SIGSTOP) for longer than the
+    lease (0.8 x osd_heartbeat_grace, 16 s), its PGs stay `laggy` once it
+    is back and the requests queued on them wait for good (ceph/ceph-container
+    issue 1682; seen here on 2026-11-27 in the DR OSD hang cell: 28 requests
+    stuck 294 s after SIGCONT).  A cluster with peers renews the lease.
+    `pg repeer` refuses with one OSD up, so the OSD is marked down: it is
+    alive, boots again, and its PGs peer anew (8 s when tried by hand).
+
+    Done only when the OSD is up again in a later epoch and every PG's
+    stats come from that epoch (`mapping_epoch`): right after `osd down`
+    the PG stats still say active+clean from before, and an OSD back from
+    a 62 s stop took 32 s to learn it was marked down (its mon session had
+    to be found dead first); a copy started on the stale word failed to
+    open its DR image (CI run of 2cb4c1a and its rerun, 2026-11-27).
+    """
+    t0 = time.monotonic()
+    before, _, _ = _osd0(site_dir_)
+    run(ceph_cmd(site_dir_, "osd", "down", "0"), timeout=60)
+    states: dict[str, str] = {}
+    while True:
+        _, up, since = _osd0(site_dir_)
+        if up and since > before:
+            out = run(ceph_cmd(site_dir_, "pg", "ls", "-f", "json"), timeout=60).stdout
+            data = json.loads(out)
+            stats = data["pg_stats"] if isinstance(data, dict) else data
+            states = {x["pgid"]: x["state"] if int(x.get("mapping_epoch", 0)) >= since
+                      else f"{x['state']} (stats of epoch {x.get('mapping_epoch')})"
+                      for x in stats}
+            if states and all(v == "active+clean" for v in states.values()):
+                return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise LabError(f"{site_dir_.name}: osd.0 {'up since epoch ' + str(since) if up else 'down'}"
+                           f" (marked down after epoch {before}); PGs not active+clean in a "
+                           f"later epoch {timeout:.0f} s after marking it down: {states}")
+        time.sleep(1)
+
+
 def rbd_cmd(site_status: dict[str, Any], *args: str) -> list[str]:
     """argv for the `rbd` CLI against one site of `lab status`."""
     return ["rbd", "-c", site_status["ceph_conf"], "--id", site_status.get("client_id", "admin"),

@@ -4,16 +4,22 @@
 
 Holds the lab lock for the whole run, then: lab up in libvirt mode (2
 primary hosts x 1 libvirt domain x 2 RBD disks behind a cephx secret,
-workload `writer`), one agent per host (the libvirt driver), `cutpoint
-server --embedded` with the lab's booter (CUTPOINT_BOOTER=lab), register
+workload `writer`), one agent per host (the libvirt driver; the DR host's
+lists no standby), an isolated drill bridge on the DR host, `cutpoint
+server --embedded` with the product's booter (CUTPOINT_BOOTER=agent, the
+lab's definition signing key, the DR site's definition target), register
 the lab's two sites with their Ceph access as the control plane's cephx
 client `client.cutpoint` (`cutpoint site add`, checked by the API) and the
-hosts (inventory sync), create a group of the 2 VMs on 2 hosts with a 10 s RPO
-replicated to site `dr`, let the scheduler take snapshots for about a
-minute, show the snapshots and the RPO status, check the newest snapshot
-with the writer checker and the domains' libvirt logs for a `tainted`
-line, run a drill at DR (the lab's booter: clones booted as raw QEMU on
-an isolated bridge), and tear everything down.
+three hosts (inventory sync), create a group of the 2 VMs on 2 hosts with
+a 10 s RPO replicated to site `dr`, let the scheduler take snapshots for
+about a minute, show the snapshots and the RPO status, check the newest
+snapshot with the writer checker and the domains' libvirt logs for a
+`tainted` line, show the definitions the inventory watch captured, run a
+drill at DR (`cutpoint drill run --plan`: clones of the recovery point's
+DR images, the captured definitions rewritten for the drill bridge,
+signed and started by the DR agent, ready by guest-ping; the writer check
+on the clones and a guest-exec check in each copy), check that nothing
+of the drill is left, and tear everything down.
 Every step prints the command it runs.
 """
 
@@ -55,25 +61,31 @@ def cp(*args: str, env: dict[str, str] | None = None, check: bool = True,
     return r.stdout if capture else ""
 
 
-def start_server(state: Path, certs: Path, port: int = 18470,
-                 show: bool = True) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """`cutpoint server --embedded` with the lab's booter, its state under
-    `state`; returns it once ready, and the environment (CUTPOINT_URL,
-    CUTPOINT_TOKEN: the admin token it wrote) for `cutpoint` commands.
-    Unless `show`, its log goes to `state`/server.log, not our output."""
+def start_server(state: Path, certs: Path, port: int = 18470, show: bool = True,
+                 booter: str = "lab", settings: dict[str, str] | None = None) \
+        -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """`cutpoint server --embedded` with `booter` (the lab's by default) and
+    `settings` (CUTPOINT_* variables), its state under `state`; returns it
+    once ready, and the environment (CUTPOINT_URL, CUTPOINT_TOKEN: the admin
+    token it wrote) for `cutpoint` commands.  Unless `show`, its log goes
+    to `state`/server.log, not our output."""
     token_file = state / "admin.token"
     if show:
-        print(f"$ CUTPOINT_BOOTER=lab cutpoint server --embedded --state-dir {state / 'server'} "
-              f"--port {port} --agent-certs {certs} --admin-token-file {token_file}")
+        print(f"$ CUTPOINT_BOOTER={booter} cutpoint server --embedded --state-dir "
+              f"{state / 'server'} --port {port} --agent-certs {certs} "
+              f"--admin-token-file {token_file}")
     with open(os.devnull if show else state / "server.log", "ab") as log:
         server = subprocess.Popen(
             [EXE, "server", "--embedded", "--state-dir", str(state / "server"),
              "--port", str(port), "--agent-certs", str(certs),
              "--admin-token-file", str(token_file)], start_new_session=True,
-            env={**os.environ, "CUTPOINT_BOOTER": "lab"},
+            env={**os.environ, **(settings or {}), "CUTPOINT_BOOTER": booter},
             stdout=None if show else log, stderr=None if show else log)
     env = {**os.environ, "CUTPOINT_URL": f"http://127.0.0.1:{port}"}
     for _ in range(120):
+        if server.poll() is not None:
+            raise SystemExit(f"cutpoint server --embedded exited with {server.returncode}"
+                             + ("" if show else f"; see {state / 'server.log'}"))
         if token_file.exists():
             try:
                 import httpx
@@ -87,9 +99,37 @@ def start_server(state: Path, certs: Path, port: int = 18470,
     return server, env
 
 
-def dr_steps(env: dict[str, str]) -> None:
+DRILL_NETWORK = "cpdrill0"
+
+
+def drill_network(netns: str) -> None:
+    """A bridge with no uplink in the DR host's namespace: where a drill's
+    copies are plugged (the DR site's drill_network)."""
+    subprocess.run(["ip", "-n", netns, "link", "del", DRILL_NETWORK], check=False,
+                   capture_output=True)
+    for cmd in (["link", "add", DRILL_NETWORK, "type", "bridge"],
+                ["link", "set", DRILL_NETWORK, "up"]):
+        subprocess.run(["ip", "-n", netns, *cmd], check=True)
+
+
+def drill_leftovers(status: dict[str, Any], dr_host: dict[str, Any],
+                    drill_id: str) -> dict[str, list[str]]:
+    """What of drill `drill_id` is left on the DR host: domains and taps."""
+    from cutpoint.lab import domains
+
+    tag = f"drill-{drill_id}"
+    doms = (domains.host_of(status, dr_host["name"]).virsh("list", "--all", "--name") or "")
+    out = subprocess.run(["ip", "-n", dr_host["netns"], "-o", "link", "show", "master",
+                          DRILL_NETWORK], check=False, capture_output=True, text=True).stdout
+    return {"domains": [n for n in doms.split() if n.startswith(tag)],
+            "taps": [ln.split(":")[1].strip() for ln in out.splitlines() if ":" in ln]}
+
+
+def dr_steps(env: dict[str, str], status: dict[str, Any], dr_host: dict[str, Any]) -> None:
     """Every committed snapshot is replicated to site dr; end with a
-    replicated recovery point, a drill at DR that passes, and its report."""
+    replicated recovery point, a drill at DR that passes (the writer check
+    on the clones, a guest-exec check in each booted copy), nothing of it
+    left, and its report."""
     say("replication to the DR site: state per group snapshot and member")
     for _ in range(240):
         doc = json.loads(cp("dr", "status", "demo", "--json", env=env, capture=True))
@@ -100,12 +140,26 @@ def dr_steps(env: dict[str, str]) -> None:
         raise SystemExit("demo: no DR recovery point after 240 s")
     cp("dr", "status", "demo", "--limit", "5", env=env)
     say(f"a drill of the newest DR recovery point ({doc['newest_recovery_point']}) at DR")
-    out = cp("drill", "run", "demo", "--json", env=env, capture=True)
+    plan = Path(tempfile.mkdtemp(prefix="cutpoint-demo-plan-")) / "plan.json"
+    plan.write_text(json.dumps({"boot_groups": [{"name": "all", "vms": [
+        v["name"] for v in status["vms"] if v["site"] == "primary"]}],
+        "drill_checks": ["writer", {"name": "guest-exec", "params": {
+            "path": "/bin/sh", "args": ["-c", "uname -r; cat /proc/uptime"],
+            "regex": "[0-9]+[.][0-9]+ "}}]}, indent=1))
+    print(f"$ cat {plan}\n{plan.read_text()}")
+    out = cp("drill", "run", "demo", "--plan", str(plan), "--json", env=env, capture=True)
     job = json.loads(out)
     report = job.get("result") or {}
     cp("dr", "status", "demo", "--limit", "3", env=env)
     if job["state"] != "succeeded":
         raise SystemExit(f"demo: the drill failed: {job.get('error')}")
+    for chk in report.get("checks") or []:
+        print(f"check {chk['name']}: {'pass' if chk['ok'] else 'FAIL'}: {chk['summary']}")
+    left = drill_leftovers(status, dr_host, str(report["drill_id"]))
+    print(f"left of the drill on {dr_host['name']}: {left}; clones: "
+          f"{(report.get('cleanup') or {}).get('leftovers')}")
+    if any(left.values()) or not (report.get("cleanup") or {}).get("ok"):
+        raise SystemExit(f"demo: the drill left {left}, cleanup {report.get('cleanup')}")
     say(f"drill {report['drill_id']} PASSED; report: {report['report_html']} "
         f"(JSON {report['report_json']})")
     DR_RESULT.update(recovery_point=doc["newest_recovery_point"], report=report["report_html"])
@@ -164,12 +218,22 @@ def run(seconds: int, rpo: int) -> int:
             status = load_status()
             offsets = domains.log_offsets(status["vms"])
             certs = Path(status["state_dir"]) / "certs"
-            say("one agent (cutpointd) per lab host")
-            for rec in start_agents(status, certs):
+            say("one agent (cutpointd) per lab host; the DR host's lists no standby "
+                "(a drill boots the captured definitions there)")
+            for rec in start_agents(status, certs, standby=False):
                 print(f"agent {rec['host']} at {rec['address']}:{rec['port']} pid {rec['pid']}")
+            lv = status["libvirt"]
+            target = dict(lv["definition_targets"]["dr"], drill_network=DRILL_NETWORK)
+            dr_host = next(h for h in status["hosts"] if h["name"] == target["host"])
+            say(f"the isolated drill network: bridge {DRILL_NETWORK} on {dr_host['name']}, "
+                "no uplink, no route to production")
+            drill_network(dr_host["netns"])
             say("cutpoint server --embedded (API + worker + beat, SQLite, its own Redis), "
-                "with the lab's booter")
-            server, env = start_server(state, certs)
+                "with the product's booter: drills start the captured definitions "
+                "through the DR agent")
+            server, env = start_server(state, certs, booter="agent", settings={
+                "CUTPOINT_DEFINITION_SIGNING_KEY": str(lv["signing_key"]),
+                "CUTPOINT_DEFINITION_TARGETS": json.dumps({"dr": target})})
             say("register the sites with their Ceph access (client.cutpoint, not admin; "
                 "the API runs the site check first) and the hosts (each pulls its "
                 "agent's inventory)")
@@ -177,9 +241,8 @@ def run(seconds: int, rpo: int) -> int:
             cp("site", "add", "dr", *cli_args(status, "dr"), env=env)  # the replication target
             cp("site", "list", env=env)
             for h in status["hosts"]:
-                if h["site"] == "primary":
-                    cp("host", "add", h["name"], "--site", "primary", "--address",
-                       h["address"], "--cert", str(certs / f"{h['name']}.pem"), env=env)
+                cp("host", "add", h["name"], "--site", h["site"], "--address",
+                   h["address"], "--cert", str(certs / f"{h['name']}.pem"), env=env)
             cp("host", "list", env=env)
             say(f"a group of the 2 VMs on 2 hosts, RPO {rpo} s")
             cp("group", "create", "demo", "--rpo", str(rpo), "--lease-ms", "3000",
@@ -205,7 +268,11 @@ def run(seconds: int, rpo: int) -> int:
                f"sqlite:///{state / 'server' / 'cutpoint.db'}", env=env, exe=LAB_EXE)
             cp("group", "snapshot-show", str(newest["id"]), env=env)
             no_taint(status, offsets)
-            dr_steps(env)
+            say("the members' definitions, captured from libvirt by the inventory watch")
+            for vm in status["vms"]:
+                if vm["site"] == "primary":
+                    cp("vm", "show", vm["name"], "--host", vm["host"], env=env)
+            dr_steps(env, status, dr_host)
         finally:
             say("tear down: server, agents, lab")
             if server is not None and server.poll() is None:

@@ -29,6 +29,13 @@ The DR hosts' libvirtds get the DR site's secret, and the first DR host's
 agent the public half of the lab's definition-signing key (`signing_key`),
 so failover can start a VM there from its captured definition
 (api/services/failover_signed.py; status `libvirt.definition_targets`).
+A signed definition names only host files the DR site allows
+(api/services/vmdef_policy.py, agent/defpolicy.h; `dr_files`): the lab's
+DR site allows the guest image's kernel and initrd directory (direct
+kernel boot), its own console directory `<state>/libvirt/dr-console`
+(a DR guest's console is `<name>.serial0.log` there, not the primary's
+file) and the Ceph client conf; the DR agent's `[libvirt]
+definition_paths` lists the same.
 """
 
 from __future__ import annotations
@@ -148,9 +155,35 @@ def signing_key(status: dict[str, Any]) -> None:
     if dr is not None:
         # The control plane's `definition_targets` entry of site dr.
         sec = lv["secrets"]["dr"]
+        files = dr_files(Path(status["state_dir"]), status.get("image") or {})
+        Path(files["console_dir"]).mkdir(parents=True, exist_ok=True)
         lv["definition_targets"] = {"dr": {
             "host": dr["name"], "auth_user": sec["user"], "secret_uuid": sec["uuid"],
-            "mon_hosts": [mon_host(status["sites"]["dr"])], "networks": {BRIDGE: BRIDGE}}}
+            "mon_hosts": [mon_host(status["sites"]["dr"])], "networks": {BRIDGE: BRIDGE},
+            **files}}
+
+
+def dr_files(state: Path, image: dict[str, Any]) -> dict[str, Any]:
+    """The host files the lab's DR site lets a signed definition name: its
+    `definition_targets` fields boot_paths, console_dir and ceph_conf."""
+    boot = sorted({str(Path(image[k]).parent) for k in ("kernel", "initrd") if image.get(k)})
+    d = libvirt_dir(state)
+    return {"boot_paths": boot, "console_dir": str(d / "dr-console"),
+            "ceph_conf": str(d / "ceph-client.conf")}
+
+
+def dr_console(status: dict[str, Any], name: str) -> Path:
+    """Where a domain started at DR from its signed definition logs its
+    serial console (the rewrite's <log file=>)."""
+    return Path(status["libvirt"]["definition_targets"]["dr"]["console_dir"]) / \
+        f"{name}.serial0.log"
+
+
+def definition_paths(status: dict[str, Any]) -> str:
+    """The DR agent's [libvirt] definition_paths: what dr_files allows."""
+    t = (status.get("libvirt") or {}).get("definition_targets", {}).get("dr") or {}
+    return " ".join([*t.get("boot_paths", []), *(t[k] for k in ("console_dir", "ceph_conf")
+                                                  if t.get(k))])
 
 
 def mon_host(site: dict[str, Any]) -> str:

@@ -9,7 +9,10 @@ inventory's UUID and usage, writes the agent's [libvirt] keys (validated by
 when the keyring's key changes (honestly in check mode), and never prints
 the key.  Then cutpointd runs with the file the role wrote: discovery takes
 only the domains that match the name pattern and carry the metadata
-element, and drops one whose element is removed.
+element, and drops one whose element is removed; and, with the
+definition-signing key and definition_paths the role installed, refuses a
+signed definition that names a host file outside those paths (FORBIDDEN,
+naming the element) and starts none of it.
 
 Needs root (mount namespace, libvirtd), libvirtd and build/agent/cutpointd;
 no Ceph, no lab network, so it does not take the lab lock.
@@ -108,6 +111,18 @@ async def _vm_names(port: int, certs: Path) -> set[str]:
     return {v["name"] for v in inv["vms"]}
 
 
+async def _start_refused(port: int, certs: Path, spec: dict) -> tuple[str, str]:
+    from cutpoint.agentclient import AgentClient, AgentError, client_context
+
+    ctx = client_context(certs / "ca.pem", certs / "coordinator.pem", certs / "coordinator.key")
+    async with AgentClient("127.0.0.1", port, ssl_context=ctx) as c:
+        try:
+            r = await c.call("vm.start", {"spec": spec}, timeout=30)
+        except AgentError as exc:
+            return exc.code, exc.message
+    return "", f"started: {r}"
+
+
 def _wait_names(port: int, certs: Path, want: set[str], timeout: float = 30) -> set[str]:
     from cutpoint.agentclient.errors import AgentConnectError
 
@@ -139,6 +154,10 @@ def test_host_role_libvirt_secret_and_discovery_config(tmp_path: Path,
     keyring = tmp_path / "ceph.client.cptest.keyring"
     _keyring(keyring, key)
     port = _free_port()
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cutpoint.api.services import vmdef_sign
+
+    sign_key = Ed25519PrivateKey.generate()
     extra = {"cutpoint_host_manage": False, "cutpoint_host_name": "hv1",
              "cutpoint_host_address": "127.0.0.1", "cutpoint_host_port": port,
              "cutpoint_host_config_dir": str(etc), "cutpoint_host_binary": str(AGENT),
@@ -149,13 +168,17 @@ def test_host_role_libvirt_secret_and_discovery_config(tmp_path: Path,
              "cutpoint_host_libvirt_manage": "cp-ans-*",
              "cutpoint_host_libvirt_manage_metadata": True,
              "cutpoint_host_libvirt_secret_uuid": SECRET_UUID,
-             "cutpoint_host_libvirt_secret_keyring": str(keyring)}
+             "cutpoint_host_libvirt_secret_keyring": str(keyring),
+             "cutpoint_host_libvirt_definition_key_pem":
+                 vmdef_sign.public_pem(sign_key).decode(),
+             "cutpoint_host_libvirt_definition_paths": ["/var/lib/cutpoint/boot",
+                                                        str(tmp_path / "console")]}
 
     t0 = time.monotonic()
     rc, changed, out1 = _play(tmp_path, extra)
     t1 = time.monotonic() - t0
     assert rc == 0, out1
-    assert changed == 2, out1                       # the secret, agent.ini
+    assert changed == 3, out1                       # the secret, the key, agent.ini
     t0 = time.monotonic()
     rc, changed, out2 = _play(tmp_path, extra)
     t2 = time.monotonic() - t0
@@ -166,6 +189,9 @@ def test_host_role_libvirt_secret_and_discovery_config(tmp_path: Path,
     libvirt = ini[ini.index("[libvirt]"):]
     assert f"uri = {libvirtd.uri}\n" in libvirt
     assert "discover = yes\nmanage = cp-ans-*\nmanage_metadata = yes\n" in libvirt, ini
+    assert f"definition_key = {etc}/definition-signing.pub\n" in libvirt, ini
+    assert f"definition_paths = /var/lib/cutpoint/boot {tmp_path}/console\n" in libvirt, ini
+    assert (etc / "definition-signing.pub").read_bytes() == vmdef_sign.public_pem(sign_key)
     listing = libvirtd.virsh("secret-list") or ""
     print(listing)
     assert re.search(rf"^\s*{SECRET_UUID}\s+ceph client\.cptest secret\s*$", listing, re.MULTILINE), listing
@@ -203,6 +229,14 @@ def test_host_role_libvirt_secret_and_discovery_config(tmp_path: Path,
         libvirtd.virsh("metadata", "cp-ans-tagged", NS, "--remove", "--config")
         names = _wait_names(port, certs, {"cp-ans-plain"})
         assert names == {"cp-ans-plain"}, (tmp_path / "agent.log").read_text()
+        # a signed definition with a console log outside definition_paths
+        hostile = _domain_xml("cp-ans-signed", True).replace(
+            "</os>", "</os><devices><serial type='pty'><log file='/etc/shadow'/></serial>"
+            "</devices>")
+        why = asyncio.run(_start_refused(port, certs, vmdef_sign.spec(
+            sign_key, "cp-ans-signed", hostile)))
+        assert why[0] == "FORBIDDEN" and "<log file='/etc/shadow'>" in why[1], why
+        assert libvirtd.virsh("domstate", "cp-ans-signed", check=False) is None
     finally:
         p.terminate()
         p.wait(timeout=20)

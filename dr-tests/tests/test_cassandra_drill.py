@@ -1,22 +1,24 @@
-"""Cassandra recovery drill at DR on the lab (issue 8 item 3).  The drill
-runs under ``make drills`` (marker ``slow``): two Cassandra 5.0 VMs under
-TCG take minutes to start, twice (primary and restored at DR).
+"""Cassandra recovery drill at DR, through the product (issue 8 item 3,
+issue 18 item 4).  The drill runs under ``make drills`` (marker ``slow``):
+two Cassandra 5.0 VMs under TCG take minutes to start, twice (primary and
+restored at DR).
 
-Real parts only: the lab's two Ceph clusters (``cassdrill.LAB``: two
-primary and two DR hosts, under the lab lock), the mmdebstrap image with
-Cassandra's jars from Maven Central (built once, cached by recipe hash),
-node1 in QEMU in netns primary-h1 and node2 in primary-h2, each on a tap of
-its host's lab bridge (the lab's guest addresses, across hosts through
-cpbr0), Cassandra at RF 2 with the commit log on its own RBD image (group
-sync), the CL=ALL writer and its operation log, group snapshots of both
-VMs' four RBD images through one cutpointd per host (method rbd) and one
-group file naming both agents (``cutpoint snapshot --group-file``),
-cutpoint-sync to the DR cluster, and the nodes booted at DR (dr-h1, dr-h2)
-from clones of the DR snapshots.
+Real parts only: the lab in libvirt mode (``cassproduct.LAB``: two primary
+hosts and a DR host, a libvirtd and a cutpointd on each), the mmdebstrap
+image with Cassandra's jars from Maven Central (built once, cached by
+recipe hash), node 1 a libvirt domain on primary-h1 and node 2 on
+primary-h2 with RBD disks, on the lab network; Cassandra at RF 2 with the
+commit log on its own disk, the CL=ALL writer and its operation log; one
+group snapshot of both VMs through the product, replicated by the product;
+`cutpoint drill run` against the product's server, whose worker boots both copies from their captured
+definitions on the DR agent, on the isolated drill bridge, and runs the
+`cassandra` check (nodetool status all UN, a CQL query) and the operation
+log check in the guest (cp-check through guest-exec).
+cutpoint.checkers.cassproduct says what runs.
 
-The unit tests at the end check the names, argv and report the drill
-builds, and read an operation log out of a real ext4 image with debugfs,
-without QEMU or Ceph.
+The unit tests at the end check the names, argv and report of the older
+QEMU-launcher drill helpers, read an operation log out of a real ext4 image
+with debugfs, and parse a real `nodetool status`, without QEMU or Ceph.
 """
 
 from __future__ import annotations
@@ -28,85 +30,90 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.checkers import cassdrill
+from cutpoint.checkers import cassdrill, cassproduct
 from cutpoint.checkers.cassandra import check_cluster
 from cutpoint.checkers.guestvm import DebianVM
 from cutpoint.lab.debian_image import Image
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+DATA = Path(__file__).parent / "data"
 
 
 def _summary(rep: dict[str, Any]) -> str:
     return json.dumps({"primary": rep["primary"], "cleanup": rep["cleanup"],
-                       "drills": [
-        {k: d[k] for k in ("passed", "reasons", "rto_startup_complete_s",
-                           "rto_read_all_s", "rto_check_done_s", "dr_clones",
-                           "dr_clone_s")}
-        | {"snap": d["snapshot"], "oplog_last": d["check"]["oplog_last"],
-           "rows": d["check"]["rows"],
-           "oplog_bytes": (d["check"]["oplog_snapshot_bytes"],
-                           d["check"]["oplog_full_bytes"]),
-           "replayed": {n["name"]: n["replayed_mutations"]
-                        for n in d["check"]["nodes"]},
-           "replication": {
-               "bytes_shipped": d["replication"]["bytes_shipped"],
-               "seconds": d["replication"]["seconds"],
-               "members": [(m["disk"], m["full"], m["bytes_shipped"],
-                            m["state"], m["verified_full"], m["seconds"])
-                           for m in d["replication"]["members"]]},
-           "recovery_log": {n["name"]: n["recovery_log"]
-                            for n in d["check"]["nodes"]}}
-        for d in rep["drills"]]}, indent=1)
+                       "drills": [{k: d[k] for k in ("verdict", "error", "rto_s",
+                                                     "point_age_s", "breakdown", "checks",
+                                                     "left", "snapshot", "cleanup")}
+                                  | {"replicated": {k: d["replication"][k] for k in
+                                                    ("bytes_shipped", "seconds")}}
+                                  for d in rep["drills"]]}, indent=1, default=str)
 
 
 @pytest.mark.lab
 @pytest.mark.slow
 @ROOT
-@pytest.mark.lab_config(**cassdrill.LAB)
+@pytest.mark.lab_config(**cassproduct.LAB)
 def test_group_snapshot_of_two_cassandra_nodes_recovers_at_dr(
         lab: dict[str, Any], tmp_path: Path) -> None:
-    """Two group snapshots of both nodes (four RBD images) under CL=ALL
-    load, replicated to the DR cluster with full verification (the first a
-    full copy, the second incremental on it); the newest is cloned there
-    and booted on the DR hosts: both nodes replay their commit logs and see
-    each other UP, the snapshot's operation log (read from the DR copy) is a
-    prefix of the full one, every logged write reads back at ALL with its
-    value; afterwards nothing the drill made is left on either cluster."""
-    rep = cassdrill.run(lab, tmp_path / "drill", snapshots=2,
-                        interval=float(os.environ.get("CP_CASS_INTERVAL",
-                                                      "20")))
+    """One group snapshot of both nodes (six RBD images: roots, commit logs,
+    data) under CL=ALL load, replicated with full verification, drilled by
+    the control plane's job: both copies come up on the drill bridge, every
+    node UN, the CQL query answers, the snapshot's operation log is 1..M and
+    every logged write reads back at ALL with its value; nothing left."""
+    rep = cassproduct.run(lab, tmp_path / "drill",
+                          interval=float(os.environ.get("CP_CASS_INTERVAL", "20")))
     print(_summary(rep))     # the figures quoted in docs/drills.md (-s)
     d = rep["drills"][0]
-    assert d["passed"], _summary(rep)
-    c = d["check"]
-    assert all(n["replay_complete"] for n in c["nodes"])
-    assert c["oplog_prefix"] and c["oplog_last"] > 0
-    assert c["missing"] == 0 and c["wrong_value"] == 0
-    # The load went on after the snapshot: the cmp check compared something.
-    assert c["oplog_full_bytes"] > c["oplog_snapshot_bytes"]
-    assert d["snapshot"]["name"].startswith("cp.cass.")
-    assert len(rep["drills"]) == 1, "only the newest snapshot is drilled"
-    (base,) = rep["replicated_not_drilled"]
-    for m in base["members"]:
-        assert m["state"] == "verified" and m["verified_full"] and m["full"], m
-    rp = d["replication"]
-    assert rp["recovery_point"] and rp["state"] == "verified", rp
-    assert rp["base"] == base["snapshot"] != d["snapshot"]["name"], rp
-    assert len(rp["members"]) == 4 and rp["bytes_shipped"] > 0, rp
-    for m in rp["members"]:    # incremental, still equal by full SHA-256
-        assert m["state"] == "verified" and m["verified_full"] and not m["full"], m
-    assert rp["bytes_shipped"] < base["bytes_shipped"], (rp, base)
-    # node1 and node2 on two primary hosts, two agents; two DR hosts
-    assert rep["primary"]["netns"] == ["primary-h1", "primary-h2"]
-    assert rep["primary"]["agents"] == ["primary-h1", "primary-h2"]
-    assert d["dr_netns"] == ["dr-h1", "dr-h2"]
-    assert set(d["snapshot"]["paused_ms"]) == {"cass-node1", "cass-node2"}
-    assert all(c.endswith("-d1") for c in d["dr_clones"]), d["dr_clones"]  # snapshot 1
+    out = tmp_path / "drill" / "nodetool-status.txt"
+    out.write_text(d["outputs"][0] if d["outputs"] else "")
+    print(f"the cassandra check's output: {out}")
+    assert d["verdict"] == "passed", _summary(rep)
+    assert [c["ok"] for c in d["checks"]] == [True, True], d["checks"]
+    assert sorted(d["checks"][0]["nodes"].values()) == ["UN", "UN"], d["checks"][0]
+    assert '"missing": 0' in d["outputs"][1] and '"wrong_value": 0' in d["outputs"][1]
+    r = d["replication"]
+    assert r["recovery_point"] and len(r["members"]) == 6, r
+    assert all(m["state"] == "verified" and m["verified_full"] for m in r["members"]), r
+    assert set(d["snapshot"]["paused_ms"]) == set(cassproduct.VMS)
+    assert [b["group"] for b in d["boot_order"]] == ["cassandra"], d["boot_order"]
+    assert d["cleanup"]["ok"] and d["left"] == {"domains": [], "clones": [], "taps": []}
     assert rep["cleanup"]["left"] == {"primary": [], "dr": []}, rep["cleanup"]
-    assert rep["cleanup"]["errors"] == [] and d["clone_errors"] == []
-    html = (tmp_path / "drill" / "report.html").read_text()
-    assert html.count("PASS") == 1 and "Replication to DR" in html
-    assert "Replicated, not drilled" in html
+
+
+def test_drill_plan_and_checks_parse() -> None:
+    import re
+
+    from cutpoint.coordinator.dr.checks import CheckSpec, known
+    from cutpoint.coordinator.dr.plan import RecoveryPlan
+
+    plan = RecoveryPlan.parse(cassproduct.PLAN)
+    assert [v.vm for v in plan.boot_groups[0].vms] == list(cassproduct.VMS)
+    specs = [CheckSpec.parse(c) for c in cassproduct.CHECKS]
+    assert [c.name for c in specs] == ["cassandra", "guest-exec"]
+    assert all(c.name in known() for c in specs)
+    # the cp-check regex on a passing line and on one with a missing write
+    ok = ('CPSTATE cql-connected 88.1\nCPCHECK {"oplog": {"records": 812, "last": 812, '
+          '"bad": 0, "torn_bytes": 0}, "peers": ["10.77.101.2"], "read_all": {"ok": true, '
+          '"rows": 830, "max_id": 830, "missing": 0, "missing_first": [], "wrong_value": 0, '
+          '"wrong_first": [], "waited_s": 3.1}}')
+    rx = re.compile(cassproduct.CPCHECK_OK, re.MULTILINE)
+    assert rx.search(ok)
+    assert not rx.search(ok.replace('"missing": 0, "missing_first": []',
+                                    '"missing": 2, "missing_first": [811, 812]'))
+    assert not rx.search(ok.replace('"records": 812', '"records": 0'))
+    assert not rx.search(ok.replace('"ok": true', '"ok": false'))
+
+
+def test_image_has_nodetool_and_cqlsh() -> None:
+    """The check's contract (`nodetool status`, `cqlsh -e`) is met by
+    wrappers in the image recipe: NodeTool from cassandra-all's jars, and
+    the Python driver's client."""
+    base = Path(__file__).parents[1] / "images" / "debian" / "cassandra" / "overlay"
+    nt = base / "usr" / "local" / "bin" / "nodetool"
+    cq = base / "usr" / "local" / "bin" / "cqlsh"
+    assert "org.apache.cassandra.tools.NodeTool" in nt.read_text()
+    assert "-p 7199" in nt.read_text() and os.access(nt, os.X_OK)
+    assert "cp-cqlclient.py" in cq.read_text() and os.access(cq, os.X_OK)
 
 
 # -- unit: what the drill hands ip, QEMU, rbd and debugfs (no QEMU, no Ceph) --

@@ -122,6 +122,8 @@ def test_libvirt_domain_xml_is_the_lab_guest_and_signable_for_dr() -> None:
     (it would refuse a file console or an ethernet interface)."""
     import xml.etree.ElementTree as ET
 
+    from cutpoint.api.config import DefinitionTarget
+    from cutpoint.api.services.vmdef_policy import site_policy
     from cutpoint.api.services.vmdef_rewrite import (
         DrTarget,
         RewriteError,
@@ -155,9 +157,21 @@ def test_libvirt_domain_xml_is_the_lab_guest_and_signable_for_dr() -> None:
         assert disk.find("source/config").get("file") == "/tmp/x/libvirt/ceph-client.conf"
     assert root.find("devices/interface/source").get("bridge") == "br0"
     assert root.find("devices/serial/log").get("file") == vm["console"]
+    files = domains.dr_files(Path("/tmp/x"), {"kernel": "/b/k", "initrd": "/b/i"})
+    assert files == {"boot_paths": ["/b"], "console_dir": "/tmp/x/libvirt/dr-console",
+                     "ceph_conf": "/tmp/x/libvirt/ceph-client.conf"}
     dr = DrTarget(pool="rbd", mon_hosts=(("10.77.0.3", 6790),), auth_user="cutpoint",
-                  secret_uuid=secret["uuid"], networks={"br0": "br0"})
-    assert rbd_images(rewrite(xml, dr)) == rbd_images(xml)
+                  secret_uuid=secret["uuid"], networks={"br0": "br0"},
+                  policy=site_policy(DefinitionTarget(
+                      host="dr-h1", auth_user="cutpoint", secret_uuid=secret["uuid"],
+                      mon_hosts=["10.77.0.3:6790"], **files)))
+    out = rewrite(xml.replace("/k<", "/b/k<").replace("/i<", "/b/i<"), dr)
+    assert rbd_images(out) == rbd_images(xml)
+    assert ET.fromstring(out).find("devices/serial/log").get("file") == \
+        "/tmp/x/libvirt/dr-console/primary-h1-vm1.serial0.log"
+    # a kernel outside the DR site's boot_paths is not signed
+    with pytest.raises(RewriteError, match="<kernel> names host path '/k'"):
+        rewrite(xml, dr)
     # the shape matters: raw QEMU's file console would not be signed
     with pytest.raises(RewriteError, match="reaches a host file"):
         rewrite(xml.replace("<serial type='pty'>", "<serial type='file'>"), dr)

@@ -1,120 +1,212 @@
-"""PostgreSQL recovery drill at DR on the lab (issue 8 item 2).
+"""PostgreSQL recovery drill at DR, through the product (issue 8 item 2,
+issue 18 item 4; `make drills`).
 
-Real parts only: the lab's two Ceph clusters, the mmdebstrap image (built
-once, cached by recipe hash), QEMU, PostgreSQL 15, pgbench and the ledger
-client inside the guest, the real cutpointd and coordinator (group
-snapshots as librbd snapshots of the three RBD images), cutpoint-sync for
-the replication, and a drill VM booted on the DR host from clones of the DR
-snapshots.  The lab is the one of test_sync.py (one host per site, no tiny
-guests), so `make test` reuses it where the order allows.
+Real parts only: the lab in libvirt mode (its two Ceph clusters, a
+libvirtd and a cutpointd per host), the mmdebstrap image (built once,
+cached by recipe hash), PostgreSQL 15 with pgbench and the ledger client
+in the guest.  The PostgreSQL VM is a libvirt domain at the primary with
+RBD disks; its definition is captured by the control plane; the group
+snapshot is the product's (`cutpoint snapshot`, the agent's librbd
+snapshots), replicated by the product with a full verification; the drill
+is asked for as an operator asks for one, `cutpoint drill run` against the
+product's server (`cutpoint server --embedded`), and run by its worker
+(clones at DR, the captured definition rewritten onto the isolated drill bridge
+and signed, started by the DR agent, ready by guest-ping) with the
+`postgres` check (pg_isready, pg_amcheck, and the ledger query: every
+journaled acknowledgement is a row).  cutpoint.checkers.pgproduct says
+what runs.  The negative control takes the snapshots without the
+coordinator, the WAL disk 3 s before the others, and must fail the same
+drill.
 
-The unit tests at the end check the argv and config the drill builds,
-without QEMU or Ceph.
+The unit tests at the end check the ledger query on a real PostgreSQL (no
+lab), and the argv and config of the qcow2/QMP drill helpers that the
+quiesce bench still uses, without QEMU or Ceph.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cutpoint.checkers import pgcoord, pgdrill
+from cutpoint.checkers import dbdrill, pgcoord, pgdrill, pgproduct
 from cutpoint.checkers.guestvm import DebianVM, GuestDisk, RbdImage
 from cutpoint.lab.debian_image import Image
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 def _summary(rep: dict[str, Any]) -> str:
-    return json.dumps([{k: d[k] for k in ("passed", "reasons",
-                                         "rto_pg_ready_s", "dr_clones")}
-                       | {"snap": d["snapshot"]["name"],
-                          "pause_ms": d["snapshot"]["pause_ms"],
-                          "spread_ms": d["snapshot"]["spread_ms"],
-                          "amcheck_rc": d["check"]["amcheck_rc"],
-                          "redo_done": d["check"]["redo_done"],
-                          "journal_last": d["check"]["journal_last"],
-                          "missing": d["check"]["missing"],
-                          "replication": {
-                              "bytes_shipped": d["replication"]["bytes_shipped"],
-                              "seconds": d["replication"]["seconds"],
-                              "members": [(m["disk"], m["full"], m["bytes_shipped"],
-                                           m["state"], m["verified_full"])
-                                          for m in d["replication"]["members"]]},
-                          "recovery_log": d["check"]["recovery_log"]}
-                       for d in rep["drills"]]
-                      + [{"primary": rep["primary"], "cleanup": rep["cleanup"]}],
-                      indent=1)
+    return json.dumps({"primary": {k: v for k, v in rep["primary"].items()
+                                   if k != "definition_captured"},
+                       "drills": [{k: d[k] for k in ("verdict", "error", "rto_s", "point_age_s",
+                                                     "breakdown", "checks", "left", "cleanup")}
+                                  | {"snapshot": d["snapshot"],
+                                     "replicated": {k: d["replication"][k] for k in
+                                                    ("bytes_shipped", "seconds", "base")}}
+                                  for d in rep["drills"]],
+                       "cleanup": rep["cleanup"]}, indent=1, default=str)
 
 
-def _replicated_ok(d: dict[str, Any]) -> None:
-    """Invariant 5 as the report shows it: every member verified at DR."""
-    rep = d["replication"]
-    assert rep["recovery_point"] and rep["state"] == "verified", rep
-    assert len(rep["members"]) == len(pgdrill.GROUP), rep
-    for m in rep["members"]:
-        assert m["state"] == "verified" and m["verified_full"], m
-    assert rep["bytes_shipped"] > 0, rep
+def _common(rep: dict[str, Any], d: dict[str, Any]) -> None:
+    """What every drill of a run must show, passed or not: a DR recovery
+    point (every member verified in full), nothing of the drill left at DR."""
+    r = d["replication"]
+    assert r["recovery_point"] and r["state"] == "verified", r
+    assert len(r["members"]) == len(pgdrill.GROUP) + 1, r  # + the root
+    assert all(m["state"] == "verified" and m["verified_full"] for m in r["members"]), r
+    assert d["cleanup"]["ok"], d["cleanup"]
+    assert d["left"] == {"domains": [], "clones": [], "taps": []}, d["left"]
 
 
-@pytest.mark.lab
-@ROOT
-@pytest.mark.lab_config(**pgdrill.LAB)
-def test_coordinated_group_snapshot_recovers(lab: dict[str, Any], tmp_path: Path) -> None:
-    """One real group snapshot of the three RBD images (cutpointd, method
-    rbd: pause, librbd snapshots, resume) under pgbench + ledger load,
-    replicated to the DR cluster with full verification, cloned there and
-    booted on the DR host: PostgreSQL logs 'redo done', pg_amcheck passes,
-    every journaled ledger number is in the table; afterwards nothing the
-    drill made is left on either cluster."""
-    rep = pgdrill.run(lab, tmp_path / "drill", coordinated=1, uncoordinated=0,
-                      interval=6, delay=0, rate=20)
-    print(_summary(rep))
-    d = rep["drills"][0]
-    assert d["passed"], _summary(rep)
-    c = d["check"]
-    assert c["redo_done"] and c["amcheck_rc"] == 0
-    # The load really ran: acknowledged ledger transactions were captured.
-    assert c["journal_last"] > 0 and c["missing"] == 0
-    assert any("redo done at" in line for line in c["recovery_log"])
-    assert d["snapshot"]["name"].startswith("cp.pg.")
-    assert d["snapshot"]["members"] == {s: "crash" for s, _ in pgdrill.GROUP}
-    _replicated_ok(d)
-    assert all(m["full"] for m in d["replication"]["members"])  # first copy
-    assert d["dr_netns"] != rep["primary"]["netns"]
-    assert all(c.endswith("-d0") for c in d["dr_clones"]), d["dr_clones"]
-    assert rep["cleanup"]["left"] == {"primary": [], "dr": []}, rep["cleanup"]
-    assert rep["cleanup"]["errors"] == [] and d["clone_errors"] == []
-    html = (tmp_path / "drill" / "report.html").read_text()
-    assert html.count("PASS") == 1 and "Replication to DR" in html
+@pytest.fixture(scope="module")
+def pg_run(lab_session: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run for both tests below (one primary boot, one lab): a
+    coordinated group snapshot, then CP_NEG_TRIALS (2) uncoordinated ones,
+    each replicated and drilled through the control plane."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    lab = lab_session.get(dict(dbdrill.LAB))
+    n = int(os.environ.get("CP_NEG_TRIALS", "2"))
+    rep = pgproduct.run(lab, tmp_path_factory.mktemp("pgdrill"), coordinated=1,
+                        uncoordinated=n, interval=6, delay=3, rate=20)
+    print(_summary(rep))    # the figures quoted in docs/drills.md (-s)
+    return rep
 
 
 @pytest.mark.lab
 @pytest.mark.slow
 @ROOT
-@pytest.mark.lab_config(**pgdrill.LAB)
-def test_negative_control_wal_first_snapshots_fail(lab: dict[str, Any],
-                                                   tmp_path: Path) -> None:
-    """Negative control (issue 8 item 5): the WAL image is snapshotted
-    first and the data + journal images 3 s later (rbd snapshots, no
-    coordinator, no pause), while the ledger commits; each is replicated
-    and drilled at DR.  The journal then shows acknowledgements whose WAL
-    records are not in the WAL snapshot, so at least one of N trials must
-    fail the check."""
-    n = int(os.environ.get("CP_NEG_TRIALS", "3"))
-    rep = pgdrill.run(lab, tmp_path / "neg", coordinated=0, uncoordinated=n,
-                      interval=5, delay=3, rate=20)
-    print(_summary(rep))    # the figures quoted in docs/drills.md (-s)
-    for k, d in enumerate(rep["drills"]):
-        _replicated_ok(d)
-        # The first copy is full, the next ones incremental from the previous.
-        assert all(m["full"] == (k == 0) for m in d["replication"]["members"]), d
+def test_coordinated_group_snapshot_recovers(pg_run: dict[str, Any]) -> None:
+    """A group snapshot through the product under pgbench + ledger load,
+    replicated (the first copy: full), drilled by the control plane's job:
+    PostgreSQL recovers (its log in the report), pg_amcheck is clean, every
+    journaled ledger number is a row, the journal is not empty; nothing
+    left anywhere."""
+    rep = pg_run
+    d = rep["drills"][0]
+    _common(rep, d)
+    assert d["verdict"] == "passed" and d["error"] is None, _summary(rep)
+    assert [b["group"] for b in d["boot_order"]] == ["db"], d["boot_order"]
+    assert [c["ok"] for c in d["checks"]] == [True, True, True], d["checks"]
+    assert "ledger-prefix-ok" in d["outputs"][0] and "pg_amcheck" in d["outputs"][0]
+    assert "redo done at" in d["outputs"][2], d["outputs"][2]
+    assert d["snapshot"]["name"].startswith("cp.pg.") and d["snapshot"]["mode"] == "coordinated"
+    assert all(m["full"] for m in d["replication"]["members"])  # the first copy
+    assert d["rto_s"] is not None and d["breakdown"]["boot_to_guest_ping_s"] is not None
+    assert rep["primary"]["definition_captured"].startswith("<domain")
     assert rep["cleanup"]["left"] == {"primary": [], "dr": []}, rep["cleanup"]
-    failed = [d for d in rep["drills"] if not d["passed"]]
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+@ROOT
+def test_negative_control_wal_first_snapshots_fail(pg_run: dict[str, Any]) -> None:
+    """Negative control (issue 8 item 5) through the same path: the WAL
+    image is snapshotted first and the others 3 s later (rbd snapshots, no
+    coordinator, no pause) while the ledger commits; each is recorded,
+    replicated (incrementally) and drilled like a recovery point.
+    PostgreSQL still recovers, but the ledger query finds journaled
+    acknowledgements that are not rows, so at least one of N trials must
+    fail the drill, and each failure must be the ledger query's."""
+    rep = pg_run
+    neg = [d for d in rep["drills"] if d["snapshot"]["mode"] == "uncoordinated"]
+    assert neg, rep
+    for d in neg:
+        _common(rep, d)
+        assert not any(m["full"] for m in d["replication"]["members"]), d  # incremental
+    failed = [d for d in neg if d["verdict"] != "passed"]
     assert failed, "every uncoordinated trial passed:\n" + _summary(rep)
+    assert all(d["verdict"] == "failed" for d in failed)
+    for d in failed:
+        # the ledger query's failure, or PostgreSQL refused to start (a
+        # checkpoint in the gap: its control file names WAL the WAL
+        # snapshot lacks), which fails the plan's post hook
+        if d["error"] is None:
+            assert d["checks"][0]["ok"] is False, d["checks"]
+            assert "ledger-prefix-bad" in d["checks"][0]["summary"], d["checks"][0]
+        else:
+            assert "boot group db" in d["error"], d["error"]
+    assert rep["cleanup"]["left"] == {"primary": [], "dr": []}, rep["cleanup"]
+
+
+# -- unit: the ledger query on a real PostgreSQL (no lab) --
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Any:
+    """A throw-away PostgreSQL 15 cluster on a unix socket; psql(sql) runs as
+    postgres."""
+    if os.geteuid() != 0 or not (PG_BIN / "initdb").exists():
+        pytest.skip("needs root and PostgreSQL 15")
+    d = Path(f"/tmp/cp-pgq-{os.getpid()}-{time.monotonic_ns()}")
+    d.mkdir()
+    shutil.chown(d, "postgres")
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    port = str(40000 + os.getpid() % 20000)  # a unix socket only: the name, no TCP
+    subprocess.run([*as_pg, str(PG_BIN / "initdb"), "-D", str(d / "data"), "-A", "trust",
+                    "-U", "postgres"], check=True, capture_output=True)
+    subprocess.run([*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(d / "data"), "-w", "-l",
+                    str(d / "log"), "-o", f"-k {d} -p {port} -c listen_addresses=''", "start"],
+                   check=True, capture_output=True)
+
+    def psql(sql: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*as_pg, "psql", "-h", str(d), "-p", port, "-AtX", "-v",
+                               "ON_ERROR_STOP=1", "-c", sql], check=False, capture_output=True,
+                              text=True)
+    try:
+        yield d, psql
+    finally:
+        subprocess.run([*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(d / "data"), "-m",
+                        "immediate", "stop"], check=False, capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_ledger_query_passes_on_a_prefix_and_fails_otherwise(pg: Any) -> None:
+    """The operator query of the drill's `postgres` check, on a real
+    PostgreSQL: a journal that is a prefix of the ledger passes (also with a
+    torn, zero-filled last record); journaled numbers missing from the
+    ledger, a gap in the journal and an empty journal each fail, saying
+    which."""
+    d, psql = pg
+    journal = d / "ledger.journal"
+    query = pgproduct.LEDGER_QUERY.replace(pgproduct.JOURNAL, str(journal))
+    assert psql("CREATE TABLE ledger (id bigint PRIMARY KEY)").returncode == 0
+    assert psql("INSERT INTO ledger SELECT generate_series(1, 100)").returncode == 0
+
+    def run(data: bytes) -> str:
+        journal.write_bytes(data)
+        journal.chmod(0o644)
+        r = psql(query)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    recs = b"".join(b"%015d\n" % i for i in range(1, 101))
+    assert run(recs) == "ledger-prefix-ok"
+    assert run(recs + b"\0" * 16) == "ledger-prefix-ok"
+    assert run(recs + b"".join(b"%015d\n" % i for i in range(101, 121))) == \
+        "ledger-prefix-bad journal=120 in-order=t missing=20"
+    assert run(b"".join(b"%015d\n" % i for i in (1, 2, 4))) == \
+        "ledger-prefix-bad journal=3 in-order=f missing=0"
+    assert run(b"") == "ledger-prefix-bad journal=0 in-order=f missing=0"
+
+
+def test_drill_plan_and_checks_parse() -> None:
+    from cutpoint.coordinator.dr.checks import CheckSpec, known
+    from cutpoint.coordinator.dr.plan import RecoveryPlan
+
+    plan = RecoveryPlan.parse(pgproduct.PLAN)
+    assert [g.name for g in plan.boot_groups] == ["db"]
+    assert plan.boot_groups[0].post[0].vm == pgproduct.VM
+    specs = [CheckSpec.parse(c) for c in pgproduct.CHECKS]
+    assert [c.name for c in specs] == ["postgres", "guest-exec", "guest-exec"]
+    assert all(c.name in known() for c in specs)
+    assert specs[0].params["expect"] == "ledger-prefix-ok"
 
 
 # -- unit: what the drill hands QEMU and cutpointd (no QEMU, no Ceph) --
@@ -224,3 +316,33 @@ def test_report_html_shows_recovery_check_rto_and_replication() -> None:
     assert "123,456,789 B" in page and "(full SHA-256)" in page
     assert page.count("<td>full</td>") == len(pgdrill.GROUP)
     assert "rbd/p-cpwal-d0" in page
+
+
+def test_db_vm_domain_is_one_a_drill_can_start(tmp_path: Path) -> None:
+    """The PostgreSQL VM's domain (dbdrill.domain_xml) is one the control
+    plane signs for a drill: every disk RBD (the root too), each group disk
+    with its serial; rewritten onto the drill bridge with the drill's clones."""
+    from cutpoint.api.services.vmdef_policy import SitePolicy
+    from cutpoint.api.services.vmdef_rewrite import DrTarget, rbd_images, rewrite
+
+    vm = dbdrill.DbVM(pgproduct.VM, "primary-h1", dict(pgdrill.GROUP))
+    vm.images = {s: f"p-{s}" for s in vm.targets()}
+    site = {"mon_addrs": ["v2:10.77.0.1:3300", "v1:10.77.0.1:6789"]}
+    xml = dbdrill.domain_xml(vm, _image(tmp_path), site, {"user": "cutpoint", "uuid":
+                             "0b0e5b3c-0000-4000-8000-000000000001"}, "/lab/ceph.conf",
+                             tmp_path / "console", "rbd")
+    assert rbd_images(xml) == [f"rbd/p-{s}" for s in ("cproot", "cpwal", "cpdata",
+                                                      "cpjournal")]
+    assert "<serial>cpwal</serial>" in xml and "cp.mode=idle" in xml
+    out = rewrite(xml, DrTarget(pool="rbd", mon_hosts=(("10.77.0.2", 6789),),
+                                auth_user="cutpoint", secret_uuid="0b0e5b3c-0000-4000-8000-"
+                                "000000000002", name="drill-1234abcd-cp-pg", uuid="",
+                                images={f"rbd/p-{s}": f"rbd/drill-1234abcd-p-{s}"
+                                        for s in vm.targets()},
+                                isolate="cpdrill0", taps="d1234abcd00",
+                                # the DR site lets it name the image's kernel
+                                # and initrd (vmdef_policy; DbDrillBed's boot_paths)
+                                policy=SitePolicy(boot_paths=(str(tmp_path),))))
+    assert rbd_images(out) == [f"rbd/drill-1234abcd-p-{s}" for s in vm.targets()]
+    assert "<source bridge=\"cpdrill0\"" in out or "<source bridge='cpdrill0'" in out
+    assert "<serial>cpjournal</serial>" in out and vm.mac not in out

@@ -28,8 +28,9 @@ from test_kvstore_drill import Drill, cutpoint
 
 pytestmark = pytest.mark.lab
 
+# Raw QEMU, as the kvstore drill: both prove the redirect cut.
 LAB = {"hosts": 2, "vms_per_host": 2, "disks": 1, "workload": "sharedlog",
-       "workload_args": "--interval-ms=20", "disk_size_mb": 32}
+       "workload_args": "--interval-ms=20", "disk_size_mb": 32, "driver": "qemu"}
 
 
 @pytest.mark.lab_config(**LAB)
