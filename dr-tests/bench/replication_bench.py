@@ -163,8 +163,8 @@ def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any,
     method should pay that inside a timed pair."""
     p, d = status["sites"]["primary"], status["sites"]["dr"]
     size = max(cfg.sizes_mib) * MiB
-    img, ed = "bench-warm", "bench-warm-ed"
-    for site, name in ((p, img), (d, img), (d, ed), (d, "bench-warm-x")):
+    img, ed, rm = "bench-warm", "bench-warm-ed", "bench-warm-rm"
+    for site, name in ((p, img), (d, img), (d, ed), (d, "bench-warm-x"), (p, rm)):
         remove_image(site, name)
     try:
         create_image(p, img, size)
@@ -179,9 +179,14 @@ def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any,
                 sess.copy(img, "w0", dst_pool=SERVE_POOL)
         if mirror is not None:
             # rbd-mirror's first image (its first sessions to both sites).
-            log(f"warm-up: rbd-mirror full copy {mirror.enable(img):.2f} s (untimed)")
-            mirror.snapshot(img)
-            mirror.disable(img)
+            # An image of its own: rbd-mirror creates its DR copy and
+            # refuses a DR image of that name made by another method
+            # ("failed to create local image: (17) File exists").
+            create_image(p, rm, size)
+            bench_write(p, rm, size, io_size=4 * MiB, pattern_kind="seq")
+            log(f"warm-up: rbd-mirror full copy {mirror.enable(rm):.2f} s (untimed)")
+            mirror.snapshot(rm)
+            mirror.disable(rm)
         # The DR OSD must also have held as much as the run's peak: the
         # smaller sizes' images stay until the end, so the largest size's
         # full copies come on top of them.  In the run of 08:44 the second
@@ -195,7 +200,8 @@ def _warm_up(status: dict[str, Any], cfg: BenchConfig, log: Any,
             f"{(held + extra) // MiB} MiB")
     finally:
         ds = {**d, "pool": SERVE_POOL}
-        for site, name in ((p, img), (d, img), (d, ed), (d, "bench-warm-x"), (ds, img)):
+        for site, name in ((p, img), (d, img), (d, ed), (d, "bench-warm-x"), (ds, img),
+                           (p, rm)):
             try:
                 remove_image(site, name)
             except ReplicationError as exc:

@@ -81,8 +81,13 @@ class Mirror:
                 "--admin-socket", str(self.tmp / "rbd-mirror.asok")]
         self.log(f"starting rbd-mirror at DR: {' '.join(argv)} (conf dir {run})")
         with open(self.tmp / "rbd-mirror.out", "ab") as out:
+            # rbd-mirror opens its local cluster in a CephContext of its own
+            # that reads the config through the default search path, not -c:
+            # without CEPH_CONF it logs "can't open ceph.conf" and never
+            # replays (checked on 16.2.15).
+            env = dict(os.environ, CEPH_CONF=self.d["ceph_conf"])
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, env=env)
         self.pc, self.dc = _connect(self.p), _connect(self.d)
         self.pio = self.pc.open_ioctx(self.pool)
         self.dio = self.dc.open_ioctx(pool_of(self.d))
@@ -97,7 +102,9 @@ class Mirror:
                                        f"rbd-mirror exited; see {self.tmp}/rbd-mirror.log")
             doc = json.loads(rbd(self.d, "mirror", "pool", "status", "--verbose", "--format",
                                  "json", self.pool))
-            if doc.get("daemons"):
+            # A daemon is listed as soon as it registers with the mgr, also
+            # one that cannot reach its own cluster: wait for its health.
+            if any(d.get("health") == "OK" for d in doc.get("daemons", [])):
                 self.log(f"rbd-mirror up after {time.monotonic() - t0:.1f} s")
                 return
             if time.monotonic() - t0 > timeout:
