@@ -66,3 +66,24 @@ def test_tables() -> None:
     assert "| snapshots-1 | 60 | 420 | 7.0 | 6 | 50.0 / 50.0 | redirect 12 | 2.00 |" in t
     assert "| baseline-1 | 60 | 600 | 10.0 | 0 | - / - | - | 1.50 |" in t
     assert "70.0% of the baseline" in t and "per cycle: 70%" in t
+
+
+def test_overhead_judges_each_snapshot_phase_against_the_baselines_around_it() -> None:
+    # A machine slowing down by 10 records/s per phase, snapshots costing
+    # nothing: each cycle's own pair says 90% and 87.5%, the bracketed
+    # ratios say 100%.
+    base, snap = [100.0, 80.0, 60.0], [90.0, 70.0]
+    r = gs.overhead_ratios(base, snap)
+    assert r["ratio"] == 1.0
+    assert r["cycle_ratios"] == [0.9, 0.875]
+    assert r["bracketed_ratios"] == [1.0, 1.0]
+    assert r["bracketed_median"] == 1.0
+    # Snapshots that cost 10%: the bracketed median shows it, and the
+    # table says the goal is not met.
+    r = gs.overhead_ratios(base, [81.0, 63.0])
+    assert [round(x, 3) for x in r["bracketed_ratios"]] == [0.9, 0.9]
+    doc = {"config": {"interval_s": 10.0}, "phases": [], **r}
+    t = gs.overhead_table(doc)
+    assert "median 90.0%" in t and "goal >= 97%: NOT met" in t
+    doc = {"config": {"interval_s": 10.0}, "phases": [], **gs.overhead_ratios(base, snap)}
+    assert "goal >= 97%: met" in gs.overhead_table(doc)

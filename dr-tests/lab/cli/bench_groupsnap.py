@@ -144,9 +144,12 @@ def overhead(
     interval: Annotated[str, typer.Option("--interval", help="between group snapshots")] = "10s",
     phase: Annotated[str, typer.Option("--phase", help="length of each phase")] = "30s",
     cycles: Annotated[int, typer.Option(
-        "--cycles", min=1, help="pairs of phases: without, then with snapshots")] = 3,
+        "--cycles", min=1,
+        help="pairs of phases: without, then with snapshots (a last baseline ends the run)")] = 3,
     hosts: Annotated[int, typer.Option("--hosts", min=1, max=9)] = 2,
     disks: Annotated[int, typer.Option("--disks", min=1, max=8)] = 3,
+    warmup: Annotated[str, typer.Option(
+        "--warmup", help="the writer runs this long untimed before the first phase")] = "30s",
     pause_path: Annotated[str | None, typer.Option(
         "--pause-path",
         help="the agents' pause_path: redirect or in_pause (default: the agent's own "
@@ -160,6 +163,7 @@ def overhead(
         _fail(gs.BenchError(f"--pause-path: redirect or in_pause, got {pause_path!r}"))
     cfg = gs.OverheadConfig(interval_s=parse_duration(interval),
                             phase_s=parse_duration(phase), cycles=cycles,
+                            warmup_s=parse_duration(warmup),
                             hosts=hosts, disks=disks, pause_path=pause_path)
     try:
         doc = _with_lab(cfg.lab_params(), lambda st: gs.run_overhead(st, cfg, _log))
