@@ -134,12 +134,15 @@ def timeline(sf: Any, group: str, t_from: dt.datetime, t_to: dt.datetime) -> dic
                                .order_by(GroupSnapshot.id)))
         committed = [x for x in snaps if x.state == SnapState.committed and x.cut_at
                      and x.finished_at]
-        verified = [x for x in committed if x.dr_verified_at is not None]
+        reached = {x.id: t for x in committed
+                   if (t := _reached_dr(x, s.scalars(select(MemberReplication).where(
+                       MemberReplication.group_snapshot_id == x.id)).all())) is not None}
+        verified = [x for x in committed if x.id in reached]
 
         def in_window(t: dt.datetime | None) -> bool:
             return t is not None and t_from <= _aware(t) <= t_to
 
-        dr_points = [(_aware(x.cut_at), _aware(x.dr_verified_at)) for x in verified]
+        dr_points = [(_aware(x.cut_at), reached[x.id]) for x in verified]
         dr_all = peaks(dr_points)
         # Only the intervals that ended inside the window.
         ends = sorted(p[1] for p in dr_points)[1:]
@@ -149,7 +152,7 @@ def timeline(sf: Any, group: str, t_from: dt.datetime, t_to: dt.datetime) -> dic
         prim_peaks = [v for v, end in zip(prim_all, prim_ends, strict=True)
                       if t_from <= end <= t_to]
         for x in verified:
-            if not in_window(x.dr_verified_at):
+            if not in_window(reached[x.id]):
                 continue
             job = s.scalar(select(Job).where(Job.kind == "replicate", Job.snapshot_id == x.id,
                                              Job.state == JobState.succeeded)
@@ -168,8 +171,8 @@ def timeline(sf: Any, group: str, t_from: dt.datetime, t_to: dt.datetime) -> dic
                 "queued_s": _r(_s(x.finished_at, job.started_at if job else None)),
                 "job_to_copy_s": _r(_s(job.started_at if job else None, m_start)),
                 "copy_s": _r(_s(m_start, m_end)),
-                "to_verified_s": _r(_s(m_end, x.dr_verified_at)),
-                "lag_s": _r(_s(x.cut_at, x.dr_verified_at)),
+                "to_verified_s": _r(_s(m_end, reached[x.id])),
+                "lag_s": _r(_s(x.cut_at, reached[x.id])),
                 "member_s": sorted(_r(m.seconds) or 0.0 for m in ms),
                 "full": any(bool(m.full) for m in ms),
                 "bytes_shipped": sum(m.bytes_shipped for m in ms),
@@ -199,6 +202,21 @@ def timeline(sf: Any, group: str, t_from: dt.datetime, t_to: dt.datetime) -> dic
         "bytes_changed_per_point": stats([float(r["bytes_changed"]) for r in incr]),
         "points": rows,
     }
+
+
+def _reached_dr(x: Any, members: list[Any]) -> dt.datetime | None:
+    """When a committed snapshot was verified at DR, or None if it never was.
+    DR retention (the group's DR policy, 50 points by default) removes the
+    oldest DR points during a long run and clears their `dr_verified_at`;
+    their member copies stay, in state `dr_deleted`, so such a point's
+    arrival is its last member copy's end."""
+    if x.dr_verified_at is not None:
+        return _aware(x.dr_verified_at)
+    last = max((m.attempt for m in members), default=0)
+    ms = [m for m in members if m.attempt == last]
+    if not ms or any(m.state != "dr_deleted" or m.finished_at is None for m in ms):
+        return None
+    return max(_aware(m.finished_at) for m in ms)
 
 
 def _aware(t: dt.datetime) -> dt.datetime:
@@ -269,8 +287,12 @@ def run_dr_rpo(status: dict[str, Any], cfg: DrRpoConfig, log: Any = print) -> di
                     "--cert", str(certs / f"{h['name']}.pem"))
         run("group", "create", GROUP, "--rpo", str(cfg.rpo_s), "--lease-ms", "3000",
             "--pause-budget-ms", "2000", "--keep-last", "100", "--replication-target", "dr")
+        # No scheduled snapshot of a group that is still being filled: its
+        # first DR point must hold every VM (the full copies, not measured).
+        run("group", "disable", GROUP)
         for v in vms:
             run("group", "add-vm", GROUP, v["name"])
+        run("group", "enable", GROUP)
         client = httpx.Client(base_url=env["CUTPOINT_URL"], timeout=30,
                               headers={"Authorization": f"Bearer {env['CUTPOINT_TOKEN']}"})
         log(f"waiting for the first DR recovery point of {len(vms)} VMs (full copies)")

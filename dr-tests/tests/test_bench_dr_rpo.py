@@ -59,3 +59,22 @@ def test_config_refuses_bad_input() -> None:
         b.DrRpoConfig(minutes=0).validate()
     with pytest.raises(b.DrRpoError, match="rpo"):
         b.DrRpoConfig(rpo_s=0).validate()
+
+
+def test_a_point_dr_retention_removed_still_counts_as_reached() -> None:
+    from types import SimpleNamespace as NS
+
+    t = dt.datetime(2026, 11, 28, 1, 0, tzinfo=dt.UTC)
+    later = t + dt.timedelta(seconds=2)
+    kept = NS(dr_verified_at=t)
+    assert b._reached_dr(kept, []) == t
+    gone = NS(dr_verified_at=None)
+    members = [NS(attempt=1, state="failed", finished_at=t),
+               NS(attempt=2, state="dr_deleted", finished_at=t),
+               NS(attempt=2, state="dr_deleted", finished_at=later)]
+    assert b._reached_dr(gone, members) == later
+    # never verified: a member of the last attempt failed, or none copied
+    assert b._reached_dr(gone, members[:1]) is None
+    assert b._reached_dr(gone, []) is None
+    members[2].state = "copying"
+    assert b._reached_dr(gone, members) is None
