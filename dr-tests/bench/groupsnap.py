@@ -87,7 +87,16 @@ class PauseConfig:
         return {"hosts": self.hosts,
                 "vms_per_host": math.ceil(max(self.vms) / self.hosts),
                 "disks": self.disks, "workload": self.workload,
-                "disk_size_mb": self.disk_size_mb}
+                "disk_size_mb": self.disk_size_mb,
+                **redirect_driver(self.pause_paths)}
+
+
+def redirect_driver(pause_paths: list[str]) -> dict[str, Any]:
+    """The lab's VM driver for rows of these pause paths: only the agent's
+    qmp driver takes the redirect cut (agent-protocol §5.1; a libvirt domain
+    keeps the cut in the pause), so a bench asked for `redirect` runs raw
+    QEMU VMs; otherwise the lab's default driver."""
+    return {"driver": "qemu"} if "redirect" in pause_paths else {}
 
 
 def spread_vms(status: dict[str, Any], n: int) -> list[str]:
@@ -373,7 +382,8 @@ class OverheadConfig:
     def lab_params(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "vms_per_host": 1, "disks": self.disks,
                 "workload": "writer", "workload_args": "--progress=1",
-                "disk_size_mb": 64}
+                "disk_size_mb": 64,
+                **redirect_driver([self.pause_path] if self.pause_path else [])}
 
 
 def writer_seq(status: dict[str, Any]) -> int:

@@ -87,3 +87,14 @@ def test_overhead_judges_each_snapshot_phase_against_the_baselines_around_it() -
     assert "median 90.0%" in t and "goal >= 97%: NOT met" in t
     doc = {"config": {"interval_s": 10.0}, "phases": [], **gs.overhead_ratios(base, snap)}
     assert "goal >= 97%: met" in gs.overhead_table(doc)
+
+
+def test_a_bench_of_the_redirect_path_runs_qemu_vms() -> None:
+    # Only the qmp driver redirects: on the lab's default (libvirt) every
+    # member would take the cut in the pause, and the row would say redirect.
+    assert gs.OverheadConfig(pause_path="redirect").lab_params()["driver"] == "qemu"
+    assert "driver" not in gs.OverheadConfig(pause_path="in_pause").lab_params()
+    assert "driver" not in gs.OverheadConfig().lab_params()
+    assert gs.PauseConfig(vms=[2], pause_paths=["redirect", "in_pause"]) \
+        .lab_params()["driver"] == "qemu"
+    assert "driver" not in gs.PauseConfig(vms=[2], pause_paths=["in_pause"]).lab_params()
