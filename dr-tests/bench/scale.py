@@ -167,6 +167,30 @@ def rss_mib(vms: list[dict[str, Any]]) -> float:
     return total / 1024
 
 
+async def wait_ready(status: dict[str, Any], certs: Path, timeout_s: float = 180) -> float:
+    """Until every agent's inventory says each of its VMs is `ready` (its
+    disks open: a prepare before that is BUSY "its disks are not open
+    yet").  Returns the seconds waited.  The agents open 3 x N RBD disks
+    after they start; in the run of 2026-11-28 03:10 the first rounds came
+    before that and 9 of 10 aborted."""
+    from cutpoint.agentclient import AgentClient, client_context
+
+    ctx = client_context(certs / "ca.pem", certs / "coordinator.pem", certs / "coordinator.key")
+    t0 = time.monotonic()
+    while True:
+        waiting = []
+        for h in status["hosts"]:
+            async with AgentClient(h["address"], 7443, ssl_context=ctx) as c:
+                inv = await c.inventory()
+            waiting += [v.get("name") for v in inv.get("vms", []) if not v.get("ready")]
+        if not waiting:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise BenchError(f"{len(waiting)} VMs not ready after {timeout_s:.0f} s "
+                             f"(disks not open), e.g. {waiting[:3]}")
+        await asyncio.sleep(1)
+
+
 async def agent_rtt(status: dict[str, Any], certs: Path, samples: int) -> dict[str, Any]:
     """Round trips of `hello` to every agent, one at a time, on connections
     opened first: the protocol's cheapest step over the lab's network."""
@@ -201,6 +225,8 @@ def run_scale(status: dict[str, Any], cfg: ScaleConfig, log: Log) -> dict[str, A
         mem = rss_mib(vms)
         log(f"scale: QEMU resident memory {mem:.0f} MiB in all")
         start_agents(ours, certs, standby=False, extra=extra)
+        log(f"scale: every VM ready (disks open) after "
+            f"{asyncio.run(wait_ready(ours, certs)):.1f} s")
         rtt = asyncio.run(agent_rtt(ours, certs, cfg.rtt_samples))
         log(f"scale: agent round trip (hello) p50 {_f(rtt['p50'], '{:.3f}')} ms, "
             f"p99 {_f(rtt['p99'], '{:.3f}')} ms")
