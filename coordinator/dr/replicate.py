@@ -389,20 +389,26 @@ class _Session:
             on_event(f"member.{res.state}", res.as_dict())
 
     def close(self) -> None:
-        """EOF ends the session; one that does not end is killed."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end_session(self.proc)
         for f in (self.proc.stdout, self.proc.stderr):
             if f is not None:
                 f.close()
+
+
+def end_session(proc: subprocess.Popen[str], timeout: float = 30) -> int:
+    """Ends a `cutpoint-sync --serve` process: EOF on its stdin ends the
+    session; one that has not ended within `timeout` is killed.  Returns
+    its exit code."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def _judge_done(res: MemberResult, done: dict[str, Any], verify_full: bool) -> None:

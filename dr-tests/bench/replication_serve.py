@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 from cutpoint.bench.replication import SYNC_STATE_DIR, ReplicationError, SyncRun
-from cutpoint.coordinator.dr.replicate import site_args, sync_binary
+from cutpoint.coordinator.dr.replicate import end_session, site_args, sync_binary
 
 
 def serve_argv(status: dict[str, Any], extra: Sequence[str] = (),
@@ -102,16 +102,7 @@ class SyncSession:
 
     def close(self, timeout: float = 30) -> int:
         """EOF: the session ends; returns its exit code."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return end_session(self.proc, timeout)
 
     def __enter__(self) -> Self:
         return self

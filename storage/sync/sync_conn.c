@@ -5,6 +5,23 @@
 
 #include "sync_util.h"
 
+/* The site's pool on a connected cluster: the one step an opened and a
+ * borrowed connection share. */
+static int
+open_pool(struct sync_conn *c, const struct sync_site *s, const char *which,
+          char *err, size_t errlen)
+{
+    int rc = rados_ioctx_create(c->cluster, s->pool, &c->io);
+
+    if (rc < 0) {
+        sync_seterr(err, errlen, "%s: pool %s: %s", which, s->pool,
+                    strerror(-rc));
+        c->io = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 int
 sync_conn_open(const struct sync_site *s, const char *which, int op_timeout_s,
                struct sync_conn *c, char *err, size_t errlen)
@@ -62,14 +79,7 @@ sync_conn_open(const struct sync_site *s, const char *which, int op_timeout_s,
         return -1;
     }
     c->connected = 1;
-    rc = rados_ioctx_create(c->cluster, s->pool, &c->io);
-    if (rc < 0) {
-        sync_seterr(err, errlen, "%s: pool %s: %s", which, s->pool,
-                    strerror(-rc));
-        c->io = NULL;
-        return -1;
-    }
-    return 0;
+    return open_pool(c, s, which, err, errlen);
 }
 
 int
@@ -77,8 +87,6 @@ sync_conn_borrow(const struct sync_conn *from, const struct sync_site *s,
                  const char *which, struct sync_conn *c, char *err,
                  size_t errlen)
 {
-    int rc;
-
     memset(c, 0, sizeof(*c));
     if (from == NULL || !from->connected) {
         sync_seterr(err, errlen, "%s: no connected session to borrow",
@@ -88,14 +96,7 @@ sync_conn_borrow(const struct sync_conn *from, const struct sync_site *s,
     c->cluster = from->cluster;
     c->connected = 1;
     c->borrowed = 1;
-    rc = rados_ioctx_create(c->cluster, s->pool, &c->io);
-    if (rc < 0) {
-        sync_seterr(err, errlen, "%s: pool %s: %s", which, s->pool,
-                    strerror(-rc));
-        c->io = NULL;
-        return -1;
-    }
-    return 0;
+    return open_pool(c, s, which, err, errlen);
 }
 
 int
