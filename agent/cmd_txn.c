@@ -244,6 +244,13 @@ cmd_commit(struct agent *a, json_t *args, const char **code, char *msg,
         return result;
 
     par_run(txn_vm_commit, jobs, sizeof(*jobs), n);
+    /* The redirected VMs' merges run on in the background: the reply waits
+     * for them (so that the next prepare finds every agent's overlays
+     * ready) until the budget plus RD_REPLY_WAIT_MS, inside the
+     * coordinator's wait for it (budget + 2 s). */
+    for (int i = 0; i < n; i++)
+        txn_vm_commit_merged(&jobs[i], t_arrive + (double)budget +
+                             RD_REPLY_WAIT_MS);
     record_created(a, x, jobs, n);
     vmarr = json_array();
     for (int i = 0; i < n; i++) {

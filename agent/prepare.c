@@ -297,12 +297,16 @@ prepare_journal(struct prepare *p, const char **code, char *msg,
     char jerr[256] = "out of memory";
     struct journal_entry *je;
     int nje = 0, rc = -1;
+    double settle_by = mono_ms() + (p->lease / 4 < RD_SETTLE_WAIT_MS ?
+                                    (double)(p->lease / 4) :
+                                    RD_SETTLE_WAIT_MS);
 
     /* A VM still on the overlays of an earlier cut (its merge failed):
      * its bases miss the writes since, so no cut of it until they are
      * merged back; and its journal entry must not be overwritten. */
     for (int k = 0; k < p->n; k++)
-        if (redirect_settle(p->a, p->vms[k], jerr, sizeof(jerr)) < 0) {
+        if (redirect_settle(p->a, p->vms[k], settle_by, jerr,
+                            sizeof(jerr)) < 0) {
             fail_prepare(p->a, p->x);
             FAIL("BUSY", "vm %s: no VM paused: the overlays of its previous "
                  "cut are not merged back yet: %s", p->names[k], jerr);

@@ -95,12 +95,35 @@ int redirect_merge(struct agent *a, struct vm *v, const char *txn,
 int redirect_kick(struct agent *a, struct vm *v, const char *txn,
                   const char *why);
 
+/* How long after its budget a commit's reply may wait for its merges in
+ * the background: the coordinator waits budget + 2 s for the reply. */
+#define RD_REPLY_WAIT_MS 1000.0
+
+/* After a commit: the merge of v's overlays of its current cut, then its
+ * next cut's overlays (as redirect_finish), in a thread of their own, so
+ * that the reply need not wait for them (an agent of 36 disks took longer
+ * than the coordinator's wait for COMMITTED).  1 when started; 0 when a
+ * merge of v runs already (the caller merges itself). */
+int redirect_finish_bg(struct agent *a, struct vm *v);
+/* Waits until the deadline (mono_ms) for redirect_finish_bg's merge of v:
+ * 0 merged (and its next overlays made, unless the deadline came first),
+ * *ms its time; -1 failed (err; it is retried in the background); 1 still
+ * running. */
+int redirect_finish_wait(struct agent *a, const struct vm *v, double deadline,
+                         double *ms, char *err, size_t errlen);
+
 /* Before a new cut of v: 0 when no overlays of an earlier txn remain.
  * Else -1 with err, and their merge is started in the background if it
  * is not running (a merge that failed, or recovery's): v must not be cut
- * until it is done, as its bases miss the writes since. */
-int redirect_settle(struct agent *a, struct vm *v, char *err,
-                    size_t errlen);
+ * until it is done, as its bases miss the writes since.  A commit's merge
+ * on its first try, and overlays being made ahead, are waited for until
+ * deadline (mono_ms) instead: they end soon. */
+/* How long a prepare waits for them: at most this, and a quarter of its
+ * lease, so that its BUSY reaches the coordinator inside its wait for
+ * PREPARED (half the lease by default). */
+#define RD_SETTLE_WAIT_MS 10000.0
+int redirect_settle(struct agent *a, struct vm *v, double deadline,
+                    char *err, size_t errlen);
 
 /* <image>.cutpoint-ov.<id> of v's disk d into buf. */
 void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,

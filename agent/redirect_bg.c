@@ -18,8 +18,6 @@
 
 /* A background merge (recovery, retry) tries this often, 1 s apart. */
 #define RD_BG_TRIES 60
-/* How long a prepare waits for overlays being made ahead of it. */
-#define RD_AHEAD_WAIT_MS 10000.0
 /* How long a commit's reply waits for the next cut's overlays: they take
  * tens of ms, but attaching an RBD image in QEMU waits on Ceph (it took
  * 10 s in the lab while a stopped process held the Ceph clients' shared
@@ -41,6 +39,13 @@ static char ahead_id[CFG_MAX_VMS][64], cur_id[CFG_MAX_VMS][129];
 static char dropped_id[CFG_MAX_VMS][129];
 static unsigned char kept[CFG_MAX_VMS];
 static char kept_msg[CFG_MAX_VMS][512];
+/* a commit's merge in the background (redirect_finish_bg): on its first
+ * try (a prepare waits for it rather than answer BUSY), and how it ended
+ * (0 merged, -1 failed or kept: bg_err says why) once it has */
+static unsigned char commit_try[CFG_MAX_VMS], bg_done[CFG_MAX_VMS];
+static int bg_rc[CFG_MAX_VMS];
+static double bg_ms[CFG_MAX_VMS];
+static char bg_err[CFG_MAX_VMS][512];
 static unsigned long ahead_seq;
 
 struct bg_job {
@@ -64,11 +69,29 @@ nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+static void ahead_kick(struct agent *a, struct vm *v);
+
+/* The first try of b's merge ended (rc 0 or -1, err): a commit waiting
+ * for it (redirect_finish_wait) may answer; a prepare no longer waits. */
+static void
+bg_result(const struct bg_job *b, int rc, double ms, const char *err)
+{
+    int idx = idx_of(b->a, b->v);
+
+    pthread_mutex_lock(&bg_mu);
+    commit_try[idx] = 0;
+    bg_done[idx] = 1;
+    bg_rc[idx] = rc;
+    bg_ms[idx] = ms;
+    snprintf(bg_err[idx], sizeof(bg_err[0]), "%s", err);
+    pthread_mutex_unlock(&bg_mu);
+}
+
 static void *
 bg_merge(void *arg)
 {
     struct bg_job *b = arg;
-    double t0 = mono_ms();
+    double t0 = mono_ms(), first_ok = -1;
     char err[512];
 
     /* At start the agent opens the RBD images, which the removal needs,
@@ -87,6 +110,11 @@ bg_merge(void *arg)
     for (int tries = 0; tries < RD_BG_TRIES; tries++) {
         int r = redirect_merge(b->a, b->v, b->id, b->why, err, sizeof(err));
 
+        if (tries == 0 && r != 0)   /* a commit's wait ends: it failed */
+            bg_result(b, -1, mono_ms() - t0, err);
+        else if (tries == 0)
+            first_ok = mono_ms() - t0;
+
         if (r == RD_KEPT) {     /* not retried: it stays until an operator
                                  * acts; each prepare of the VM looks again */
             pthread_mutex_lock(&bg_mu);
@@ -103,6 +131,14 @@ bg_merge(void *arg)
     pthread_mutex_lock(&bg_mu);
     bg_running[idx_of(b->a, b->v)] = 0;
     pthread_mutex_unlock(&bg_mu);
+    if (first_ok >= 0) {
+        /* after a commit's merge, as redirect_finish does: the next cut's
+         * overlays, so that its prepare finds them ready; the commit's
+         * wait sees them being made (making) before the merge done */
+        if (strcmp(b->why, "commit") == 0)
+            ahead_kick(b->a, b->v);
+        bg_result(b, 0, first_ok, "");
+    }
     free(b);
     return NULL;
 }
@@ -119,6 +155,8 @@ redirect_kick(struct agent *a, struct vm *v, const char *txn,
         *b = (struct bg_job){.a = a, .v = v, .why = why};
         snprintf(b->id, sizeof(b->id), "%s", txn);
         bg_running[idx] = 1;
+        bg_done[idx] = 0;
+        commit_try[idx] = strcmp(why, "commit") == 0;
         pthread_mutex_unlock(&bg_mu);
         par_detach(bg_merge, b);
         return 1;
@@ -233,20 +271,27 @@ redirect_prepare(struct agent *a, struct vm *v, const char *txn, int *hung,
 }
 
 int
-redirect_settle(struct agent *a, struct vm *v, char *err, size_t errlen)
+redirect_settle(struct agent *a, struct vm *v, double deadline, char *err,
+                size_t errlen)
 {
     struct journal_entry *e = NULL;
     int idx = idx_of(a, v), n = 0, running, mk, mine = 0;
-    double t0 = mono_ms();
     char id[129] = "";
 
     err[0] = '\0';
-    for (;;) {      /* overlays being made ahead: they are for this cut */
+    /* Overlays being made ahead are for this cut; a commit's merge on its
+     * first try is about to end and make them (redirect_finish_bg): wait,
+     * before any VM is stopped.  A merge retried after a failure is not
+     * waited for: BUSY says why at once. */
+    for (;;) {
+        int fresh;
+
         pthread_mutex_lock(&bg_mu);
         running = bg_running[idx];
         mk = making[idx];
+        fresh = running && commit_try[idx];
         pthread_mutex_unlock(&bg_mu);
-        if (!mk || mono_ms() - t0 > RD_AHEAD_WAIT_MS)
+        if ((!mk && !fresh) || mono_ms() > deadline)
             break;
         nap_ms(5);
     }
@@ -378,5 +423,51 @@ redirect_merge_txn(struct agent *a, struct txn *x, const char *why)
         if ((v = agent_find_vm(a, x->vms[i])))
             redirect_finish(a, v, why, err, sizeof(err));
         x->rd[i] = RD_MERGED;
+    }
+}
+
+int
+redirect_finish_bg(struct agent *a, struct vm *v)
+{
+    char id[129];
+    int idx = idx_of(a, v), started = 0;
+    struct bg_job *b;
+
+    pthread_mutex_lock(&bg_mu);
+    snprintf(id, sizeof(id), "%s", cur_id[idx]);
+    if (!bg_running[idx] && (b = calloc(1, sizeof(*b)))) {
+        *b = (struct bg_job){.a = a, .v = v, .why = "commit"};
+        snprintf(b->id, sizeof(b->id), "%s", id);
+        bg_running[idx] = 1;
+        bg_done[idx] = 0;
+        commit_try[idx] = 1;
+        started = 1;
+    }
+    pthread_mutex_unlock(&bg_mu);
+    if (started)
+        par_detach(bg_merge, b);
+    return started;
+}
+
+int
+redirect_finish_wait(struct agent *a, const struct vm *v, double deadline,
+                     double *ms, char *err, size_t errlen)
+{
+    int idx = idx_of(a, v), done, rc, mk;
+
+    for (;;) {
+        pthread_mutex_lock(&bg_mu);
+        done = bg_done[idx];
+        rc = bg_rc[idx];
+        mk = making[idx];
+        *ms = bg_ms[idx];
+        snprintf(err, errlen, "%s", bg_err[idx]);
+        pthread_mutex_unlock(&bg_mu);
+        /* merged, and the next overlays made (or the deadline came) */
+        if (done && (rc < 0 || !mk || mono_ms() >= deadline))
+            return rc;
+        if (mono_ms() >= deadline)
+            return 1;
+        nap_ms(2);
     }
 }

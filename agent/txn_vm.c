@@ -212,7 +212,7 @@ commit_report(struct txn_vm_commit *j)
                        "resumed", j->resumed);
     json_object_set_new(j->out, "pause_path",
                         json_string(redirect_path_name(j->rd == RD_SWITCHED)));
-    if (j->rd == RD_READY || j->rd == RD_SWITCHED) {
+    if ((j->rd == RD_READY || j->rd == RD_SWITCHED) && !j->merge_bg) {
         json_object_set_new(j->out, "merge_ms", json_real(j->merge_ms));
         if (j->merge_err[0])
             json_object_set_new(j->out, "merge_error",
@@ -241,16 +241,44 @@ txn_vm_commit(void *arg)
     }
     commit_confirm(j);
     if (j->rd == RD_READY || j->rd == RD_SWITCHED) {
-        /* After the snapshots exist (or failed): the overlays go back. */
+        /* After the snapshots exist (or failed): the overlays go back, in
+         * the background; the reply waits for them only up to its
+         * deadline (txn_vm_commit_merged).  Here when a merge of the VM
+         * runs already (none should: a prepare waits for it). */
         double t0 = mono_ms();
 
-        if (redirect_finish(j->a, j->vm, "commit", j->merge_err,
-                            sizeof(j->merge_err)) == 0)
-            j->merge_err[0] = '\0';
-        j->merge_ms = mono_ms() - t0;
+        if (!(j->merge_bg = redirect_finish_bg(j->a, j->vm))) {
+            if (redirect_finish(j->a, j->vm, "commit", j->merge_err,
+                                sizeof(j->merge_err)) == 0)
+                j->merge_err[0] = '\0';
+            j->merge_ms = mono_ms() - t0;
+        }
         j->x->rd[j->vmidx] = RD_MERGED;
     }
     commit_report(j);
     j->m = NULL;
     return NULL;
+}
+
+void
+txn_vm_commit_merged(struct txn_vm_commit *j, double deadline)
+{
+    char err[512];
+    double ms = 0;
+    int rc;
+
+    if (!j->merge_bg)
+        return;
+    rc = redirect_finish_wait(j->a, j->vm, deadline, &ms, err, sizeof(err));
+    if (rc == 1) {
+        /* the reply does not wait longer: the merge goes on, and the
+         * VM's next prepare waits for it before any stop */
+        json_object_set_new(j->out, "merge", json_string("background"));
+        log_info("event=redirect_merge_background txn=%s vm=%s",
+                 j->x->id, j->vm->cfg->name);
+        return;
+    }
+    json_object_set_new(j->out, "merge_ms", json_real(ms));
+    if (rc < 0)
+        json_object_set_new(j->out, "merge_error", json_string(err));
 }

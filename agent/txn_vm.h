@@ -8,7 +8,8 @@
  *   commit:   txn_vm_commit = snapshot (the VM's backend, by the budget
  *             deadline) ─► resume at once ─► confirm ─► report; a
  *             redirected VM resumes first, its bases are snapshotted after
- *             `cont`, and its overlays are merged back before the report
+ *             `cont`, and its overlays are merged back in the background
+ *             (txn_vm_commit_merged: the reply waits for it, bounded)
  */
 #ifndef CP_TXN_VM_H
 #define CP_TXN_VM_H
@@ -74,10 +75,15 @@ struct txn_vm_commit {
     int rd;                         /* the VM's redirect at commit start */
     double merge_ms;
     char merge_err[512];            /* "" unless the merge failed */
+    int merge_bg;                   /* merged in the background */
 };
 
 /* The job's VM's commit (arg: struct txn_vm_commit); fills out, and code
  * and msg on failure. */
 void *txn_vm_commit(void *arg);
+/* After txn_vm_commit: waits up to deadline (mono_ms) for the VM's merge
+ * in the background, and reports it in j->out: merge_ms (and merge_error),
+ * or "merge": "background" when it still runs. */
+void txn_vm_commit_merged(struct txn_vm_commit *j, double deadline);
 
 #endif

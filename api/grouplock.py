@@ -96,6 +96,17 @@ class LockLost(RuntimeError):
         super().__init__(f"group lock {key} lost: {why}")
 
 
+def retry_wait_s(retries: int, ttl_s: float) -> float:
+    """Seconds before a job that found its group's lock held looks again:
+    0.5 s, doubled at each look, at most a third of the lock's TTL.  The
+    holder usually lets go within a second (`cutpoint-lab bench dr-rpo`,
+    10 VMs: a replication holds the replicate lock 0.46 s p50); a fixed
+    third of the TTL (10 s by default) once put 10 s into one point's lag
+    at DR in that bench (2026-11-28), and so into the DR RPO.  The doubling
+    keeps a long holder from being polled twice a second."""
+    return min(max(1.0, ttl_s / 3), 0.5 * 2 ** min(retries, 16))
+
+
 class GroupLock:
     """Redis lock per group with a fencing token; see the module docstring."""
 

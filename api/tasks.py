@@ -29,7 +29,7 @@ from celery.exceptions import Retry
 from cutpoint.api import jobclaim
 from cutpoint.api.config import Settings, get_settings
 from cutpoint.api.db import get_sessionmaker
-from cutpoint.api.grouplock import GroupLock, LockLost
+from cutpoint.api.grouplock import GroupLock, LockLost, retry_wait_s
 from cutpoint.api.jobclaim import JobClaim
 from cutpoint.api.models import (
     Group,
@@ -292,7 +292,8 @@ def group_snapshot(ctx: Ctx) -> dict[str, Any] | None:
         # Another worker runs this group (maybe this very job, delivered
         # twice), or a killed worker's lock has not expired yet: look again
         # later rather than ack the message away.
-        raise ctx.task.retry(countdown=max(1.0, ctx.settings.group_lock_ttl_s / 3))
+        raise ctx.task.retry(countdown=retry_wait_s(ctx.task.request.retries or 0,
+                                                    ctx.settings.group_lock_ttl_s))
     try:
         try:
             fsf = ctx.hold(lock)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cutpoint.api import jobclaim
-from cutpoint.api.grouplock import GroupLock
+from cutpoint.api.grouplock import GroupLock, retry_wait_s
 from cutpoint.api.models import GroupSnapshot, Job, JobState
 from cutpoint.api.tasks import (
     Ctx,
@@ -53,8 +53,7 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
         return None
     lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s, kind="replicate")
     if not lock.acquire():
-        later = replicate_lock_wait_s(ctx.task.request.retries or 0,
-                                      ctx.settings.group_lock_ttl_s)
+        later = retry_wait_s(ctx.task.request.retries or 0, ctx.settings.group_lock_ttl_s)
         who = jobclaim.holder(ctx.redis, ctx.job_id) if ctx.job_id else None
         if who is not None:
             # This very job runs on another worker: the broker handed its
@@ -71,17 +70,6 @@ def replicate(ctx: Ctx) -> dict[str, Any] | None:
     finally:
         lock.release()
     return None
-
-
-def replicate_lock_wait_s(retries: int, ttl_s: float) -> float:
-    """Seconds before a replicate job looks again at its group's replicate
-    lock: 0.5 s, doubled at each look, at most a third of the lock's TTL.
-    The copy that holds the lock usually ends within a second (`cutpoint-lab
-    bench dr-rpo`, 10 VMs: 0.46 s p50); a fixed third of the TTL (10 s by
-    default) once put 10 s into one point's lag at DR in that bench
-    (2026-11-28), and so into the DR RPO.  The doubling keeps a long copy
-    from being polled twice a second."""
-    return min(max(1.0, ttl_s / 3), 0.5 * 2 ** min(retries, 16))
 
 
 def _replicate(ctx: Ctx) -> dict[str, Any] | None:
@@ -163,12 +151,13 @@ def _under_group_locks(ctx: Ctx, run: Callable[[Any], dict[str, Any]],
         group_id = job.group_id
     ttl = ctx.settings.group_lock_ttl_s
     lock = GroupLock(ctx.redis, group_id, ttl)
+    later = retry_wait_s(ctx.task.request.retries or 0, ttl)
     if not lock.acquire():
-        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
+        raise ctx.task.retry(countdown=later)
     rlock = GroupLock(ctx.redis, group_id, ttl, kind="replicate")
     if not rlock.acquire():
         lock.release()
-        raise ctx.task.retry(countdown=max(1.0, ttl / 3))
+        raise ctx.task.retry(countdown=later)
     try:
         ctx.hold(lock)
         return run(ctx.hold(rlock))

@@ -159,8 +159,8 @@ def test_in_flight_query_on_both_databases(session_factory: Any) -> None:
         assert (sources, bases) == ({snaps[1].id}, {snaps[0].id})
 
 
-def test_a_waiting_replicate_job_looks_again_soon_then_less_often() -> None:
-    from cutpoint.api.tasks_dr import replicate_lock_wait_s
+def test_a_job_waiting_for_a_group_lock_looks_again_soon_then_less_often() -> None:
+    from cutpoint.api.grouplock import retry_wait_s as replicate_lock_wait_s
 
     waits = [replicate_lock_wait_s(n, 30.0) for n in range(8)]
     assert waits[:4] == [0.5, 1.0, 2.0, 4.0]
