@@ -179,7 +179,8 @@ int redirect_finish(struct agent *a, struct vm *v, const char *why,
                     char *err, size_t errlen);
 
 /* Merges every VM of x whose rd[] state asks for it (RD_READY or
- * RD_SWITCHED) and marks it RD_MERGED; the caller owns x. */
+ * RD_SWITCHED), one thread per VM, and marks it RD_MERGED; the caller
+ * owns x. */
 void redirect_merge_txn(struct agent *a, struct txn *x, const char *why);
 
 #endif
