@@ -69,7 +69,8 @@ nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-static void ahead_kick(struct agent *a, struct vm *v);
+static struct bg_job *ahead_claim(struct agent *a, struct vm *v);
+static void *bg_ahead(void *arg);
 
 /* The first try of b's merge ended (rc 0 or -1, err): a commit waiting
  * for it (redirect_finish_wait) may answer; a prepare no longer waits. */
@@ -94,6 +95,7 @@ bg_merge(void *arg)
     double t0 = mono_ms(), first_ok = -1;
     char err[512];
     int ok = 0;
+    struct bg_job *ahead;
 
     /* At start the agent opens the RBD images, which the removal needs,
      * after recovery: wait for them (a prepare of the VM is BUSY until
@@ -131,17 +133,21 @@ bg_merge(void *arg)
         }
         nap_ms(1000);
     }
+    /* After a merge, as redirect_finish does: the next cut's overlays, so
+     * that its prepare finds them ready.  Also after a recovery's or a
+     * retry's: a prepare that makes them itself took 2.2-3.0 s per VM at
+     * 25 VMs per agent (bench scale, 100 VMs), past the coordinator's
+     * wait.  Not for a VM whose QEMU is gone.  Marked as being made in
+     * the same lock that ends the merge: a prepare between the two would
+     * find neither, and make overlays of the same nodes beside them. */
+    ok = ok && strcmp(b->why, "vm_gone") != 0 &&
+        redirect_usable(b->a, b->v, err, sizeof(err));
     pthread_mutex_lock(&bg_mu);
     bg_running[idx_of(b->a, b->v)] = 0;
+    ahead = ok ? ahead_claim(b->a, b->v) : NULL;
     pthread_mutex_unlock(&bg_mu);
-    /* After a merge, as redirect_finish does: the next cut's overlays, so
-     * that its prepare finds them ready (a commit's wait sees them being
-     * made before the merge done).  Also after a failed prepare's or
-     * recovery's: a prepare that makes them itself took 2.2-3.0 s per VM
-     * at 25 VMs per agent (bench scale, 100 VMs), past the coordinator's
-     * wait, and so did every retry.  Not for a VM whose QEMU is gone. */
-    if (ok && strcmp(b->why, "vm_gone") != 0)
-        ahead_kick(b->a, b->v);
+    if (ahead)
+        par_detach(bg_ahead, ahead);
     if (first_ok >= 0)
         bg_result(b, 0, first_ok, "");
     free(b);
@@ -199,31 +205,42 @@ bg_ahead(void *arg)
     return NULL;
 }
 
+/* With bg_mu held: a job that makes v's overlays ahead of its next cut,
+ * marked as being made, unless they are ready or being made or merged;
+ * NULL then.  The caller starts it (bg_ahead) after unlocking. */
+static struct bg_job *
+ahead_claim(struct agent *a, struct vm *v)
+{
+    int idx = idx_of(a, v);
+    struct bg_job *b;
+
+    if (making[idx] || bg_running[idx] || ahead_id[idx][0] ||
+        !(b = calloc(1, sizeof(*b))))
+        return NULL;
+    *b = (struct bg_job){.a = a, .v = v, .why = "ahead"};
+    /* unique across restarts of the agent too: its pid and the time */
+    snprintf(b->id, sizeof(b->id), "ahead-%lx-%lx-%lu",
+             (unsigned long)time(NULL), (unsigned long)getpid(), ++ahead_seq);
+    making[idx] = 1;
+    return b;
+}
+
 /* Starts making v's overlays ahead of its next cut, in a thread of its
  * own, unless they are ready or being made, or v cannot take the redirect
  * cut. */
 static void
 ahead_kick(struct agent *a, struct vm *v)
 {
-    int idx = idx_of(a, v);
     struct bg_job *b;
     char why[256];
 
     if (!redirect_usable(a, v, why, sizeof(why)))
         return;
     pthread_mutex_lock(&bg_mu);
-    if (making[idx] || bg_running[idx] || ahead_id[idx][0] ||
-        !(b = calloc(1, sizeof(*b)))) {
-        pthread_mutex_unlock(&bg_mu);
-        return;
-    }
-    *b = (struct bg_job){.a = a, .v = v, .why = "ahead"};
-    /* unique across restarts of the agent too: its pid and the time */
-    snprintf(b->id, sizeof(b->id), "ahead-%lx-%lx-%lu",
-             (unsigned long)time(NULL), (unsigned long)getpid(), ++ahead_seq);
-    making[idx] = 1;
+    b = ahead_claim(a, v);
     pthread_mutex_unlock(&bg_mu);
-    par_detach(bg_ahead, b);
+    if (b)
+        par_detach(bg_ahead, b);
 }
 
 /* Waits up to max_ms for v's overlays being made ahead to be done. */
