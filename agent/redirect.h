@@ -106,7 +106,8 @@ int redirect_kick(struct agent *a, struct vm *v, const char *txn,
  * merge of v runs already (the caller merges itself). */
 int redirect_finish_bg(struct agent *a, struct vm *v);
 /* Waits until the deadline (mono_ms) for redirect_finish_bg's merge of v:
- * 0 merged (and its next overlays made, unless the deadline came first),
+ * 0 merged (and its next overlays made, unless the deadline or 500 ms
+ * after the merge came first, as for a synchronous commit's reply),
  * *ms its time; -1 failed (err; it is retried in the background); 1 still
  * running. */
 int redirect_finish_wait(struct agent *a, const struct vm *v, double deadline,

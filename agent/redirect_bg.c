@@ -44,7 +44,7 @@ static char kept_msg[CFG_MAX_VMS][512];
  * (0 merged, -1 failed or kept: bg_err says why) once it has */
 static unsigned char commit_try[CFG_MAX_VMS], bg_done[CFG_MAX_VMS];
 static int bg_rc[CFG_MAX_VMS];
-static double bg_ms[CFG_MAX_VMS];
+static double bg_ms[CFG_MAX_VMS], bg_t_done[CFG_MAX_VMS];
 static char bg_err[CFG_MAX_VMS][512];
 static unsigned long ahead_seq;
 
@@ -84,6 +84,7 @@ bg_result(const struct bg_job *b, int rc, double ms, const char *err)
     bg_done[idx] = 1;
     bg_rc[idx] = rc;
     bg_ms[idx] = ms;
+    bg_t_done[idx] = mono_ms();
     snprintf(bg_err[idx], sizeof(bg_err[0]), "%s", err);
     pthread_mutex_unlock(&bg_mu);
 }
@@ -497,6 +498,7 @@ redirect_finish_wait(struct agent *a, const struct vm *v, double deadline,
                      double *ms, char *err, size_t errlen)
 {
     int idx = idx_of(a, v), done, rc, mk;
+    double t_done;
 
     for (;;) {
         pthread_mutex_lock(&bg_mu);
@@ -504,10 +506,14 @@ redirect_finish_wait(struct agent *a, const struct vm *v, double deadline,
         rc = bg_rc[idx];
         mk = making[idx];
         *ms = bg_ms[idx];
+        t_done = bg_t_done[idx];
         snprintf(err, errlen, "%s", bg_err[idx]);
         pthread_mutex_unlock(&bg_mu);
-        /* merged, and the next overlays made (or the deadline came) */
-        if (done && (rc < 0 || !mk || mono_ms() >= deadline))
+        /* merged, and the next overlays made, for at most
+         * RD_AHEAD_SYNC_MS after the merge (as a synchronous commit's
+         * reply waits), or the deadline came */
+        if (done && (rc < 0 || !mk || mono_ms() >= deadline ||
+                     mono_ms() - t_done >= RD_AHEAD_SYNC_MS))
             return rc;
         if (mono_ms() >= deadline)
             return 1;
