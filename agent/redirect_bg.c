@@ -155,26 +155,38 @@ bg_merge(void *arg)
     return NULL;
 }
 
+/* With bg_mu held: a job that merges v's overlays of id (why: commit,
+ * recovery, retry...), marked as running, unless a merge of v runs
+ * already; NULL then.  The caller starts it (bg_merge) after unlocking. */
+static struct bg_job *
+merge_claim(struct agent *a, struct vm *v, const char *id, const char *why)
+{
+    int idx = idx_of(a, v);
+    struct bg_job *b;
+
+    if (bg_running[idx] || !(b = calloc(1, sizeof(*b))))
+        return NULL;
+    *b = (struct bg_job){.a = a, .v = v, .why = why};
+    snprintf(b->id, sizeof(b->id), "%s", id);
+    bg_running[idx] = 1;
+    bg_done[idx] = 0;
+    commit_try[idx] = strcmp(why, "commit") == 0;
+    return b;
+}
+
 int
 redirect_kick(struct agent *a, struct vm *v, const char *txn,
               const char *why)
 {
-    int idx = idx_of(a, v), running;
     struct bg_job *b;
+    int running;
 
     pthread_mutex_lock(&bg_mu);
-    if (!bg_running[idx] && (b = calloc(1, sizeof(*b)))) {
-        *b = (struct bg_job){.a = a, .v = v, .why = why};
-        snprintf(b->id, sizeof(b->id), "%s", txn);
-        bg_running[idx] = 1;
-        bg_done[idx] = 0;
-        commit_try[idx] = strcmp(why, "commit") == 0;
-        pthread_mutex_unlock(&bg_mu);
-        par_detach(bg_merge, b);
-        return 1;
-    }
-    running = bg_running[idx];
+    b = merge_claim(a, v, txn, why);
+    running = bg_running[idx_of(a, v)];
     pthread_mutex_unlock(&bg_mu);
+    if (b)
+        par_detach(bg_merge, b);
     return running;
 }
 
@@ -473,24 +485,14 @@ redirect_merge_txn(struct agent *a, struct txn *x, const char *why)
 int
 redirect_finish_bg(struct agent *a, struct vm *v)
 {
-    char id[129];
-    int idx = idx_of(a, v), started = 0;
     struct bg_job *b;
 
     pthread_mutex_lock(&bg_mu);
-    snprintf(id, sizeof(id), "%s", cur_id[idx]);
-    if (!bg_running[idx] && (b = calloc(1, sizeof(*b)))) {
-        *b = (struct bg_job){.a = a, .v = v, .why = "commit"};
-        snprintf(b->id, sizeof(b->id), "%s", id);
-        bg_running[idx] = 1;
-        bg_done[idx] = 0;
-        commit_try[idx] = 1;
-        started = 1;
-    }
+    b = merge_claim(a, v, cur_id[idx_of(a, v)], "commit");
     pthread_mutex_unlock(&bg_mu);
-    if (started)
+    if (b)
         par_detach(bg_merge, b);
-    return started;
+    return b != NULL;
 }
 
 int

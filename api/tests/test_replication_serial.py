@@ -160,10 +160,10 @@ def test_in_flight_query_on_both_databases(session_factory: Any) -> None:
 
 
 def test_a_job_waiting_for_a_group_lock_looks_again_soon_then_less_often() -> None:
-    from cutpoint.api.grouplock import retry_wait_s as replicate_lock_wait_s
+    from cutpoint.api.grouplock import retry_wait_s
 
-    waits = [replicate_lock_wait_s(n, 30.0) for n in range(8)]
+    waits = [retry_wait_s(n, 30.0) for n in range(8)]
     assert waits[:4] == [0.5, 1.0, 2.0, 4.0]
     assert max(waits) == 10.0 and waits[-1] == 10.0   # a third of the TTL
-    assert replicate_lock_wait_s(10**6, 30.0) == 10.0  # no overflow
-    assert replicate_lock_wait_s(0, 1.0) == 0.5       # short TTLs: min 1 s cap
+    assert retry_wait_s(10**6, 30.0) == 10.0  # no overflow
+    assert retry_wait_s(0, 1.0) == 0.5       # short TTLs: min 1 s cap
