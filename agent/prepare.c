@@ -297,27 +297,39 @@ prepare_journal(struct prepare *p, const char **code, char *msg,
     char jerr[256] = "out of memory";
     struct journal_entry *je;
     int nje = 0, rc = -1;
-    double settle_by = mono_ms() + (p->lease / 4 < RD_SETTLE_WAIT_MS ?
-                                    (double)(p->lease / 4) :
-                                    RD_SETTLE_WAIT_MS);
+    double now = mono_ms();
+    double settle_by = now + (p->lease / 4 < RD_SETTLE_WAIT_MS ?
+                              (double)(p->lease / 4) : RD_SETTLE_WAIT_MS);
+    int settled[CFG_MAX_VMS];
 
     /* A VM still on the overlays of an earlier cut (its merge failed):
      * its bases miss the writes since, so no cut of it until they are
-     * merged back; and its journal entry must not be overwritten. */
-    for (int k = 0; k < p->n; k++)
-        if (redirect_settle(p->a, p->vms[k], settle_by, jerr,
-                            sizeof(jerr)) < 0) {
+     * merged back; and its journal entry must not be overwritten.  A VM
+     * whose next overlays are still being made is cut in the pause. */
+    for (int k = 0; k < p->n; k++) {
+        settled[k] = redirect_settle(p->a, p->vms[k], settle_by,
+                                     now + RD_AHEAD_WAIT_MS, jerr,
+                                     sizeof(jerr));
+        if (settled[k] < 0) {
             fail_prepare(p->a, p->x);
             FAIL("BUSY", "vm %s: no VM paused: the overlays of its previous "
                  "cut are not merged back yet: %s", p->names[k], jerr);
         }
+        p->rd_why[k][0] = '\0';
+        if (settled[k] == 1) {
+            snprintf(p->rd_why[k], sizeof(p->rd_why[k]), "%s", jerr);
+            log_warnx("event=pause_path txn=%s vm=%s path=in_pause "
+                      "why=\"%s\"", p->id, p->names[k], jerr);
+        }
+    }
     snprintf(jerr, sizeof(jerr), "out of memory");
     je = calloc((size_t)(3 * p->n + 1), sizeof(*je));
 
     for (int k = 0; je && k < p->n; k++) {
         char why[256];
 
-        p->rd[k] = redirect_usable(p->a, p->vms[k], why, sizeof(why));
+        p->rd[k] = settled[k] == 0 &&
+            redirect_usable(p->a, p->vms[k], why, sizeof(why));
         je[nje].kind = JOURNAL_PAUSED;
         snprintf(je[nje].txn, sizeof(je[nje].txn), "%s", p->x->id);
         snprintf(je[nje].vm, sizeof(je[nje].vm), "%s", p->names[k]);
@@ -368,6 +380,8 @@ prepare_pause(struct prepare *p)
                                           .stop_timeout_ms = stop_ms,
                                           .redirect = p->rd[k] ? RD_READY :
                                                       RD_NONE};
+        snprintf(p->jobs[k].rd_why, sizeof(p->jobs[k].rd_why), "%s",
+                 p->rd_why[k]);
         quiesce_reset(p->a, p->vms[k]);
     }
     par_run(txn_vm_overlay, p->jobs, sizeof(p->jobs[0]), p->n);

@@ -117,14 +117,21 @@ int redirect_finish_wait(struct agent *a, const struct vm *v, double deadline,
  * Else -1 with err, and their merge is started in the background if it
  * is not running (a merge that failed, or recovery's): v must not be cut
  * until it is done, as its bases miss the writes since.  A commit's merge
- * on its first try, and overlays being made ahead, are waited for until
- * deadline (mono_ms) instead: they end soon. */
-/* How long a prepare waits for them: at most this, and a quarter of its
- * lease, so that its BUSY reaches the coordinator inside its wait for
- * PREPARED (half the lease by default). */
+ * on its first try is waited for until deadline (mono_ms) instead: it
+ * ends soon.  Overlays being made ahead are waited for until ahead_by;
+ * still being made then, 1 with err: v is on its bases, and is cut in the
+ * pause this time (path in_pause; the overlays stay for its next cut). */
+/* How long a prepare waits for a commit's merge: at most this, and a
+ * quarter of its lease, so that its BUSY reaches the coordinator inside
+ * its wait for PREPARED (half the lease by default). */
 #define RD_SETTLE_WAIT_MS 10000.0
+/* How long a prepare waits for overlays being made ahead, for all its VMs
+ * together: tens of ms on an idle host; under load it took 2.2-2.7 s per
+ * VM (bench scale, 50 VMs), while other agents' VMs, paused already,
+ * waited for this agent's PREPARED. */
+#define RD_AHEAD_WAIT_MS 100.0
 int redirect_settle(struct agent *a, struct vm *v, double deadline,
-                    char *err, size_t errlen);
+                    double ahead_by, char *err, size_t errlen);
 
 /* <image>.cutpoint-ov.<id> of v's disk d into buf. */
 void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,

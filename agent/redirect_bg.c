@@ -306,34 +306,47 @@ redirect_prepare(struct agent *a, struct vm *v, const char *txn, int *hung,
 }
 
 int
-redirect_settle(struct agent *a, struct vm *v, double deadline, char *err,
-                size_t errlen)
+redirect_settle(struct agent *a, struct vm *v, double deadline,
+                double ahead_by, char *err, size_t errlen)
 {
     struct journal_entry *e = NULL;
     int idx = idx_of(a, v), n = 0, running, mk, mine = 0;
     char id[129] = "";
 
     err[0] = '\0';
-    /* Overlays being made ahead are for this cut; a commit's merge on its
-     * first try is about to end and make them (redirect_finish_bg): wait,
+    /* A commit's merge on its first try is about to end (and then makes
+     * the next overlays, redirect_finish_bg): wait for it until deadline,
      * before any VM is stopped.  A merge retried after a failure is not
-     * waited for: BUSY says why at once. */
+     * waited for: BUSY says why at once.  Overlays being made ahead are
+     * waited for only until ahead_by: other agents' VMs may be paused
+     * already, waiting for this agent's PREPARED, and this VM can be cut
+     * in the pause instead. */
     for (;;) {
         int fresh;
+        double now;
 
         pthread_mutex_lock(&bg_mu);
         running = bg_running[idx];
         mk = making[idx];
         fresh = running && commit_try[idx];
         pthread_mutex_unlock(&bg_mu);
-        if ((!mk && !fresh) || mono_ms() > deadline)
+        now = mono_ms();
+        if ((!mk && !fresh) || now > deadline || (mk && now > ahead_by))
             break;
         nap_ms(5);
     }
-    if (running || mk) {
-        snprintf(err, errlen, "%s", running ? "their merge runs" :
-                 "the overlays of its next cut are still being made");
+    if (running) {
+        snprintf(err, errlen, "their merge runs");
         return -1;
+    }
+    if (mk) {
+        /* Making starts only after a merge that succeeded (bg_merge,
+         * redirect_finish), and the journal holds one `redirect` entry per
+         * VM: the VM writes to its bases, and a cut in the pause is safe.
+         * The overlays stay for the next cut. */
+        snprintf(err, errlen, "the overlays of its next cut were still being "
+                 "made");
+        return 1;
     }
     if (journal_entries(a->journal, &e, &n) < 0) {
         snprintf(err, errlen, "journal: out of memory");

@@ -115,8 +115,8 @@ settle(char *err, size_t errlen)
     double end = mono_ms() + 10000;
     int rc;
 
-    while ((rc = redirect_settle(&a, &a.vms[0], mono_ms() + 1000, err,
-                                 errlen)) < 0 &&
+    while ((rc = redirect_settle(&a, &a.vms[0], mono_ms() + 1000,
+                                 mono_ms() + 100, err, errlen)) < 0 &&
            mono_ms() < end)
         usleep(20000);
     return rc;
