@@ -155,14 +155,19 @@ rbd_location(json_t *base, char *err, size_t errlen)
 }
 
 /* Waits until job id concludes, then dismisses it; when ready is set, a
- * job that reports "ready" is completed (an active commit). */
+ * job that reports "ready" is completed (an active commit).  *ended (when
+ * not NULL) is 1 when the job no longer runs, whatever the result. */
 static int
 job_finish(struct vm *v, const char *id, int ready, double deadline,
-           int timeout_ms, char *err, size_t errlen)
+           int timeout_ms, int *ended, char *err, size_t errlen)
 {
     struct qmp_err qe;
     char status[32];
+    int dummy;
 
+    if (!ended)
+        ended = &dummy;
+    *ended = 0;
     for (;;) {
         json_t *jobs = NULL, *j = NULL;
         const char *st = NULL;
@@ -176,6 +181,7 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
                 break;
         if (i == json_array_size(jobs)) {
             json_decref(jobs);
+            *ended = 1;
             snprintf(err, errlen, "job %s is gone", id);
             return -1;
         }
@@ -184,6 +190,8 @@ job_finish(struct vm *v, const char *id, int ready, double deadline,
         st = status;
         if (strcmp(st, "concluded") == 0) {
             const char *e = json_string_value(json_object_get(j, "error"));
+
+            *ended = 1;
             if (e)
                 snprintf(err, errlen, "job %s: %s", id, e);
             json_decref(jobs);
@@ -279,6 +287,8 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
     json_t *nodes;
     char why[512];
     struct qmp_err qe;
+    /* window: redirect_jobs_begin called; jobs: a create job may run */
+    int window = 0, jobs = 0;
 
     qmp_hung = 0;
     if (!(nodes = block_nodes(v, to, err, errlen)) ||
@@ -288,7 +298,7 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
         const struct cfg_disk *cd = &v->cfg->disks[d];
         json_t *base = find_node(nodes, cd->node), *loc;
         json_int_t size;
-        char img[512], fnode[32], job[32];
+        char img[512], fnode[32];
 
         if (!base) {
             snprintf(err, errlen, "disk %s: no such block node", cd->node);
@@ -300,7 +310,6 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             goto fail;
         redirect_overlay_image(img, sizeof(img), v, d, txn);
         node_name(fnode, sizeof(fnode), "cpovf", d);
-        node_name(job, sizeof(job), "cpmk", d);
         /* Room for the qcow2 metadata: an RBD image is thin anyway. */
         if (rbdsnap_sibling_create(v->img[d], img, (uint64_t)size +
                                    (uint64_t)size / 8 + (64u << 20), err,
@@ -312,23 +321,64 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
                                               "rbd", "node-name", fnode,
                                               "pool", cd->pool, "image",
                                               img));
-        if (vm_qmp(v, "blockdev-add", loc, to, NULL, &qe) < 0 ||
-            vm_qmp(v, "blockdev-create", json_pack(
-                       "{s:s,s:{s:s,s:s,s:I}}", "job-id", job, "options",
-                       "driver", "qcow2", "file", fnode, "size", size),
-                   to, NULL, &qe) < 0) {
+        if (vm_qmp(v, "blockdev-add", loc, to, NULL, &qe) < 0) {
             qmp_err_to(err, errlen, &qe);
             goto fail;
         }
     }
+    /* The jobs last from the first blockdev-create until every one is
+     * concluded, with nothing slow between (redirect_jobs_begin): a stop
+     * of v waits for them. */
+    if (redirect_jobs_begin(a, v, deadline) < 0) {
+        snprintf(err, errlen, "its VM stayed paused by a txn");
+        goto fail;
+    }
+    window = 1;
     for (int d = 0; d < n; d++) {
-        char job[32], fnode[32], onode[32];
+        const struct cfg_disk *cd = &v->cfg->disks[d];
+        json_int_t size = json_integer_value(json_object_get(json_object_get(
+            find_node(nodes, cd->node), "image"), "virtual-size"));
+        char fnode[32], job[32];
+
+        node_name(fnode, sizeof(fnode), "cpovf", d);
+        node_name(job, sizeof(job), "cpmk", d);
+        if (vm_qmp(v, "blockdev-create", json_pack(
+                       "{s:s,s:{s:s,s:s,s:I}}", "job-id", job, "options",
+                       "driver", "qcow2", "file", fnode, "size", size),
+                   to, NULL, &qe) < 0) {
+            /* refused: no job; timed out: qmp_hung says so */
+            qmp_err_to(err, errlen, &qe);
+            goto fail;
+        }
+        jobs = 1;
+    }
+    for (int d = 0; d < n; d++) {
+        char job[32];
+        int ended;
 
         node_name(job, sizeof(job), "cpmk", d);
+        if (job_finish(v, job, 0, deadline, to, &ended, err, errlen) < 0) {
+            /* one failed: wait for the others too, then fail as usual */
+            for (int k = d + 1; ended && k < n; k++) {
+                char ejob[32], eerr[256];
+
+                node_name(ejob, sizeof(ejob), "cpmk", k);
+                if (job_finish(v, ejob, 0, deadline, to, &ended, eerr,
+                               sizeof(eerr)) < 0 && !ended)
+                    break;
+            }
+            if (ended)
+                jobs = 0;
+            goto fail;
+        }
+    }
+    redirect_jobs_end(a, v);
+    window = 0;
+    for (int d = 0; d < n; d++) {
+        char fnode[32], onode[32];
+
         node_name(fnode, sizeof(fnode), "cpovf", d);
         node_name(onode, sizeof(onode), "cpov", d);
-        if (job_finish(v, job, 0, deadline, to, err, errlen) < 0)
-            goto fail;
         if (vm_qmp(v, "blockdev-add", json_pack(
                        "{s:s,s:s,s:s,s:n}", "driver", "qcow2", "node-name",
                        onode, "file", fnode, "backing"), to, NULL, &qe) < 0) {
@@ -342,6 +392,14 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
     return 0;
 fail:
     json_decref(nodes);
+    /* A job that may still run (not done in time, or QEMU did not answer
+     * about it) keeps v's stops out until a merge removes its nodes: the
+     * cleanup runs in the background, and the prepare stops no VM, as for
+     * a QEMU that does not answer. */
+    if (window && (jobs || qmp_hung))
+        qmp_hung = 1;
+    else if (window)
+        redirect_jobs_end(a, v);
     *hung = qmp_hung;
     if (*hung)      /* a cleanup now would wait as long: in the background */
         redirect_kick(a, v, txn, "prepare_failed");
@@ -516,7 +574,7 @@ redirect_merge(struct agent *a, struct vm *v, const char *txn,
         char job[32];
 
         node_name(job, sizeof(job), "cpcm", d);
-        if (started[d] && job_finish(v, job, 1, deadline, to, err,
+        if (started[d] && job_finish(v, job, 1, deadline, to, NULL, err,
                                      errlen) < 0)
             rc = -1;
         merged += started[d];
@@ -554,6 +612,8 @@ done:
 out:
     json_decref(nodes);
     json_decref(blocks);
+    if (rc == 0)        /* no node of v's overlays left: no job either */
+        redirect_jobs_end(a, v);
     if (rc == 0)
         log_info("event=redirect_merged txn=%s vm=%s why=%s disks=%d "
                  "merged=%d qemu=%s ms=%.3f", txn, v->cfg->name, why, n,

@@ -139,6 +139,27 @@ void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,
 
 /* ---- state of the background half (redirect_bg.c) ---- */
 
+/* QEMU 7.2 aborts (block-backend.c blk_unref: Assertion `blk->refcnt ==
+ * 1') when `stop` arrives while a blockdev-create job runs: seen in the
+ * lab (bench scale) and reproduced with QEMU 7.2.22 and one RBD node.  And
+ * under load (bench scale, 100 VMs) create jobs started while their VM was
+ * paused by a txn were still running 30 s later, which no run had shown
+ * before.  So the create jobs of redirect_make run only while the agent
+ * holds v neither stopped nor being stopped, as before overlays could be
+ * made beside a cut in the pause:
+ *   redirect_jobs_begin  waits until deadline (mono_ms) for v's cont, then
+ *                        marks its jobs running (-1: still paused);
+ *   redirect_jobs_end    all of them concluded, or a merge of v succeeded
+ *                        (it removes the nodes, which no job would allow);
+ *   redirect_stop_begin  before a stop: waits until deadline for v's jobs,
+ *                        then marks v held (-1: they still run);
+ *   redirect_resumed     v runs again (its cont, or a stop QEMU refused).
+ */
+int redirect_jobs_begin(struct agent *a, const struct vm *v, double deadline);
+void redirect_jobs_end(struct agent *a, const struct vm *v);
+int redirect_stop_begin(struct agent *a, const struct vm *v, double deadline);
+void redirect_resumed(struct agent *a, const struct vm *v);
+
 /* Waits up to max_ms until no overlays of v are being made ahead and no
  * merge of v runs in the background; -1 when they still do. */
 int redirect_bg_wait(struct agent *a, const struct vm *v, double max_ms);

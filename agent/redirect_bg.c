@@ -45,6 +45,9 @@ static char kept_msg[CFG_MAX_VMS][512];
 static unsigned char commit_try[CFG_MAX_VMS], bg_done[CFG_MAX_VMS];
 static int bg_rc[CFG_MAX_VMS];
 static double bg_ms[CFG_MAX_VMS], bg_t_done[CFG_MAX_VMS];
+/* create jobs of redirect_make running; the VM stopped (or being stopped)
+ * by the agent, until its cont (redirect.h) */
+static unsigned char jobs_running[CFG_MAX_VMS], held[CFG_MAX_VMS];
 static char bg_err[CFG_MAX_VMS][512];
 static unsigned long ahead_seq;
 
@@ -370,6 +373,60 @@ redirect_settle(struct agent *a, struct vm *v, double deadline,
     if (!err[0])
         snprintf(err, errlen, "the merge of txn %s is retried", id);
     return -1;
+}
+
+int
+redirect_jobs_begin(struct agent *a, const struct vm *v, double deadline)
+{
+    int idx = idx_of(a, v);
+
+    for (;;) {
+        pthread_mutex_lock(&bg_mu);
+        if (!held[idx]) {
+            jobs_running[idx] = 1;
+            pthread_mutex_unlock(&bg_mu);
+            return 0;
+        }
+        pthread_mutex_unlock(&bg_mu);
+        if (mono_ms() > deadline)
+            return -1;
+        nap_ms(2);
+    }
+}
+
+void
+redirect_jobs_end(struct agent *a, const struct vm *v)
+{
+    pthread_mutex_lock(&bg_mu);
+    jobs_running[idx_of(a, v)] = 0;
+    pthread_mutex_unlock(&bg_mu);
+}
+
+int
+redirect_stop_begin(struct agent *a, const struct vm *v, double deadline)
+{
+    int idx = idx_of(a, v);
+
+    for (;;) {
+        pthread_mutex_lock(&bg_mu);
+        if (!jobs_running[idx]) {
+            held[idx] = 1;
+            pthread_mutex_unlock(&bg_mu);
+            return 0;
+        }
+        pthread_mutex_unlock(&bg_mu);
+        if (mono_ms() > deadline)
+            return -1;
+        nap_ms(1);
+    }
+}
+
+void
+redirect_resumed(struct agent *a, const struct vm *v)
+{
+    pthread_mutex_lock(&bg_mu);
+    held[idx_of(a, v)] = 0;
+    pthread_mutex_unlock(&bg_mu);
 }
 
 int

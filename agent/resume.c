@@ -8,6 +8,7 @@
 #include "mono.h"
 #include "par.h"
 #include "quiesce.h"
+#include "redirect.h"
 
 void *
 resume_one(void *arg)
@@ -20,6 +21,8 @@ resume_one(void *arg)
     j->rc = vm_cont(j->vm, a->cfg.qmp_timeout_ms, &j->err);
     j->t_end = mono_ms();
     j->cont_ms = j->t_end - t0;
+    if (j->rc == 0)
+        redirect_resumed(a, j->vm);     /* overlays may be made again */
     pthread_mutex_lock(&a->mu);
     j->paused_ms = -1;
     if (j->rc == 0) {

@@ -60,6 +60,20 @@ txn_vm_pause(void *arg)
 
     if (j->skip)
         return NULL;
+    /* No stop while overlays of the VM are being formatted (redirect.h:
+     * QEMU 7.2 aborts): a VM cut in the pause while its next overlays are
+     * made waits for their jobs, before its pause begins; and none starts
+     * until its cont (redirect_resumed). */
+    if (redirect_stop_begin(j->a, j->vm, mono_ms() + j->stop_timeout_ms) < 0) {
+        j->rc = -1;
+        j->qmp_kind = QMP_E_ERROR;      /* not stopped: nothing to undo */
+        j->code = "BUSY";
+        snprintf(j->msg, sizeof(j->msg), "vm %s: not stopped: its overlays "
+                 "were still being formatted after %d ms (a stop during "
+                 "blockdev-create aborts QEMU 7.2)", j->vm->cfg->name,
+                 j->stop_timeout_ms);
+        return NULL;
+    }
     j->t0 = mono_ms();
     if (j->redirect == RD_READY) {
         /* The cut: stop, then one transaction, atomic over the VM's disks,
@@ -88,6 +102,8 @@ txn_vm_pause(void *arg)
         j->rc = vm_stop(j->vm, j->stop_timeout_ms, &err);
         j->t1 = mono_ms();
     }
+    if (j->rc < 0 && err.kind == QMP_E_ERROR)
+        redirect_resumed(j->a, j->vm);      /* refused: it runs */
     if (j->rc == 0) {
         pthread_mutex_lock(&j->a->mu);
         j->vm->paused_at = j->t0;

@@ -360,6 +360,9 @@ class MemberSnapshot(Base):
     # overlays in the pause, the snapshot after `cont`) or "in_pause"
     # (agent-protocol §5.1; migration 0013).
     pause_path: Mapped[str | None] = mapped_column(String(16), default=None)
+    # Why a VM that can take the redirect cut was cut in the pause (its
+    # pause followed the backend); migration 0017.
+    pause_path_why: Mapped[str | None] = mapped_column(Text, default=None)
     # Why the thaw after `cont` failed (agent-protocol §4.4): the snapshot
     # stands, but the guest may still be frozen (migration 0005).
     thaw_error: Mapped[str | None] = mapped_column(Text, default=None)

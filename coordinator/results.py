@@ -34,6 +34,9 @@ class VMTiming:
     # switched onto overlays in the pause, RBD snapshots after `cont`) or
     # "in_pause" (RBD snapshots inside the pause); None when no reply said.
     pause_path: str | None = None
+    # Why a VM that can take the redirect cut was cut in the pause (the
+    # prepare reply's pause_path_why): its pause followed the backend.
+    pause_path_why: str | None = None
     switch_ms: float | None = None
     disks: list[dict[str, Any]] = field(default_factory=list)
     # Level reached ("crash" | "fs-freeze", as the agent replied); None when
@@ -67,6 +70,11 @@ class VMTiming:
             self.method = d["method"]
         if d.get("pause_path") in ("redirect", "in_pause"):
             self.pause_path = d["pause_path"]
+            why = d.get("pause_path_why")
+            if d["pause_path"] == "redirect":
+                self.pause_path_why = None
+            elif isinstance(why, str) and why:
+                self.pause_path_why = why
         for k in VM_QUIESCE_TIMES:
             v = d.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -117,6 +117,8 @@ coord_txn_vm = Table(
     Column("thaw_error", Text, nullable=True),
     # how the agent cut the VM: "redirect" or "in_pause" (agent-protocol §5.1)
     Column("pause_path", String(16), nullable=True),
+    # why a VM that can take the redirect cut was cut in the pause
+    Column("pause_path_why", Text, nullable=True),
     UniqueConstraint("txn", "vm", name="uq_coord_txn_vm_txn_vm"),
 )
 
@@ -138,13 +140,13 @@ coord_txn_snapshot = Table(
 
 VM_COLUMNS = ("agent", "stop_ms", "barrier_ms", "snapshot_ms", "cont_ms", "paused_ms",
               "method", "consistency", "freeze_ms", "thaw_ms", "freeze_error", "thaw_error",
-              "pause_path")
+              "pause_path", "pause_path_why")
 # Columns added after the first release of a table.  A stand-alone log
 # (`cutpoint snapshot --db sqlite:///...`, create=True) made by an older
 # version gets them on open; the control plane's database gets them from
-# Alembic (api/alembic/versions/0004, 0005, 0013).
+# Alembic (api/alembic/versions/0004, 0005, 0015, 0017).
 ADDED_COLUMNS = {"coord_txn_vm": ("consistency", "freeze_ms", "thaw_ms", "freeze_error",
-                                  "thaw_error", "pause_path")}
+                                  "thaw_error", "pause_path", "pause_path_why")}
 
 
 def _add_columns(c: Connection) -> None:

@@ -100,7 +100,8 @@ class TxnRun:
                  "cont_ms": t.cont_ms, "paused_ms": t.paused_ms, "method": t.method,
                  "consistency": t.consistency, "freeze_ms": t.freeze_ms,
                  "thaw_ms": t.thaw_ms, "freeze_error": t.freeze_error,
-                 "thaw_error": t.thaw_error, "pause_path": t.pause_path}
+                 "thaw_error": t.thaw_error, "pause_path": t.pause_path,
+                 "pause_path_why": t.pause_path_why}
                 for t in self.vms.values()]
 
     async def write(self, state: str, *, light: bool = False, **kw: Any) -> bool:

@@ -96,6 +96,8 @@ def print_result(console: Console, r: GroupSnapshotResult) -> None:
     for v in r.vms:
         if v.freeze_error:       # asked for fs-freeze, fell back to crash
             console.print(f"{v.vm}: fs-freeze fell back to crash: {v.freeze_error}")
+        if v.pause_path_why:     # could take the redirect cut; paused for the backend
+            console.print(f"{v.vm}: cut inside the pause: {v.pause_path_why}")
         if v.thaw_error:         # the snapshot stands; the guest may be frozen
             console.print(f"[bold red]{v.vm}: thaw failed, the guest may still be frozen "
                           f"(writes blocked): {v.thaw_error}[/bold red]")

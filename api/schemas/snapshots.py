@@ -31,6 +31,11 @@ class MemberSnapshotPublic(Public):
         default=None, description="How the agent cut the member's VM: \"redirect\" (its "
         "disks switched onto overlays inside the pause, the snapshot taken after it) or "
         "\"in_pause\" (the snapshot taken inside the pause); null if no agent said")
+    pause_path_why: str | None = Field(
+        default=None, description="Why the agent cut this member's VM inside the pause "
+        "although it can take the redirect cut (its overlays were still being made, "
+        "could not be made, or the switch was refused): its pause then followed the "
+        "backend's snapshot latency; null otherwise")
 
 
 class SnapshotPublic(Public):

@@ -391,6 +391,7 @@ def record(sf: sessionmaker[Session], snapshot_id: int, plan: Plan, result: Any,
                 thaw_error=t.thaw_error if t else None,
                 method=t.method if t else None,
                 pause_path=t.pause_path if t else None,
+                pause_path_why=t.pause_path_why if t else None,
                 stop_ms=t.stop_ms if t else None, barrier_ms=t.barrier_ms if t else None,
                 snapshot_ms=disk_t.get("snapshot_ms", t.snapshot_ms if t else None),
                 cont_ms=t.cont_ms if t else None, paused_ms=t.paused_ms if t else None))

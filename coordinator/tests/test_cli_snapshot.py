@@ -129,3 +129,27 @@ def test_table_shows_consistency_and_fallback_reason() -> None:
     out = buf.getvalue()
     assert ("vm2: thaw failed, the guest may still be frozen (writes blocked): "
             "guest agent did not answer") in out, out
+
+
+def test_table_says_why_a_vm_was_cut_inside_the_pause() -> None:
+    """A VM that could take the redirect cut but was cut inside the pause
+    (agent-protocol §5.1) is named with the agent's reason; one cut on the
+    redirect path is not."""
+    import io
+
+    from cutpoint.api.cli.snapshot import print_result
+    from cutpoint.coordinator.results import GroupSnapshotResult, VMTiming
+    from rich.console import Console
+
+    fell = VMTiming(vm="vm1", agent="h1", paused_ms=600.0, snapshot_ms=590.0)
+    fell.update({"pause_path": "in_pause",
+                 "pause_path_why": "the overlays of its next cut were still being made"})
+    cut = VMTiming(vm="vm2", agent="h1", paused_ms=9.0, snapshot_ms=40.0)
+    cut.update({"pause_path": "redirect"})
+    r = GroupSnapshotResult(txn="t1", group="g", state="committed", vms=[fell, cut])
+    buf = io.StringIO()
+    print_result(Console(file=buf, width=200), r)
+    out = buf.getvalue()
+    assert ("vm1: cut inside the pause: the overlays of its next cut were still being "
+            "made") in out, out
+    assert "vm2: cut inside" not in out, out

@@ -1,0 +1,113 @@
+"""A prepare that finds a VM's next overlays still being made
+(agent-protocol §5.1, redirect.h).
+
+After an abort the agent merges the VMs' overlays back and at once starts
+making the next cut's overlays in the background; a prepare right behind
+the abort finds them being made.  It waits for them only 100 ms, and less
+with a short lease (a quarter of it): the VM is then cut inside the pause,
+and the reply says why.  Its stop must wait for QEMU's blockdev-create
+jobs, because QEMU 7.2 aborts on a `stop` during one (block-backend.c
+blk_unref assertion); and no job may start while the txn holds the VM
+paused.  Every QEMU must outlive every round, and the overlays made beside
+the cut must serve the next one.
+
+Real QEMU guests with RBD disks and a real cutpointd, as test_agent_lab.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import coordinator_context
+from cutpoint.agentclient import AgentClient, AgentReplyError
+
+# the same lab as test_agent_lab.py, so no extra bring-up.
+pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2, driver="qemu")]
+
+WHY = "the overlays of its next cut were still being made"
+# A quarter of it (30 ms) is all a prepare waits for overlays being made,
+# which takes longer here: QEMU opens an RBD connection per overlay.
+SHORT_LEASE_MS = 120
+ROUNDS = 15
+
+
+def new_txn() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+def client(rec: dict[str, Any], certs: Path) -> AgentClient:
+    return AgentClient(rec["address"], rec["port"], ssl_context=coordinator_context(certs),
+                       call_timeout=60)
+
+
+async def states(c: AgentClient) -> dict[str, str]:
+    return {vm["name"]: vm["state"] for vm in (await c.inventory())["vms"]}
+
+
+async def running(c: AgentClient, names: list[str], timeout: float = 20) -> dict[str, str]:
+    end = time.monotonic() + timeout
+    while True:
+        st = await states(c)
+        if all(st.get(n) == "running" for n in names) or time.monotonic() > end:
+            return st
+        await asyncio.sleep(0.1)
+
+
+async def test_prepare_behind_an_abort_cuts_in_the_pause_and_no_qemu_dies(
+        lab: dict[str, Any], agents: list[dict], certs_dir: Path) -> None:
+    names = [vm["name"] for vm in lab["vms"]]
+    seen: Counter[str] = Counter()
+    async with client(agents[0], certs_dir) as c:
+        # the first cut makes its overlays inside the prepare; its abort
+        # starts the next ones in the background
+        first = new_txn()
+        await c.prepare(first, names, 5000)
+        await c.abort(first)
+        for _ in range(ROUNDS):
+            txn = new_txn()
+            try:
+                prep = await c.prepare(txn, names, SHORT_LEASE_MS)
+            except AgentReplyError as e:
+                # refused before its stop, never half done: the jobs ran past
+                # the stop's wait (a quarter of the lease) or a read probe
+                # past its own; the VMs run
+                assert e.code in ("BUSY", "SNAPSHOT_FAILED", "QMP_TIMEOUT"), e
+                assert "not stopped" in str(e) or "no VM paused" in str(e), e
+                seen["refused"] += 1
+            else:
+                assert prep["state"] == "prepared"
+                for v in prep["vms"]:
+                    if v["pause_path"] == "in_pause":
+                        assert v.get("pause_path_why"), v
+                        seen["in_pause: " + v["pause_path_why"]] += 1
+                    else:
+                        assert v["pause_path"] == "redirect" and "pause_path_why" not in v, v
+                        seen["redirect"] += 1
+            try:
+                await c.abort(txn)
+            except AgentReplyError:
+                pass            # a refused prepare left nothing to abort
+            st = await running(c, names)
+            # a QEMU that aborted is gone: "shutoff", never back to running
+            assert all(st.get(n) == "running" for n in names), (st, seen)
+        print(f"paths over {ROUNDS} rounds: {dict(seen)}")
+        assert seen[f"in_pause: {WHY}"] >= 1, (
+            f"no prepare found overlays still being made: {dict(seen)}")
+        # The overlays made beside those cuts serve the next one: a cut with a
+        # normal lease takes the redirect path and commits.
+        await asyncio.sleep(2)
+        txn = new_txn()
+        prep = await c.prepare(txn, names, 5000)
+        assert {v["pause_path"] for v in prep["vms"]} == {"redirect"}, prep
+        res = await c.commit(txn, {f"{vm['name']}/{d['node']}": f"cp.fallback.{txn}"
+                                   for vm in lab["vms"] for d in vm["disks"]}, 5000)
+        assert res["state"] == "committed"
+        assert all(v["resumed"] for v in res["vms"]), res
+        await c.abort(txn)      # its member snapshots go
+        assert set((await running(c, names)).values()) == {"running"}
