@@ -287,7 +287,9 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
     json_t *nodes;
     char why[512];
     struct qmp_err qe;
-    /* window: redirect_jobs_begin called; jobs: a create job may run */
+    /* window: in a step (redirect_step_begin); jobs: a create job may run.
+     * Each step in QEMU or Ceph runs while the VM runs: a stop waits for
+     * the step in flight, and the next step for the VM's cont. */
     int window = 0, jobs = 0;
 
     qmp_hung = 0;
@@ -310,6 +312,12 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             goto fail;
         redirect_overlay_image(img, sizeof(img), v, d, txn);
         node_name(fnode, sizeof(fnode), "cpovf", d);
+        if (redirect_step_begin(a, v, deadline) < 0) {
+            json_decref(loc);
+            snprintf(err, errlen, "its VM stayed paused by a txn");
+            goto fail;
+        }
+        window = 1;
         /* Room for the qcow2 metadata: an RBD image is thin anyway. */
         if (rbdsnap_sibling_create(v->img[d], img, (uint64_t)size +
                                    (uint64_t)size / 8 + (64u << 20), err,
@@ -325,11 +333,12 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             qmp_err_to(err, errlen, &qe);
             goto fail;
         }
+        redirect_step_end(a, v);
+        window = 0;
     }
-    /* The jobs last from the first blockdev-create until every one is
-     * concluded, with nothing slow between (redirect_jobs_begin): a stop
-     * of v waits for them. */
-    if (redirect_jobs_begin(a, v, deadline) < 0) {
+    /* The jobs are one step, from the first blockdev-create until every
+     * one is concluded: a stop during one aborts QEMU 7.2. */
+    if (redirect_step_begin(a, v, deadline) < 0) {
         snprintf(err, errlen, "its VM stayed paused by a txn");
         goto fail;
     }
@@ -372,8 +381,13 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             goto fail;
         }
     }
-    redirect_jobs_end(a, v);
+    redirect_step_end(a, v);
     window = 0;
+    if (redirect_step_begin(a, v, deadline) < 0) {
+        snprintf(err, errlen, "its VM stayed paused by a txn");
+        goto fail;
+    }
+    window = 1;
     for (int d = 0; d < n; d++) {
         char fnode[32], onode[32];
 
@@ -386,20 +400,22 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             goto fail;
         }
     }
+    redirect_step_end(a, v);
+    window = 0;
     json_decref(nodes);
     log_info("event=redirect_prepared txn=%s vm=%s disks=%d ms=%.3f", txn,
              v->cfg->name, n, mono_ms() - t0);
     return 0;
 fail:
     json_decref(nodes);
-    /* A job that may still run (not done in time, or QEMU did not answer
-     * about it) keeps v's stops out until a merge removes its nodes: the
-     * cleanup runs in the background, and the prepare stops no VM, as for
-     * a QEMU that does not answer. */
+    /* A step that may still run in QEMU (a job not done in time, or QEMU
+     * did not answer) keeps v's stops out until a merge removes its nodes:
+     * the cleanup runs in the background, and the prepare stops no VM, as
+     * for a QEMU that does not answer. */
     if (window && (jobs || qmp_hung))
         qmp_hung = 1;
     else if (window)
-        redirect_jobs_end(a, v);
+        redirect_step_end(a, v);
     *hung = qmp_hung;
     if (*hung)      /* a cleanup now would wait as long: in the background */
         redirect_kick(a, v, txn, "prepare_failed");
@@ -613,7 +629,7 @@ out:
     json_decref(nodes);
     json_decref(blocks);
     if (rc == 0)        /* no node of v's overlays left: no job either */
-        redirect_jobs_end(a, v);
+        redirect_step_end(a, v);
     if (rc == 0)
         log_info("event=redirect_merged txn=%s vm=%s why=%s disks=%d "
                  "merged=%d qemu=%s ms=%.3f", txn, v->cfg->name, why, n,

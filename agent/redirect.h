@@ -142,21 +142,23 @@ void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,
 /* QEMU 7.2 aborts (block-backend.c blk_unref: Assertion `blk->refcnt ==
  * 1') when `stop` arrives while a blockdev-create job runs: seen in the
  * lab (bench scale) and reproduced with QEMU 7.2.22 and one RBD node.  And
- * under load (bench scale, 100 VMs) create jobs started while their VM was
- * paused by a txn were still running 30 s later, which no run had shown
- * before.  So the create jobs of redirect_make run only while the agent
- * holds v neither stopped nor being stopped, as before overlays could be
- * made beside a cut in the pause:
- *   redirect_jobs_begin  waits until deadline (mono_ms) for v's cont, then
- *                        marks its jobs running (-1: still paused);
- *   redirect_jobs_end    all of them concluded, or a merge of v succeeded
- *                        (it removes the nodes, which no job would allow);
- *   redirect_stop_begin  before a stop: waits until deadline for v's jobs,
- *                        then marks v held (-1: they still run);
+ * under load (bench scale, 50 and 100 VMs) the create jobs of every VM of
+ * an agent whose overlays were being made beside cuts in the pause ran
+ * for 30 s (QEMU's rados op timeout in the lab), which no run had shown
+ * before.  So the steps of redirect_make (each overlay's image and node;
+ * the create jobs; the qcow2 nodes) run only while the agent holds v
+ * neither stopped nor being stopped, as before overlays could be made
+ * beside a cut in the pause:
+ *   redirect_step_begin  waits until deadline (mono_ms) for v's cont, then
+ *                        marks a step running (-1: v still paused);
+ *   redirect_step_end    the step is done, or a merge of v succeeded (it
+ *                        removes the nodes, which no running job allows);
+ *   redirect_stop_begin  before a stop: waits until deadline for the step
+ *                        in flight, then marks v held (-1: it still runs);
  *   redirect_resumed     v runs again (its cont, or a stop QEMU refused).
  */
-int redirect_jobs_begin(struct agent *a, const struct vm *v, double deadline);
-void redirect_jobs_end(struct agent *a, const struct vm *v);
+int redirect_step_begin(struct agent *a, const struct vm *v, double deadline);
+void redirect_step_end(struct agent *a, const struct vm *v);
 int redirect_stop_begin(struct agent *a, const struct vm *v, double deadline);
 void redirect_resumed(struct agent *a, const struct vm *v);
 

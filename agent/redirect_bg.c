@@ -45,9 +45,9 @@ static char kept_msg[CFG_MAX_VMS][512];
 static unsigned char commit_try[CFG_MAX_VMS], bg_done[CFG_MAX_VMS];
 static int bg_rc[CFG_MAX_VMS];
 static double bg_ms[CFG_MAX_VMS], bg_t_done[CFG_MAX_VMS];
-/* create jobs of redirect_make running; the VM stopped (or being stopped)
- * by the agent, until its cont (redirect.h) */
-static unsigned char jobs_running[CFG_MAX_VMS], held[CFG_MAX_VMS];
+/* a step of redirect_make running; the VM stopped (or being stopped) by
+ * the agent, until its cont (redirect.h) */
+static unsigned char step_running[CFG_MAX_VMS], held[CFG_MAX_VMS];
 static char bg_err[CFG_MAX_VMS][512];
 static unsigned long ahead_seq;
 
@@ -376,14 +376,14 @@ redirect_settle(struct agent *a, struct vm *v, double deadline,
 }
 
 int
-redirect_jobs_begin(struct agent *a, const struct vm *v, double deadline)
+redirect_step_begin(struct agent *a, const struct vm *v, double deadline)
 {
     int idx = idx_of(a, v);
 
     for (;;) {
         pthread_mutex_lock(&bg_mu);
         if (!held[idx]) {
-            jobs_running[idx] = 1;
+            step_running[idx] = 1;
             pthread_mutex_unlock(&bg_mu);
             return 0;
         }
@@ -395,10 +395,10 @@ redirect_jobs_begin(struct agent *a, const struct vm *v, double deadline)
 }
 
 void
-redirect_jobs_end(struct agent *a, const struct vm *v)
+redirect_step_end(struct agent *a, const struct vm *v)
 {
     pthread_mutex_lock(&bg_mu);
-    jobs_running[idx_of(a, v)] = 0;
+    step_running[idx_of(a, v)] = 0;
     pthread_mutex_unlock(&bg_mu);
 }
 
@@ -409,7 +409,7 @@ redirect_stop_begin(struct agent *a, const struct vm *v, double deadline)
 
     for (;;) {
         pthread_mutex_lock(&bg_mu);
-        if (!jobs_running[idx]) {
+        if (!step_running[idx]) {
             held[idx] = 1;
             pthread_mutex_unlock(&bg_mu);
             return 0;
