@@ -308,7 +308,7 @@ prepare_journal(struct prepare *p, const char **code, char *msg,
      * whose next overlays are still being made is cut in the pause. */
     for (int k = 0; k < p->n; k++) {
         settled[k] = redirect_settle(p->a, p->vms[k], settle_by,
-                                     now + RD_AHEAD_WAIT_MS, jerr,
+                                     now + redirect_ahead_wait_ms(), jerr,
                                      sizeof(jerr));
         if (settled[k] < 0) {
             fail_prepare(p->a, p->x);

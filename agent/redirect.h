@@ -126,12 +126,20 @@ int redirect_finish_wait(struct agent *a, const struct vm *v, double deadline,
  * its wait for PREPARED (half the lease by default). */
 #define RD_SETTLE_WAIT_MS 10000.0
 /* How long a prepare waits for overlays being made ahead, for all its VMs
- * together: tens of ms on an idle host; under load it took 2.2-2.7 s per
- * VM (bench scale, 50 VMs), while other agents' VMs, paused already,
- * waited for this agent's PREPARED. */
+ * together: as long as a cut in the pause would cost the VM, that is its
+ * RBD snapshots (redirect_ahead_wait_ms), and at least this.  Making them
+ * takes tens of ms on an idle host; under load it took 2.2-2.7 s per VM
+ * (bench scale, 50 VMs), while other agents' VMs, paused already, waited
+ * for this agent's PREPARED.  With 100 ms alone, 3 of 200 cuts fell back
+ * at 10 VMs and paid +500 ms of backend latency (bench pause). */
 #define RD_AHEAD_WAIT_MS 100.0
 int redirect_settle(struct agent *a, struct vm *v, double deadline,
                     double ahead_by, char *err, size_t errlen);
+/* The wait for overlays being made: the recent time of one VM's RBD
+ * snapshots on this agent (a moving average), at least RD_AHEAD_WAIT_MS. */
+double redirect_ahead_wait_ms(void);
+/* A commit took ms to create one VM's RBD snapshots (txn_vm.c). */
+void redirect_note_snapshot_ms(double ms);
 
 /* <image>.cutpoint-ov.<id> of v's disk d into buf. */
 void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,

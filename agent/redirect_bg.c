@@ -50,6 +50,9 @@ static double bg_ms[CFG_MAX_VMS], bg_t_done[CFG_MAX_VMS];
 static unsigned char step_running[CFG_MAX_VMS], held[CFG_MAX_VMS];
 static char bg_err[CFG_MAX_VMS][512];
 static unsigned long ahead_seq;
+/* a moving average of one VM's RBD snapshot time, and whether it has one */
+static double snap_avg_ms;
+static int snap_avg_set;
 
 struct bg_job {
     struct agent *a;
@@ -306,6 +309,27 @@ redirect_prepare(struct agent *a, struct vm *v, const char *txn, int *hung,
     snprintf(cur_id[idx], sizeof(cur_id[0]), "%s", txn);
     pthread_mutex_unlock(&bg_mu);
     return redirect_make(a, v, txn, hung, err, errlen);
+}
+
+void
+redirect_note_snapshot_ms(double ms)
+{
+    pthread_mutex_lock(&bg_mu);
+    /* weight 1/4: a few commits follow a change of the backend's latency */
+    snap_avg_ms = snap_avg_set ? 0.75 * snap_avg_ms + 0.25 * ms : ms;
+    snap_avg_set = 1;
+    pthread_mutex_unlock(&bg_mu);
+}
+
+double
+redirect_ahead_wait_ms(void)
+{
+    double w;
+
+    pthread_mutex_lock(&bg_mu);
+    w = snap_avg_ms > RD_AHEAD_WAIT_MS ? snap_avg_ms : RD_AHEAD_WAIT_MS;
+    pthread_mutex_unlock(&bg_mu);
+    return w;
 }
 
 int

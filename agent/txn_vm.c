@@ -139,6 +139,8 @@ commit_snapshot(struct txn_vm_commit *j)
         snprintf(j->msg, sizeof(j->msg), "%s", err.msg);
     }
     j->ts1 = mono_ms();
+    if (j->ndisks > 0 && !j->code)
+        redirect_note_snapshot_ms(j->ts1 - j->ts0);
 }
 
 /* Step 2: resume at once: this VM's disks are done (or the budget is
