@@ -278,6 +278,24 @@ drop_stale(struct vm *v, json_t *nodes, int to, char *err, size_t errlen)
     return rc;
 }
 
+/* The next step of making v's overlays (redirect.h): ends the one in
+ * *window, if any, and begins the next once the agent does not hold v
+ * stopped; -1 with err when v stayed paused until deadline. */
+static int
+next_step(struct agent *a, struct vm *v, double deadline, int *window,
+          char *err, size_t errlen)
+{
+    if (*window)
+        redirect_step_end(a, v);
+    *window = 0;
+    if (redirect_step_begin(a, v, deadline) < 0) {
+        snprintf(err, errlen, "its VM stayed paused by a txn");
+        return -1;
+    }
+    *window = 1;
+    return 0;
+}
+
 int
 redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
               char *err, size_t errlen)
@@ -312,12 +330,10 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             goto fail;
         redirect_overlay_image(img, sizeof(img), v, d, txn);
         node_name(fnode, sizeof(fnode), "cpovf", d);
-        if (redirect_step_begin(a, v, deadline) < 0) {
+        if (next_step(a, v, deadline, &window, err, errlen) < 0) {
             json_decref(loc);
-            snprintf(err, errlen, "its VM stayed paused by a txn");
             goto fail;
         }
-        window = 1;
         /* Room for the qcow2 metadata: an RBD image is thin anyway. */
         if (rbdsnap_sibling_create(v->img[d], img, (uint64_t)size +
                                    (uint64_t)size / 8 + (64u << 20), err,
@@ -333,16 +349,11 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             qmp_err_to(err, errlen, &qe);
             goto fail;
         }
-        redirect_step_end(a, v);
-        window = 0;
     }
     /* The jobs are one step, from the first blockdev-create until every
      * one is concluded: a stop during one aborts QEMU 7.2. */
-    if (redirect_step_begin(a, v, deadline) < 0) {
-        snprintf(err, errlen, "its VM stayed paused by a txn");
+    if (next_step(a, v, deadline, &window, err, errlen) < 0)
         goto fail;
-    }
-    window = 1;
     for (int d = 0; d < n; d++) {
         const struct cfg_disk *cd = &v->cfg->disks[d];
         json_int_t size = json_integer_value(json_object_get(json_object_get(
@@ -381,13 +392,9 @@ redirect_make(struct agent *a, struct vm *v, const char *txn, int *hung,
             goto fail;
         }
     }
-    redirect_step_end(a, v);
-    window = 0;
-    if (redirect_step_begin(a, v, deadline) < 0) {
-        snprintf(err, errlen, "its VM stayed paused by a txn");
+    jobs = 0;
+    if (next_step(a, v, deadline, &window, err, errlen) < 0)
         goto fail;
-    }
-    window = 1;
     for (int d = 0; d < n; d++) {
         char fnode[32], onode[32];
 

@@ -399,23 +399,31 @@ redirect_settle(struct agent *a, struct vm *v, double deadline,
     return -1;
 }
 
-int
-redirect_step_begin(struct agent *a, const struct vm *v, double deadline)
+/* Waits until deadline for busy[idx] to clear, then sets mark[idx] in
+ * the same lock: 0; -1 when it did not clear.  A step of making overlays
+ * and a stop of the VM take turns this way (redirect.h). */
+static int
+take_turn(int idx, const unsigned char *busy, unsigned char *mark,
+          double deadline)
 {
-    int idx = idx_of(a, v);
-
     for (;;) {
         pthread_mutex_lock(&bg_mu);
-        if (!held[idx]) {
-            step_running[idx] = 1;
+        if (!busy[idx]) {
+            mark[idx] = 1;
             pthread_mutex_unlock(&bg_mu);
             return 0;
         }
         pthread_mutex_unlock(&bg_mu);
         if (mono_ms() > deadline)
             return -1;
-        nap_ms(2);
+        nap_ms(1);
     }
+}
+
+int
+redirect_step_begin(struct agent *a, const struct vm *v, double deadline)
+{
+    return take_turn(idx_of(a, v), held, step_running, deadline);
 }
 
 void
@@ -429,20 +437,7 @@ redirect_step_end(struct agent *a, const struct vm *v)
 int
 redirect_stop_begin(struct agent *a, const struct vm *v, double deadline)
 {
-    int idx = idx_of(a, v);
-
-    for (;;) {
-        pthread_mutex_lock(&bg_mu);
-        if (!step_running[idx]) {
-            held[idx] = 1;
-            pthread_mutex_unlock(&bg_mu);
-            return 0;
-        }
-        pthread_mutex_unlock(&bg_mu);
-        if (mono_ms() > deadline)
-            return -1;
-        nap_ms(1);
-    }
+    return take_turn(idx_of(a, v), step_running, held, deadline);
 }
 
 void
