@@ -3,9 +3,9 @@
 
 After an abort the agent merges the VMs' overlays back and at once starts
 making the next cut's overlays in the background; a prepare right behind
-the abort finds them being made.  It waits for them only 100 ms, and less
-with a short lease (a quarter of it): the VM is then cut inside the pause,
-and the reply says why.  Its stop must wait for QEMU's blockdev-create
+the abort finds them being made.  It waits for them as long as the VM's
+RBD snapshots take (at least 100 ms), and no longer than a quarter of a
+short lease: the VM is then cut inside the pause, and the reply says why.  Its stop must wait for QEMU's blockdev-create
 jobs, because QEMU 7.2 aborts on a `stop` during one (block-backend.c
 blk_unref assertion); and no job may start while the txn holds the VM
 paused.  Every QEMU must outlive every round, and the overlays made beside
