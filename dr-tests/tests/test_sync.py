@@ -149,6 +149,14 @@ def test_three_rounds_under_writer_load(lab: dict[str, Any], image: str, tmp_pat
         assert read_range(d, image, "r0", off, n) == pattern(seed, n), f"r0 at {off}"
 
 
+# Two workers, not the default 16: each worker reads its object, then
+# waits for the rate limiter, and 16 of them hold 64 MiB at once, granted
+# in whatever order they reached the limiter.  The done prefix waits for
+# the lowest object, so on a loaded machine it could stay below the kill
+# point until the whole copy was over (CI: "killed at 67108864").
+KILL_OPTS = ["--rate-mbps", "8", "--progress-ms", "100", "--jobs", "2"]
+
+
 def test_kill9_mid_transfer_resumes_identical(lab: dict[str, Any], image: str,
                                               tmp_path: Path) -> None:
     p, d = sites(lab)
@@ -158,7 +166,7 @@ def test_kill9_mid_transfer_resumes_identical(lab: dict[str, Any], image: str,
     # sent), so an all-zero image would be copied before the kill.
     write_extents(p, image, size, [(0, pattern(9, size))])
     snap_create(p, image, "k1")
-    argv = sync_argv(lab, image, "k1", None, ["--rate-mbps", "8", "--progress-ms", "100"],
+    argv = sync_argv(lab, image, "k1", None, KILL_OPTS,
                      str(tmp_path))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = 0
@@ -214,7 +222,7 @@ def kill_mid_copy(lab: dict[str, Any], image: str, snap: str, size: int,
                   state_dir: Path, at: int) -> dict[str, str]:
     """Start a rate-limited full copy, SIGKILL it once `at` bytes are done,
     and return its progress record (key -> value)."""
-    argv = sync_argv(lab, image, snap, None, ["--rate-mbps", "8", "--progress-ms", "100"],
+    argv = sync_argv(lab, image, snap, None, KILL_OPTS,
                      str(state_dir))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = 0
