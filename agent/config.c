@@ -173,6 +173,9 @@ config_load(const char *path, struct agent_config *cfg, char *err,
     /* redirect by default (agent-protocol §5.1): a VM that cannot take it
      * is cut in the pause anyway (redirect_usable) */
     cfg->pause_in_pause = 0;
+    /* a VM without overlays made ahead: at most this many per prepare make
+     * them inside it (agent-protocol §5.1; the others are cut in the pause) */
+    cfg->redirect_inline_max = 8;
     cfg->max_connections = 256;
     cfg->handshake_timeout_ms = 10000;
     cfg->workers = 16;
@@ -275,6 +278,10 @@ config_load(const char *path, struct agent_config *cfg, char *err,
             if (strcmp(v, "redirect") && strcmp(v, "in_pause"))
                 goto bad;
             cfg->pause_in_pause = strcmp(v, "in_pause") == 0;
+        }
+        else if (KEY("agent", "redirect_inline_max")) {
+            if (parse_int(v, 0, CFG_MAX_VMS, &cfg->redirect_inline_max) < 0)
+                goto bad;
         }
         else if (KEY("agent", "storage_probe_ms")) {
             /* 0: no probe before the pause (prepare.c prepare_probe) */

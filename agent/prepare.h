@@ -44,7 +44,7 @@ struct prepare {
     int nundo;
     int rd[CFG_MAX_VMS];        /* 1: the VM is to take the redirect cut */
     /* why a VM that could take it is cut in the pause this time */
-    char rd_why[CFG_MAX_VMS][128];
+    char rd_why[CFG_MAX_VMS][256];
     /* when the request arrived, the journal write began and ended, the
      * stops began (mono_ms): the reply's steps_ms, for the pause bench */
     double t_in, t_journal0, t_journal1, t_pause0;

@@ -218,8 +218,15 @@ int redirect_finish(struct agent *a, struct vm *v, const char *why,
                     char *err, size_t errlen);
 
 /* Merges every VM of x whose rd[] state asks for it (RD_READY or
- * RD_SWITCHED), one thread per VM, and marks it RD_MERGED; the caller
- * owns x. */
+ * RD_SWITCHED), one thread per VM, and marks it RD_MERGED; for a VM cut
+ * in the pause (RD_NONE), redirect_ahead_after_cut.  The caller owns x. */
 void redirect_merge_txn(struct agent *a, struct txn *x, const char *why);
+
+/* After a txn that cut v in the pause: starts making its next cut's
+ * overlays in the background, unless v cannot take the redirect cut, or
+ * its journal lists overlays of v already (made or being made ahead, or
+ * an earlier cut's still to merge back).  Steps of making wait for the
+ * agent's cont of v (redirect_stop_begin). */
+void redirect_ahead_after_cut(struct agent *a, struct vm *v);
 
 #endif

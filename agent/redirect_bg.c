@@ -552,6 +552,28 @@ merge_one(void *arg)
 }
 
 void
+redirect_ahead_after_cut(struct agent *a, struct vm *v)
+{
+    struct journal_entry *e = NULL;
+    int n = 0, listed = 0;
+    char why[256];
+
+    if (!redirect_usable(a, v, why, sizeof(why)))
+        return;
+    /* An entry of v is overlays that exist or are being made: a kept
+     * merge's (v runs on them), or ahead ones.  None: v is on its bases.
+     * No other txn of v can start meanwhile: the caller's txn holds it. */
+    if (journal_entries(a->journal, &e, &n) < 0)
+        return;
+    for (int i = 0; i < n; i++)
+        if (e[i].kind == JOURNAL_REDIRECT && strcmp(e[i].vm, v->cfg->name) == 0)
+            listed = 1;
+    free(e);
+    if (!listed)
+        ahead_kick(a, v);
+}
+
+void
 redirect_merge_txn(struct agent *a, struct txn *x, const char *why)
 {
     struct merge_job jobs[CFG_MAX_VMS];
@@ -560,7 +582,11 @@ redirect_merge_txn(struct agent *a, struct txn *x, const char *why)
     for (int i = 0; i < x->nvms && n < CFG_MAX_VMS; i++) {
         struct vm *v;
 
-        if (!x->rd || (x->rd[i] != RD_READY && x->rd[i] != RD_SWITCHED))
+        if (!x->rd)
+            continue;
+        if (x->rd[i] == RD_NONE && (v = agent_find_vm(a, x->vms[i])))
+            redirect_ahead_after_cut(a, v);
+        if (x->rd[i] != RD_READY && x->rd[i] != RD_SWITCHED)
             continue;
         if ((v = agent_find_vm(a, x->vms[i])))
             jobs[n++] = (struct merge_job){.a = a, .v = v, .why = why};

@@ -272,6 +272,9 @@ txn_vm_commit(void *arg)
             j->merge_ms = mono_ms() - t0;
         }
         j->x->rd[j->vmidx] = RD_MERGED;
+    } else if (j->rd == RD_NONE) {
+        /* cut in the pause: its next cut's overlays, made from here */
+        redirect_ahead_after_cut(j->a, j->vm);
     }
     commit_report(j);
     j->m = NULL;

@@ -84,6 +84,23 @@ test_pause_path(void **state)
     assert_non_null(strstr(err, "pause_path"));
 }
 
+/* redirect_inline_max (agent-protocol §5.1): 8 unless set, 0..64. */
+static void
+test_redirect_inline_max(void **state)
+{
+    char err[512];
+
+    (void)state;
+    assert_int_equal(load("[agent]\nhost = h1\n" TLS, err, sizeof(err)), 0);
+    assert_int_equal(cfg.redirect_inline_max, 8);
+    assert_int_equal(load("[agent]\nhost = h1\nredirect_inline_max = 0\n" TLS,
+                          err, sizeof(err)), 0);
+    assert_int_equal(cfg.redirect_inline_max, 0);
+    assert_int_equal(load("[agent]\nhost = h1\nredirect_inline_max = 65\n" TLS,
+                          err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "redirect_inline_max"));
+}
+
 static void
 test_errors_name_the_line(void **state)
 {
@@ -283,6 +300,7 @@ main(void)
         cmocka_unit_test(test_long_values_are_refused_not_cut),
         cmocka_unit_test(test_start_command),
         cmocka_unit_test(test_pause_path),
+        cmocka_unit_test(test_redirect_inline_max),
         cmocka_unit_test(test_libvirt_manage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

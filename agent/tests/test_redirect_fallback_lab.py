@@ -1,5 +1,7 @@
-"""A prepare that finds a VM's next overlays still being made
-(agent-protocol §5.1, redirect.h).
+"""A prepare that cuts a VM in the pause where the redirect cut would
+wait (agent-protocol §5.1, redirect.h): its next overlays are still being
+made, or none were made ahead and more VMs than `redirect_inline_max`
+would make theirs inside the prepare.
 
 After an abort the agent merges the VMs' overlays back and at once starts
 making the next cut's overlays in the background; a prepare right behind
@@ -17,15 +19,20 @@ Real QEMU guests with RBD disks and a real cutpointd, as test_agent_lab.py.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import coordinator_context
 from cutpoint.agentclient import AgentClient, AgentReplyError
+from cutpoint.lab import agents as A
+from cutpoint.lab.ceph import rbd_cmd
 
 # the same lab as test_agent_lab.py, so no extra bring-up.
 pytestmark = [pytest.mark.lab, pytest.mark.lab_config(hosts=1, vms_per_host=2, disks=2, driver="qemu")]
@@ -110,4 +117,69 @@ async def test_prepare_behind_an_abort_cuts_in_the_pause_and_no_qemu_dies(
         assert res["state"] == "committed"
         assert all(v["resumed"] for v in res["vms"]), res
         await c.abort(txn)      # its member snapshots go
+        assert set((await running(c, names)).values()) == {"running"}
+
+
+INLINE_ONE = "\n[agent]\nredirect_inline_max = 1\n"
+
+
+@pytest.fixture
+def agents_inline_one(lab: dict[str, Any], certs_dir: Path) -> Iterator[list[dict[str, Any]]]:
+    """The agents, with overlays made inside a prepare for one VM at most."""
+    A.stop_agents(lab)
+    for d in A.agents_dir(lab).glob("*/journal"):
+        d.unlink()
+    recs = A.start_agents(lab, certs_dir, extra=INLINE_ONE)
+    try:
+        yield recs
+    finally:
+        A.stop_agents(lab)
+
+
+def overlays(lab: dict[str, Any], vm: dict[str, Any]) -> list[str]:
+    """The overlay images next to vm's disks."""
+    pool = vm["disks"][0]["pool"]
+    out = subprocess.run(rbd_cmd(lab["sites"]["primary"], "ls", "--format", "json", pool),
+                         check=True, capture_output=True, text=True).stdout
+    bases = {d["image"] for d in vm["disks"]}
+    return sorted(i for i in json.loads(out)
+                  if ".cutpoint-ov." in i and i.split(".cutpoint-ov.")[0] in bases)
+
+
+async def test_past_redirect_inline_max_a_first_cut_is_in_the_pause_then_redirected(
+        lab: dict[str, Any], agents_inline_one: list[dict], certs_dir: Path) -> None:
+    """No overlays are made ahead before a VM's first cut.  With
+    redirect_inline_max = 1 and two VMs, one makes its overlays inside the
+    prepare and the other is cut in the pause, saying why; after the txn
+    that one gets its overlays, and the next cut redirects both.  (With the
+    default, 8, both VMs' first cuts redirect: test_agent_lab.py.)"""
+    names = [vm["name"] for vm in lab["vms"]]
+    by_name = {vm["name"]: vm for vm in lab["vms"]}
+    snaps = {f"{vm['name']}/{d['node']}": "cp.inline." for vm in lab["vms"] for d in vm["disks"]}
+    async with client(agents_inline_one[0], certs_dir) as c:
+        for v in by_name.values():
+            assert overlays(lab, v) == [], "overlays left by an earlier test"
+        txn = new_txn()
+        prep = await c.prepare(txn, names, 5000)
+        paths = {v["vm"]: v for v in prep["vms"]}
+        cut_in = [n for n, v in paths.items() if v["pause_path"] == "in_pause"]
+        assert sorted(v["pause_path"] for v in paths.values()) == ["in_pause", "redirect"], prep
+        assert "redirect_inline_max" in paths[cut_in[0]]["pause_path_why"], prep
+        res = await c.commit(txn, {d: s + txn for d, s in snaps.items()}, 5000)
+        assert res["state"] == "committed" and all(v["resumed"] for v in res["vms"]), res
+        await c.abort(txn)      # its member snapshots go
+        # the VM cut in the pause gets its next cut's overlays after the txn
+        vm = by_name[cut_in[0]]
+        t0 = time.monotonic()
+        while len(overlays(lab, vm)) < len(vm["disks"]):
+            assert time.monotonic() - t0 < 30, f"no overlays made for {vm['name']}"
+            await asyncio.sleep(0.3)
+        assert all(".cutpoint-ov.ahead-" in i for i in overlays(lab, vm))
+        await asyncio.sleep(1)  # the other VM's, made after its merge
+        txn = new_txn()
+        prep = await c.prepare(txn, names, 5000)
+        assert {v["pause_path"] for v in prep["vms"]} == {"redirect"}, prep
+        res = await c.commit(txn, {d: s + txn for d, s in snaps.items()}, 5000)
+        assert res["state"] == "committed" and all(v["resumed"] for v in res["vms"]), res
+        await c.abort(txn)
         assert set((await running(c, names)).values()) == {"running"}
