@@ -11,7 +11,7 @@
  *            COMMITTED or FAILED
  *   abort    claim ─► resume (if still paused) ─► merge the overlays of
  *            the redirect cut back (redirect.c) ─► delete the member
- *            snapshots ─► ABORTED
+ *            snapshots (one thread per VM) ─► ABORTED
  *   resume   cont the named VMs
  *
  * prepare's steps are prepare.c; one VM's part of each is txn_vm.c.  A
@@ -20,6 +20,7 @@
  */
 #include "cmd.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
@@ -287,18 +288,117 @@ cmd_commit(struct agent *a, json_t *args, const char **code, char *msg,
 
 /* ---- abort ----------------------------------------------------------- */
 
+/* One member snapshot that an abort deletes, and how that went. */
+struct abort_del {
+    struct vm *v;
+    int d, ours, rc;
+    const char *key, *name;
+    json_t *jid;
+    char err[512];
+};
+
+/* One VM's member snapshots, deleted one after another in its thread. */
+struct abort_vm_job {
+    struct agent *a;
+    const char *txn;
+    struct abort_del *items;
+    int n;
+    struct vm *v;
+};
+
+static void *
+abort_vm_delete(void *arg)
+{
+    struct abort_vm_job *j = arg;
+
+    for (int i = 0; i < j->n; i++) {
+        struct abort_del *e = &j->items[i];
+
+        if (e->v != j->v)
+            continue;
+        e->rc = cmd_snap_delete_owned(j->a, e->v, e->d, e->name, j->txn,
+                                      e->ours, e->jid, e->err,
+                                      sizeof(e->err));
+    }
+    return NULL;
+}
+
+/*
+ * Deletes the member snapshots in todo (disk key -> name), one thread per
+ * VM: one after another, the 75 of 25 VMs took 20 s under load (bench
+ * scale, 100 VMs), and the VMs stayed in the aborting txn meanwhile, so
+ * every prepare of them was BUSY.  Results go to deleted / not_deleted in
+ * todo's order.
+ */
+static void
+abort_delete(struct agent *a, const char *txn, json_t *todo, json_t *mine,
+             json_t *ids, json_t *deleted, json_t *not_deleted)
+{
+    size_t n = json_object_size(todo), k = 0;
+    struct abort_del *items = calloc(n ? n : 1, sizeof(*items));
+    struct abort_vm_job jobs[CFG_MAX_VMS];
+    const char *key;
+    json_t *nv;
+    int nj = 0;
+
+    json_object_foreach(todo, key, nv) {
+        struct abort_del *e = items ? &items[k++] : NULL;
+        struct vm *v;
+        int d, seen = 0;
+
+        if (agent_find_disk(a, key, &v, &d) < 0 || !e) {
+            json_array_append_new(not_deleted, json_pack(
+                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
+                "error", e ? "UNKNOWN_DISK" : "out of memory"));
+            if (e)
+                e->v = NULL;
+            continue;
+        }
+        /* This commit made it, or started it and gave up at the budget
+         * (id null).  A late create of a backend that tags its owner is
+         * judged by that tag; one that tags nothing (qmp-transaction) is
+         * known by name alone, or it would be left behind untagged. */
+        *e = (struct abort_del){.v = v, .d = d, .key = key,
+                                .name = json_string_value(nv),
+                                .jid = json_object_get(ids, key)};
+        e->ours = json_equal(json_object_get(mine, key), nv) &&
+                  (!json_is_null(e->jid) || !v->snap->tags_owner);
+        for (int i = 0; i < nj; i++)
+            seen |= jobs[i].v == v;
+        if (!seen && nj < CFG_MAX_VMS)
+            jobs[nj++] = (struct abort_vm_job){.a = a, .txn = txn,
+                                               .items = items, .v = v};
+    }
+    for (int i = 0; i < nj; i++)
+        jobs[i].n = (int)k;
+    par_run(abort_vm_delete, jobs, sizeof(jobs[0]), nj);
+    for (size_t i = 0; i < k; i++) {
+        struct abort_del *e = &items[i];
+
+        if (!e->v)
+            continue;
+        if (e->rc == 1)
+            json_array_append_new(deleted, json_pack(
+                "{s:s,s:s}", "disk", e->key, "name", e->name));
+        else if (e->rc < 0)
+            json_array_append_new(not_deleted, json_pack(
+                "{s:s,s:s,s:s}", "disk", e->key, "name", e->name,
+                "error", e->err));
+    }
+    free(items);
+}
+
 json_t *
 cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
           size_t msglen, json_t **err_result)
 {
     const char *id = json_string_value(json_object_get(args, "txn"));
-    json_t *extra = json_object_get(args, "snapshots"), *todo, *nv;
+    json_t *extra = json_object_get(args, "snapshots"), *todo;
     json_t *resumed = json_array(), *deleted = json_array();
     json_t *not_deleted = json_array(), *timings = json_array(), *ids, *mine;
     struct vm *vms[CFG_MAX_VMS];
     struct resume_job rj[CFG_MAX_VMS];
     struct txn *x;
-    const char *key;
     int was_prepared = 0, n = 0;
 
     (void)code, (void)msg, (void)msglen, (void)err_result;
@@ -334,34 +434,7 @@ cmd_abort(struct agent *a, json_t *args, const char **code, char *msg,
             json_array_append_new(resumed, json_string(vms[i]->cfg->name));
             json_array_append_new(timings, o);
         }
-    json_object_foreach(todo, key, nv) {
-        struct vm *v;
-        int d, rc, ours;
-        char err[512] = "";
-        if (agent_find_disk(a, key, &v, &d) < 0) {
-            json_array_append_new(not_deleted, json_pack(
-                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
-                "error", "UNKNOWN_DISK"));
-            continue;
-        }
-        /* This commit made it, or started it and gave up at the budget
-         * (id null).  A late create of a backend that tags its owner is
-         * judged by that tag; one that tags nothing (qmp-transaction) is
-         * known by name alone, or it would be left behind untagged. */
-        ours = json_equal(json_object_get(mine, key), nv) &&
-               (!json_is_null(json_object_get(ids, key)) ||
-                !v->snap->tags_owner);
-        rc = cmd_snap_delete_owned(a, v, d, json_string_value(nv), id, ours,
-                                   json_object_get(ids, key), err,
-                                   sizeof(err));
-        if (rc == 1)
-            json_array_append_new(deleted, json_pack(
-                "{s:s,s:s}", "disk", key, "name", json_string_value(nv)));
-        else if (rc < 0)
-            json_array_append_new(not_deleted, json_pack(
-                "{s:s,s:s,s:s}", "disk", key, "name", json_string_value(nv),
-                "error", err));
-    }
+    abort_delete(a, id, todo, mine, ids, deleted, not_deleted);
     json_decref(todo);
     json_decref(ids);
     json_decref(mine);

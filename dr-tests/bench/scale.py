@@ -59,8 +59,10 @@ class ScaleConfig:
     lease_ms: int = 5000
     budget_ms: int = 3000
     rtt_samples: int = 200
-    # The agents' [agent] pause_path; None: the agent's default (in_pause).
+    # The agents' [agent] pause_path; None: the agent's default (redirect).
     pause_path: str | None = None
+    # The agents' [agent] redirect_inline_max; None: the agent's default.
+    redirect_inline_max: int | None = None
 
     def lab_params(self) -> dict[str, Any]:
         # VM-less: the bench makes its own guest-less QEMUs.
@@ -208,6 +210,16 @@ async def agent_rtt(status: dict[str, Any], certs: Path, samples: int) -> dict[s
     return {"samples": ms, **summary(ms)}
 
 
+def agent_extra(cfg: ScaleConfig) -> str:
+    """The [agent] keys the bench sets in each agent's config."""
+    keys = []
+    if cfg.pause_path:
+        keys.append(f"pause_path = {cfg.pause_path}")
+    if cfg.redirect_inline_max is not None:
+        keys.append(f"redirect_inline_max = {cfg.redirect_inline_max}")
+    return "\n[agent]\n" + "\n".join(keys) + "\n" if keys else ""
+
+
 def run_scale(status: dict[str, Any], cfg: ScaleConfig, log: Log) -> dict[str, Any]:
     from cutpoint.lab.agents import start_agents, stop_agents
 
@@ -219,7 +231,7 @@ def run_scale(status: dict[str, Any], cfg: ScaleConfig, log: Log) -> dict[str, A
     # agents' configs and the group spec are made from.
     ours = {**status, "vms": vms,
             "hosts": [h for h in status["hosts"] if h.get("site", "primary") == "primary"]}
-    extra = f"\n[agent]\npause_path = {cfg.pause_path}\n" if cfg.pause_path else ""
+    extra = agent_extra(cfg)
     try:
         start_vms(status, vms, log)
         mem = rss_mib(vms)
@@ -278,7 +290,16 @@ def scale_table(doc: dict[str, Any]) -> str:
                      f"{two('snapshot_ms')} | {two('overhead_ms')} | {parts} | "
                      f"{two('total_ms')} | {r['committed']} / {r['aborted']} |")
     spread = doc.get("overhead_p99_spread")
+    cfg = doc.get("config", {})
+    inline = cfg.get("redirect_inline_max")
+    paths = "; ".join(f"{r['vms']} VMs: " + (", ".join(f"{k} {v}" for k, v in
+                                                       sorted(r.get("paths", {}).items()))
+                                             or "none")
+                      for r in doc["rows"])
     lines += ["",
+              (f"agents' [agent] pause_path {cfg.get('pause_path') or '(default)'}, "
+               f"redirect_inline_max {inline if inline is not None else '(default)'}; "
+               f"cuts per path: {paths}"),
               (f"{doc.get('cpus')} CPUs, load average (1 min) {doc.get('loadavg_1m')} "
               f"before / after the rounds; QEMU RSS {doc.get('qemu_rss_mib', 0):.0f} MiB"),
               (f"agent round trip (hello, same run): p50 {_f(rtt['p50'], '{:.3f}')} ms, "

@@ -49,3 +49,17 @@ def test_table_states_the_goal_and_the_spread() -> None:
     assert "| 100 | 300 | 4 |" in text and "stop / barrier / cont" in text
     assert all(line.count("|") == 10 for line in text.splitlines()[:4])
     assert "2 x p50 + 2 ms = 2.40 ms" in text and "spread 50%" in text
+
+
+def test_agent_settings_go_into_their_config_and_the_table() -> None:
+    assert sb.agent_extra(sb.ScaleConfig()) == ""
+    cfg = sb.ScaleConfig(pause_path="redirect", redirect_inline_max=0)
+    assert sb.agent_extra(cfg) == "\n[agent]\npause_path = redirect\nredirect_inline_max = 0\n"
+    row = {**_row(50, 2.0), "paths": {"redirect": 30, "in_pause": 20}}
+    doc = {"rows": [row], "cpus": 2, "loadavg_1m": [1.0, 2.0], "qemu_rss_mib": 100.0,
+           "agent_rtt_ms": {"p50": 0.2, "p99": 1.0}, "goal": {"overhead_p99_max_ms": 2.4},
+           "overhead_p99_spread": 0.5,
+           "config": {"pause_path": "redirect", "redirect_inline_max": 0}}
+    text = sb.scale_table(doc)
+    assert "pause_path redirect, redirect_inline_max 0" in text
+    assert "50 VMs: in_pause 20, redirect 30" in text

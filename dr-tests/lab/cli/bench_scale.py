@@ -23,6 +23,10 @@ def scale(
     disk_size_mb: Annotated[int, typer.Option("--disk-size-mb", min=1)] = 16,
     pause_path: Annotated[str | None, typer.Option(
         "--pause-path", help="the agents' pause_path (default: the agent's own)")] = None,
+    redirect_inline_max: Annotated[int | None, typer.Option(
+        "--redirect-inline-max", min=0, max=64,
+        help="the agents' redirect_inline_max: VMs per prepare that make their "
+             "overlays inside it (default: the agent's own, 8)")] = None,
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] \
         = "out/bench-scale.json",
 ) -> None:
@@ -31,7 +35,8 @@ def scale(
     from cutpoint.bench import scale as sb
 
     cfg = sb.ScaleConfig(vms=_ints(vms, "--vms"), disks=disks, hosts=hosts, rounds=rounds,
-                         disk_size_mb=disk_size_mb, pause_path=pause_path)
+                         disk_size_mb=disk_size_mb, pause_path=pause_path,
+                         redirect_inline_max=redirect_inline_max)
     try:
         doc = _with_lab(cfg.lab_params(), lambda status: sb.run_scale(status, cfg, _log))
     except _errors() as exc:
