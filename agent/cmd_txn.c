@@ -325,10 +325,11 @@ abort_vm_delete(void *arg)
 
 /*
  * Deletes the member snapshots in todo (disk key -> name), one thread per
- * VM: one after another, the 75 of 25 VMs took 20 s under load (bench
- * scale, 100 VMs), and the VMs stayed in the aborting txn meanwhile, so
- * every prepare of them was BUSY.  Results go to deleted / not_deleted in
- * todo's order.
+ * VM.  One after another, an abort of 75 (25 VMs, bench scale at 100 VMs
+ * on a loaded host) ended 20 s after the commit it undid, and every
+ * prepare of those VMs meanwhile was BUSY: the VMs stay in the aborting
+ * txn until the deletes are done.  Results go to deleted / not_deleted
+ * in todo's order (unknown disks first).
  */
 static void
 abort_delete(struct agent *a, const char *txn, json_t *todo, json_t *mine,
