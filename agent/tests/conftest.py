@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +44,28 @@ def certs_dir() -> Iterator[Path]:
 REDIRECT = "\n[agent]\npause_path = redirect\n"
 
 
-@pytest.fixture
-def agents(lab: dict[str, Any], certs_dir: Path) -> Iterator[list[dict[str, Any]]]:
+@contextmanager
+def agents_with(lab: dict[str, Any], certs_dir: Path,
+                extra: str = "") -> Iterator[list[dict[str, Any]]]:
+    """One cutpointd per lab host with `extra` appended to its config, on
+    empty journals; stopped at the end."""
     from cutpoint.lab import agents as A
 
     A.stop_agents(lab)            # a crashed earlier test may have left one
     for d in A.agents_dir(lab).glob("*/journal"):
         d.unlink()
-    # The agents' defaults: the redirect cut where a VM can take it.
-    recs = A.start_agents(lab, certs_dir)
+    recs = A.start_agents(lab, certs_dir, extra=extra)
     try:
         yield recs
     finally:
         A.stop_agents(lab)
+
+
+@pytest.fixture
+def agents(lab: dict[str, Any], certs_dir: Path) -> Iterator[list[dict[str, Any]]]:
+    # The agents' defaults: the redirect cut where a VM can take it.
+    with agents_with(lab, certs_dir) as recs:
+        yield recs
 
 
 def coordinator_context(certs: Path) -> ssl.SSLContext:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import coordinator_context
+from conftest import agents_with, coordinator_context
 from cutpoint.agentclient import AgentClient, AgentReplyError
 from cutpoint.lab import agents as A
 
@@ -33,14 +33,8 @@ IN_PAUSE = "\n[agent]\npause_path = in_pause\n"
 
 @pytest.fixture
 def agents(lab: dict[str, Any], certs_dir: Path) -> Any:
-    A.stop_agents(lab)
-    for d in A.agents_dir(lab).glob("*/journal"):
-        d.unlink()
-    recs = A.start_agents(lab, certs_dir, extra=IN_PAUSE)
-    try:
+    with agents_with(lab, certs_dir, IN_PAUSE) as recs:
         yield recs
-    finally:
-        A.stop_agents(lab)
 
 
 def _client(rec: dict[str, Any], certs: Path) -> AgentClient:

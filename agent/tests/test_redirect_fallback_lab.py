@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import coordinator_context
+from conftest import agents_with, coordinator_context
 from cutpoint.agentclient import AgentClient, AgentReplyError
-from cutpoint.lab import agents as A
 from cutpoint.lab.ceph import rbd_cmd
 
 # the same lab as test_agent_lab.py, so no extra bring-up.
@@ -126,14 +125,8 @@ INLINE_ONE = "\n[agent]\nredirect_inline_max = 1\n"
 @pytest.fixture
 def agents_inline_one(lab: dict[str, Any], certs_dir: Path) -> Iterator[list[dict[str, Any]]]:
     """The agents, with overlays made inside a prepare for one VM at most."""
-    A.stop_agents(lab)
-    for d in A.agents_dir(lab).glob("*/journal"):
-        d.unlink()
-    recs = A.start_agents(lab, certs_dir, extra=INLINE_ONE)
-    try:
+    with agents_with(lab, certs_dir, INLINE_ONE) as recs:
         yield recs
-    finally:
-        A.stop_agents(lab)
 
 
 def overlays(lab: dict[str, Any], vm: dict[str, Any]) -> list[str]:
