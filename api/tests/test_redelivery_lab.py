@@ -2,7 +2,9 @@
 (api/jobclaim.py), on the lab, with real Celery workers on the test's own
 Redis.
 
-The timeout is the product's old default, 120 s, set explicitly.  The
+The timeout is 30 s, set explicitly (the product's default is 120 s; the
+mechanism under test is the same at any value, and 30 s keeps the cell
+under a minute where 120 s took three).  The
 group snapshot's replicate job (queued by its commit, as labflow's
 `snapshot_and_replicate` does) goes to the DR site's queue
 (`dr_site_queues`), which no worker takes until the test has measured what
@@ -12,7 +14,7 @@ the primary (what cutpoint-sync sends as data, `ZERO_BLOCK`).  The worker
 of that queue then starts with the product's own rate limit
 (`CUTPOINT_REPLICATION_RATE_MBPS`) chosen so that the copy lasts COPY_S.
 Kombu looks for unacknowledged messages every quarter of the timeout, so
-Redis hands the message out again between 120 s and 150 s after the first
+Redis hands the message out again between 30 s and 37.5 s after the first
 delivery: the copy must outlast that.
 
 Redis must redeliver the message while the copy runs, the redelivery must
@@ -47,10 +49,10 @@ from plane import Plane, wait_for  # api/tests/plane.py
 
 pytestmark = [*MARKS]
 
-VISIBILITY_S = 120
+VISIBILITY_S = 30
 # Longer than the latest redelivery (1.25 x the timeout) with a margin for
 # the worker's start and the copy's own end.
-COPY_S = 170.0
+COPY_S = 55.0
 ZERO_BLOCK = 4096
 FILL_MB = 16
 JOBS = 2  # cutpoint-sync runs at once: the replicate job the commit queues asks for 2
