@@ -1,10 +1,12 @@
-"""Benchmark: the in-pause part of three ways to cut one VM's RBD disks.
+"""Benchmark: the in-pause part of four ways to cut one VM's RBD disks.
 
 On one lab VM (TCG, RBD disks), per added backend latency
 (cutpoint.lab.backend_latency), pause_designs_probe.py times:
 today's path (the RBD snapshots inside the pause), redirect on pause
 (blockdev-snapshot onto prepared qcow2-on-RBD overlays, then snapshot and
-block-commit after `cont`) and copy-before-write fleecing (bitmap and
+block-commit after `cont`), the same switch without `stop` ("live": the
+vCPUs run, the guest's block I/O waits on the transaction alone) and
+copy-before-write fleecing (bitmap and
 blockdev-backup sync=none in the pause).  It prints a table and returns a
 JSON-able document; it never asserts on time.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 from cutpoint.bench.groupsnap import HERE, SYSTEM_PYTHON, BenchError, Log, _f, summary
 
-DESIGNS = ("today", "redirect", "fleecing")
+DESIGNS = ("today", "redirect", "live", "fleecing")
 
 
 @dataclass
@@ -30,8 +32,9 @@ class DesignsConfig:
     designs: list[str] = field(default_factory=lambda: list(DESIGNS))
 
     def lab_params(self) -> dict[str, Any]:
+        # Raw QEMU: the probe drives the VM's own QMP socket.
         return {"hosts": 1, "vms_per_host": 1, "disks": self.disks,
-                "workload": self.workload, "disk_size_mb": 64}
+                "workload": self.workload, "disk_size_mb": 64, "driver": "qemu"}
 
 
 def _probe(status: dict[str, Any], cfg: DesignsConfig, tag: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Time the in-pause part of three ways to cut one QEMU VM's RBD disks.
+"""Time the in-pause part of four ways to cut one QEMU VM's RBD disks.
 
 Run with the system Python, which has Debian's python3-rbd bindings:
 
@@ -6,7 +6,7 @@ Run with the system Python, which has Debian's python3-rbd bindings:
 
 PLAN: {"qmp": socket, "conf": ceph.conf, "client_id", "keyring", "pool",
 "qemu_conf": the conf= QEMU opens RBD with, "disks": [{"node", "image",
-"size_mb"}], "rounds": N, "designs": ["today", "redirect", "fleecing"],
+"size_mb"}], "rounds": N, "designs": ["today", "redirect", "live", "fleecing"],
 "tag": str}.  Prints one JSON object: per design the samples of each
 phase in ms.  Kept free of project imports (like rbd_snaptime.py).
 
@@ -18,6 +18,14 @@ phase in ms.  Kept free of project imports (like rbd_snaptime.py).
   After `cont`: rbd_snap_create of the now-frozen bases, then an active
   `block-commit` of each overlay back (ready, complete), blockdev-del,
   and the overlay image removed.
+- live: as redirect, without `stop` and `cont`: the `transaction` alone
+  is the VM's cut (QEMU drains every node of the transaction and applies
+  its actions under one lock, so the VM's disks are cut at one point), and
+  its time is what the guest's block I/O waits on; the vCPUs never stop.
+  A group cut this way needs something else to keep a VM's post-cut
+  writes from reaching another VM before that one is cut (its outbound
+  packets held until every VM is switched); this probe times the block
+  part only.
 - fleecing: before the pause, one qcow2 target per disk on a new RBD image
   with the disk as its backing.  In the pause: a `transaction` of
   `block-dirty-bitmap-add` and `blockdev-backup sync=none` (QEMU's
@@ -197,13 +205,29 @@ class Probe:
         return r
 
     def redirect(self, snap: str) -> dict[str, float]:
+        return self._switched(snap, stop=True)
+
+    def live(self, snap: str) -> dict[str, float]:
+        return self._switched(snap, stop=False)
+
+    def _switched(self, snap: str, stop: bool) -> dict[str, float]:
+        """redirect (stop=True) or live (stop=False): the same overlays and
+        the same `transaction`; live leaves the vCPUs running, so what the
+        guest waits on is the transaction alone (its block I/O drained and
+        held while it runs)."""
         t0 = time.perf_counter()
         ovs = [self._qcow2_on_rbd(k, "ov", None) for k in range(len(self.disks))]
         t1 = time.perf_counter()
         acts = [{"type": "blockdev-snapshot",
                  "data": {"node": d["node"], "overlay": ov}}
                 for d, ov in zip(self.disks, ovs)]
-        r = paused(self.q, lambda: self.q.cmd("transaction", actions=acts))
+        if stop:
+            r = paused(self.q, lambda: self.q.cmd("transaction", actions=acts))
+        else:
+            ta = time.perf_counter()
+            self.q.cmd("transaction", actions=acts)
+            tb = time.perf_counter()
+            r = {"stop_ms": 0.0, "cut_ms": ms(ta, tb), "cont_ms": 0.0, "pause_ms": ms(ta, tb)}
         t2 = time.perf_counter()
         snap_all(self.images, snap)
         t3 = time.perf_counter()

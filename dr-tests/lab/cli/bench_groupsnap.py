@@ -100,10 +100,10 @@ def pause_designs(
     backend_latency: Annotated[str, typer.Option(
         "--backend-latency", help="added snapshot latency of the backend in ms")] = "0,500",
     designs: Annotated[str, typer.Option(
-        "--designs", help="today, redirect, fleecing (comma-separated)")] = "today,redirect,fleecing",
+        "--designs", help="today, redirect, live, fleecing (comma-separated)")] = "today,redirect,live,fleecing",
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
 ) -> None:
-    """In-pause time of today's path, redirect on pause and CBW fleecing, on one VM."""
+    """In-pause time of today's path, redirect on pause, the live switch and CBW fleecing, on one VM."""
     from cutpoint.bench import pause_designs as pd
     chosen = [d.strip() for d in designs.split(",") if d.strip()]
     if not chosen or any(d not in pd.DESIGNS for d in chosen):
