@@ -30,6 +30,10 @@ class DesignsConfig:
     workload: str = "none"
     backend_latency_ms: list[int] = field(default_factory=lambda: [0, 500])
     designs: list[str] = field(default_factory=lambda: list(DESIGNS))
+    # live: how long the guest's outbound packets stay held after its
+    # switch, the stand-in for the wait for COMMIT (about 8 ms p50 at the
+    # issue's shape, docs/benchmarks.md); 0 = no hold.
+    hold_ms: int = 10
 
     def lab_params(self) -> dict[str, Any]:
         # Raw QEMU: the probe drives the VM's own QMP socket.
@@ -46,6 +50,10 @@ def _probe(status: dict[str, Any], cfg: DesignsConfig, tag: str) -> dict[str, An
             "tag": tag,
             "disks": [{"node": d["node"], "image": d["image"], "size_mb": d["size_mb"]}
                       for d in vm["disks"]]}
+    if "live" in cfg.designs and cfg.hold_ms:
+        # net0: the netdev of a raw-QEMU lab VM (cutpoint.lab.vms).
+        plan["hold"] = {"netdev": "net0", "netns": vm["host"], "address": vm["address"],
+                        "hold_ms": cfg.hold_ms}
     argv = [SYSTEM_PYTHON, str(HERE / "pause_designs_probe.py")]
     res = subprocess.run(argv, input=json.dumps(plan), capture_output=True, text=True,
                          timeout=1800, check=False)
@@ -69,6 +77,8 @@ def run_designs(status: dict[str, Any], cfg: DesignsConfig, log: Log) -> dict[st
                 row: dict[str, Any] = {"backend_latency_ms": lat, "design": design}
                 for key, xs in raw[design].items():
                     row[key] = {"samples": xs, **summary(xs)}
+                if design == "live" and "ping" in raw:
+                    row["ping"] = _ping(raw["ping"], log)
                 log(f"designs: +{lat} ms {design}: pause p50 "
                     f"{_f(row['pause_ms']['p50'])} ms, p99 {_f(row['pause_ms']['p99'])} ms")
                 rows.append(row)
@@ -76,6 +86,38 @@ def run_designs(status: dict[str, Any], cfg: DesignsConfig, log: Log) -> dict[st
         set_backend_latency(site, 0)
     return {"benchmark": "pause-designs", "config": asdict(cfg),
             "lab": {"accel": status.get("accel"), "vm_disks": cfg.disks}, "rows": rows}
+
+
+def _ping(p: dict[str, Any], log: Log) -> dict[str, Any]:
+    """The guest's replies during the run: those to echoes sent inside a
+    hold must all arrive, after its release."""
+    out = {k: p[k] for k in ("replies_in_hold", "replies_outside", "lost")}
+    for key in ("rtt_in_hold_ms", "rtt_outside_ms", "arrival_after_release_ms"):
+        out[key] = {"samples": p[key], **summary(p[key])}
+    early = [x for x in p["arrival_after_release_ms"] if x < 0]
+    out["arrived_before_release"] = len(early)
+    log(f"designs: live hold: {out['replies_in_hold']} replies to echoes sent in a hold, "
+        f"{len(early)} of them before its release; {out['replies_outside']} outside; "
+        f"{out['lost']} lost")
+    return out
+
+
+def hold_table(doc: dict[str, Any]) -> str:
+    """The live design's network hold, one line per backend latency."""
+    lines = [("| backend latency | hold on / release p50 (ms) | held p50 / p99 (ms) | "
+              "replies to echoes sent in a hold | of which came through it | reply after release "
+              "p50 / max (ms) | rtt outside p50 / p99 (ms) | lost |"), "|" + "---|" * 8]
+    for r in doc["rows"]:
+        if r["design"] != "live" or "ping" not in r:
+            continue
+        g, a, o = r["ping"], r["ping"]["arrival_after_release_ms"], r["ping"]["rtt_outside_ms"]
+        lines.append(
+            f"| +{r['backend_latency_ms']} ms | {_f(r['hold_on_ms']['p50'])} / "
+            f"{_f(r['release_ms']['p50'])} | {_f(r['held_ms']['p50'])} / "
+            f"{_f(r['held_ms']['p99'])} | {g['replies_in_hold']} | "
+            f"{g['arrived_before_release']} | {_f(a['p50'])} / {_f(a['max'])} | "
+            f"{_f(o['p50'])} / {_f(o['p99'])} | {g['lost']} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def designs_table(doc: dict[str, Any]) -> str:
@@ -93,4 +135,5 @@ def designs_table(doc: dict[str, Any]) -> str:
             f"{_f(p['p99'])} / {_f(p['max'])} | {_f(c['p50'])} / {_f(c['p99'])} | "
             f"{_f(r['stop_ms']['p50'])} / {_f(r['cont_ms']['p50'])} | {_f(before)} | "
             f"{_f(backend)} | {_f(after)} | {p['n']} |")
-    return "\n".join(lines)
+    hold = hold_table(doc)
+    return "\n".join(lines) + (f"\n\nThe live design's network hold:\n\n{hold}" if hold else "")

@@ -23,9 +23,14 @@ phase in ms.  Kept free of project imports (like rbd_snaptime.py).
   its actions under one lock, so the VM's disks are cut at one point), and
   its time is what the guest's block I/O waits on; the vCPUs never stop.
   A group cut this way needs something else to keep a VM's post-cut
-  writes from reaching another VM before that one is cut (its outbound
-  packets held until every VM is switched); this probe times the block
-  part only.
+  writes from reaching another VM before that one is cut: with PLAN's
+  "hold" ({"netdev", "netns", "address", "hold_ms", "queue": rx, "control":
+  false}), the guest's
+  outbound packets are held by a QEMU `filter-buffer` on its netdev from
+  before the transaction until hold_ms after it (the stand-in for the
+  wait for COMMIT), and icmp_pinger.py pings the guest from its host
+  namespace the whole run: replies to echoes sent in a hold must arrive
+  after its release, none lost.
 - fleecing: before the pause, one qcow2 target per disk on a new RBD image
   with the disk as its backing.  In the pause: a `transaction` of
   `block-dirty-bitmap-add` and `blockdev-backup sync=none` (QEMU's
@@ -39,10 +44,14 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+HOLD_ID = "cutpoint-hold"
 
 
 class QmpError(Exception):
@@ -148,8 +157,21 @@ class Probe:
         self.disks = plan["disks"]
         self.images = [rbd.Image(self.ioctx, d["image"]) for d in self.disks]
         self.q = Qmp(plan["qmp"])
+        # live: a QEMU filter-buffer on the guest's netdev, off between cuts
+        # (queue rx: what the guest sends into the netdev).  Its interval,
+        # a release timer on the guest's clock, is set to the largest
+        # value: only `status off` releases.
+        self.hold: dict[str, Any] = plan.get("hold") or {}
+        self.windows: list[tuple[float, float]] = []
+        if self.hold:
+            self.q.cmd("object-add", **{"qom-type": "filter-buffer", "id": HOLD_ID,
+                                         "netdev": self.hold["netdev"],
+                                         "queue": self.hold.get("queue", "rx"),
+                                         "interval": 0xFFFFFFFF, "status": "off"})
 
     def close(self) -> None:
+        if self.hold:
+            self.q.cmd("object-del", id=HOLD_ID)
         for img in self.images:
             img.close()
         self.ioctx.close()
@@ -224,10 +246,7 @@ class Probe:
         if stop:
             r = paused(self.q, lambda: self.q.cmd("transaction", actions=acts))
         else:
-            ta = time.perf_counter()
-            self.q.cmd("transaction", actions=acts)
-            tb = time.perf_counter()
-            r = {"stop_ms": 0.0, "cut_ms": ms(ta, tb), "cont_ms": 0.0, "pause_ms": ms(ta, tb)}
+            r = self._live_cut(acts)
         t2 = time.perf_counter()
         snap_all(self.images, snap)
         t3 = time.perf_counter()
@@ -245,6 +264,36 @@ class Probe:
             self._drop(k, "ov")
         self._unsnap(snap)
         r.update(prepare_ms=ms(t0, t1), backend_ms=ms(t2, t3), commit_ms=ms(t3, t4))
+        return r
+
+    def _hold(self, status: str) -> None:
+        """The filter on or off; the negative control ("control": true)
+        times the same windows with the filter left off, and must see
+        replies come through them."""
+        if not self.hold.get("control"):
+            self.q.cmd("qom-set", path=f"/objects/{HOLD_ID}", property="status", value=status)
+
+    def _live_cut(self, acts: list[dict[str, Any]]) -> dict[str, float]:
+        """The transaction with the vCPUs running; with a hold, the guest's
+        outbound packets held from before it until hold_ms after it (the
+        stand-in for the wait for COMMIT)."""
+        r: dict[str, float] = {"stop_ms": 0.0, "cont_ms": 0.0}
+        if self.hold:
+            t0 = time.perf_counter()
+            self._hold("on")
+            w0 = time.time()  # held for certain from here ...
+            r["hold_on_ms"] = ms(t0, time.perf_counter())
+        ta = time.perf_counter()
+        self.q.cmd("transaction", actions=acts)
+        tb = time.perf_counter()
+        r.update(cut_ms=ms(ta, tb), pause_ms=ms(ta, tb))
+        if self.hold:
+            time.sleep(self.hold["hold_ms"] / 1000.0)
+            self.windows.append((w0, time.time()))  # ... to here: a reply to an echo
+            t1 = time.perf_counter()                 # sent in between comes after
+            self._hold("off")
+            t2 = time.perf_counter()
+            r.update(release_ms=ms(t1, t2), held_ms=ms(t0, t2))
         return r
 
     def fleecing(self, snap: str) -> dict[str, float]:
@@ -273,11 +322,50 @@ class Probe:
         return r
 
 
+class Pinger:
+    """icmp_pinger.py in the guest's host namespace for the whole run: what
+    the hold did to the guest's replies."""
+
+    def __init__(self, hold: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", hold["netns"], sys.executable,
+             str(Path(__file__).with_name("icmp_pinger.py")), hold["address"],
+             str(hold.get("ping_interval_s", 0.005))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def result(self, windows: list[tuple[float, float]]) -> dict[str, Any]:
+        """Replies to echoes sent inside a hold window (from `status on`
+        returned to `status off` sent: the hold is on for certain) and
+        outside one; a reply's arrival after its window's end, in ms (a
+        negative one came through the hold)."""
+        out, _ = self.proc.communicate(timeout=60)
+        held: list[float] = []
+        free: list[float] = []
+        late: list[float] = []
+        lost = -1
+        for line in out.splitlines():
+            if line.startswith("lost "):
+                lost = int(line.split()[1])
+                continue
+            sent, rtt, got = (float(x) for x in line.split())
+            w = next((w for w in windows if w[0] <= sent <= w[1]), None)
+            if w is None:
+                free.append(rtt)
+            else:
+                held.append(rtt)
+                late.append((got - w[1]) * 1000.0)
+        return {"replies_in_hold": len(held), "replies_outside": len(free), "lost": lost,
+                "rtt_in_hold_ms": held, "rtt_outside_ms": free,
+                "arrival_after_release_ms": late}
+
+
 def main() -> int:
     plan = json.load(sys.stdin)
     p = Probe(plan)
-    out: dict[str, dict[str, list[float]]] = {d: {} for d in plan["designs"]}
+    pinger = Pinger(plan["hold"]) if plan.get("hold") and "live" in plan["designs"] else None
+    out: dict[str, Any] = {d: {} for d in plan["designs"]}
     try:
+        time.sleep(0.2 if pinger else 0)  # the pinger's first echoes, outside any hold
         for i in range(plan["rounds"]):
             for design in plan["designs"]:
                 r = getattr(p, design)(f"pd.{plan['tag']}.{design}.{i}")
@@ -285,6 +373,8 @@ def main() -> int:
                     out[design].setdefault(key, []).append(val)
     finally:
         p.close()
+        if pinger:
+            out["ping"] = pinger.result(p.windows)
     json.dump(out, sys.stdout)
     return 0
 

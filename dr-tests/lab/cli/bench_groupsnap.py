@@ -101,6 +101,9 @@ def pause_designs(
         "--backend-latency", help="added snapshot latency of the backend in ms")] = "0,500",
     designs: Annotated[str, typer.Option(
         "--designs", help="today, redirect, live, fleecing (comma-separated)")] = "today,redirect,live,fleecing",
+    hold_ms: Annotated[int, typer.Option(
+        "--hold-ms", min=0, help="live: ms the guest's outbound packets stay held after "
+        "its switch (0 = no hold)")] = 10,
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
 ) -> None:
     """In-pause time of today's path, redirect on pause, the live switch and CBW fleecing, on one VM."""
@@ -109,7 +112,8 @@ def pause_designs(
     if not chosen or any(d not in pd.DESIGNS for d in chosen):
         raise typer.BadParameter(f"--designs: choose from {', '.join(pd.DESIGNS)}, got {designs!r}")
     cfg = pd.DesignsConfig(rounds=rounds, disks=disks, workload=workload,
-                           backend_latency_ms=_latencies(backend_latency), designs=chosen)
+                           backend_latency_ms=_latencies(backend_latency), designs=chosen,
+                           hold_ms=hold_ms)
     try:
         doc = _with_lab(cfg.lab_params(), lambda st: pd.run_designs(st, cfg, _log))
     except _errors() as exc:
