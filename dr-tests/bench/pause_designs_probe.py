@@ -334,29 +334,33 @@ class Pinger:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def result(self, windows: list[tuple[float, float]]) -> dict[str, Any]:
-        """Replies to echoes sent inside a hold window (from `status on`
-        returned to `status off` sent: the hold is on for certain) and
-        outside one; a reply's arrival after its window's end, in ms (a
-        negative one came through the hold)."""
         out, _ = self.proc.communicate(timeout=60)
-        held: list[float] = []
-        free: list[float] = []
-        late: list[float] = []
-        lost = -1
-        for line in out.splitlines():
-            if line.startswith("lost "):
-                lost = int(line.split()[1])
-                continue
-            sent, rtt, got = (float(x) for x in line.split())
-            w = next((w for w in windows if w[0] <= sent <= w[1]), None)
-            if w is None:
-                free.append(rtt)
-            else:
-                held.append(rtt)
-                late.append((got - w[1]) * 1000.0)
-        return {"replies_in_hold": len(held), "replies_outside": len(free), "lost": lost,
-                "rtt_in_hold_ms": held, "rtt_outside_ms": free,
-                "arrival_after_release_ms": late}
+        return classify(out, windows)
+
+
+def classify(out: str, windows: list[tuple[float, float]]) -> dict[str, Any]:
+    """icmp_pinger.py's output against the hold windows: replies to echoes
+    sent inside a window (from `status on` returned to `status off` sent:
+    the hold is on for certain) and outside one; a reply's arrival after
+    its window's end, in ms (a negative one came through the hold)."""
+    held: list[float] = []
+    free: list[float] = []
+    late: list[float] = []
+    lost = -1
+    for line in out.splitlines():
+        if line.startswith("lost "):
+            lost = int(line.split()[1])
+            continue
+        sent, rtt, got = (float(x) for x in line.split())
+        w = next((w for w in windows if w[0] <= sent <= w[1]), None)
+        if w is None:
+            free.append(rtt)
+        else:
+            held.append(rtt)
+            late.append((got - w[1]) * 1000.0)
+    return {"replies_in_hold": len(held), "replies_outside": len(free), "lost": lost,
+            "rtt_in_hold_ms": held, "rtt_outside_ms": free,
+            "arrival_after_release_ms": late}
 
 
 def main() -> int:
