@@ -19,8 +19,8 @@ phase in ms.  Kept free of project imports (like rbd_snaptime.py).
   `block-commit` of each overlay back (ready, complete), blockdev-del,
   and the overlay image removed.
 - live: as redirect, without `stop` and `cont`: the `transaction` alone
-  is the VM's cut (QEMU drains every node of the transaction and applies
-  its actions under one lock, so the VM's disks are cut at one point), and
+  is the VM's cut (QMP documents a `transaction` as atomic; this probe
+  times it and does not check the cut's consistency), and
   its time is what the guest's block I/O waits on; the vCPUs never stop.
   A group cut this way needs something else to keep a VM's post-cut
   writes from reaching another VM before that one is cut: with PLAN's
