@@ -173,6 +173,7 @@ config_load(const char *path, struct agent_config *cfg, char *err,
     /* redirect by default (agent-protocol §5.1): a VM that cannot take it
      * is cut in the pause anyway (redirect_usable) */
     cfg->pause_in_pause = 0;
+    cfg->pause_live = 0;
     /* a VM without overlays made ahead: at most this many per prepare make
      * them inside it (agent-protocol §5.1; the others are cut in the pause) */
     cfg->redirect_inline_max = 8;
@@ -273,11 +274,14 @@ config_load(const char *path, struct agent_config *cfg, char *err,
         }
         else if (KEY("agent", "pause_path")) {
             /* redirect (the default): the cut switches disks to overlays
-             * (redirect.c) where it can; in_pause: RBD snapshots inside the
-             * pause for every VM */
-            if (strcmp(v, "redirect") && strcmp(v, "in_pause"))
+             * (redirect.c) where it can; live: that switch without a stop,
+             * the VM's network held instead (hold.h); in_pause: RBD
+             * snapshots inside the pause for every VM */
+            if (strcmp(v, "redirect") && strcmp(v, "in_pause") &&
+                strcmp(v, "live"))
                 goto bad;
             cfg->pause_in_pause = strcmp(v, "in_pause") == 0;
+            cfg->pause_live = strcmp(v, "live") == 0;
         }
         else if (KEY("agent", "redirect_inline_max")) {
             if (parse_int(v, 0, CFG_MAX_VMS, &cfg->redirect_inline_max) < 0)

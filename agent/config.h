@@ -61,6 +61,7 @@ struct agent_config {
     int freeze_timeout_ms;      /* quiesce fs-freeze: guest-fsfreeze-freeze */
     int storage_probe_ms;       /* prepare's read of each RBD disk: 0 off */
     int pause_in_pause;         /* pause_path = in_pause (default redirect) */
+    int pause_live;             /* pause_path = live: no stop (hold.h) */
     int redirect_inline_max;    /* VMs per prepare that make overlays inline */
     char log_level[16];
     char ca[1024], cert[1024], key[1024];

@@ -435,6 +435,9 @@ prepare_sort(struct prepare *p)
         /* the txn owns the overlays from here: commit, abort, an expired
          * lease or a failed prepare merges them back */
         p->x->rd[k] = (unsigned char)j->redirect;
+        p->x->cut_live[k] = j->rc == 0 && j->live &&
+                            j->redirect == RD_SWITCHED;
+        p->x->t_hold0[k] = j->th0;
         if (j->rc < 0 && p->failed < 0)
             p->failed = k;
         if (!j->journaled)
@@ -522,11 +525,17 @@ prepare_done(struct prepare *p)
         o = json_pack("{s:s,s:f,s:i,s:s}", "vm", p->names[k], "stop_ms",
                       p->jobs[k].t1 - p->jobs[k].t0, "overrun_ms",
                       p->vms[k]->bound_ms, "pause_path",
+                      p->x->cut_live[k] ? "live" :
                       redirect_path_name(p->x->rd[k] == RD_SWITCHED));
         if (p->x->rd[k] == RD_SWITCHED)
             json_object_set_new(o, "switch_ms", json_real(p->jobs[k].tsw1 -
                                                           p->jobs[k].tsw0));
-        else if (p->jobs[k].rd_why[0])
+        if (p->x->cut_live[k])
+            /* no stop: stop_ms is the switch, and the hold began this
+             * long before it */
+            json_object_set_new(o, "hold_on_ms", json_real(p->jobs[k].tsw0 -
+                                                           p->jobs[k].th0));
+        if (!p->x->cut_live[k] && p->jobs[k].rd_why[0])
             json_object_set_new(o, "pause_path_why",
                                 json_string(p->jobs[k].rd_why));
         quiesce_report(a, o, p->vms[k], 0);

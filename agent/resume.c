@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hold.h"
 #include "log.h"
 #include "mono.h"
 #include "par.h"
@@ -17,8 +18,30 @@ resume_one(void *arg)
     struct agent *a = j->a;
     char jerr[256];
     double t0 = mono_ms();
+    int held, hold_only;
 
-    j->rc = vm_cont(j->vm, a->cfg.qmp_timeout_ms, &j->err);
+    pthread_mutex_lock(&a->mu);
+    held = j->vm->held;
+    hold_only = j->vm->hold_only;
+    pthread_mutex_unlock(&a->mu);
+    /* The live cut's hold first (hold.h): a VM it held is never left
+     * holding its network.  At recovery the previous run's filters are
+     * found by name.  A VM held without a stop needs no cont. */
+    j->rc = 0;
+    if (held || (j->why && strcmp(j->why, "journal") == 0))
+        j->rc = hold_off(j->vm, !held, a->cfg.qmp_timeout_ms, &j->err);
+    if (j->rc == 0 && held) {
+        pthread_mutex_lock(&a->mu);
+        j->vm->held = 0;
+        pthread_mutex_unlock(&a->mu);
+    }
+    if (j->rc == 0 && !hold_only)
+        j->rc = vm_cont(j->vm, a->cfg.qmp_timeout_ms, &j->err);
+    if (j->rc == 0 && hold_only) {
+        pthread_mutex_lock(&a->mu);
+        j->vm->hold_only = 0;
+        pthread_mutex_unlock(&a->mu);
+    }
     j->t_end = mono_ms();
     j->cont_ms = j->t_end - t0;
     if (j->rc == 0)

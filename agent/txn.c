@@ -29,6 +29,8 @@ txn_free(struct txn *x)
     free(x->t_stop0);
     free(x->t_stop1);
     free(x->rd);
+    free(x->cut_live);
+    free(x->t_hold0);
     free(x);
 }
 
@@ -117,7 +119,10 @@ txn_begin_prepare(struct txn_table *t, const char *id,
     x->t_stop0 = calloc(nvms ? (size_t)nvms : 1, sizeof(double));
     x->t_stop1 = calloc(nvms ? (size_t)nvms : 1, sizeof(double));
     x->rd = calloc(nvms ? (size_t)nvms : 1, 1);
-    if (!x->created || !x->t_stop0 || !x->t_stop1 || !x->rd)
+    x->cut_live = calloc(nvms ? (size_t)nvms : 1, 1);
+    x->t_hold0 = calloc(nvms ? (size_t)nvms : 1, sizeof(double));
+    if (!x->created || !x->t_stop0 || !x->t_stop1 || !x->rd ||
+        !x->cut_live || !x->t_hold0)
         goto oom;
     x->state = TXN_PREPARING;
     x->next = t->head;

@@ -61,6 +61,9 @@ struct txn {
     double *t_stop0, *t_stop1;  /* per VM: start and end of its stop call */
     unsigned char *rd;          /* per VM: its redirect (enum rd_state,
                                    redirect.h); 0 is the in_pause cut */
+    unsigned char *cut_live;    /* per VM: 1 when cut live (hold.h): its
+                                   t_stop0/1 are the switch, not a stop */
+    double *t_hold0;            /* per VM, when live: its hold began */
     struct txn *next;
 };
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hold.h"
 #include "log.h"
 #include "mono.h"
 #include "quiesce.h"
@@ -39,6 +40,20 @@ txn_vm_overlay(void *arg)
         log_warnx("event=pause_path txn=%s vm=%s path=in_pause "
                   "why=\"overlays not made: %s\"", j->txn, j->vm->cfg->name,
                   j->rd_why);
+        return NULL;
+    }
+    /* The live cut needs the VM's network held: its filters are made here,
+     * while it runs, once per QEMU. */
+    if (j->a->cfg.pause_live) {
+        char why[256];
+
+        j->live = hold_ready(j->vm, j->stop_timeout_ms, why, sizeof(why));
+        if (!j->live) {
+            snprintf(j->rd_why, sizeof(j->rd_why), "network not held: %s",
+                     why);
+            log_warnx("event=pause_path txn=%s vm=%s path=redirect "
+                      "why=\"%s\"", j->txn, j->vm->cfg->name, j->rd_why);
+        }
     }
     return NULL;
 }
@@ -50,6 +65,75 @@ txn_vm_freeze(void *arg)
 
     quiesce_freeze(j->a, j->vm, j->txn, j->freeze_timeout_ms);
     return NULL;
+}
+
+static void
+set_held(struct txn_vm_prep *j, int held, int hold_only)
+{
+    pthread_mutex_lock(&j->a->mu);
+    j->vm->held = held;
+    j->vm->hold_only = hold_only;
+    pthread_mutex_unlock(&j->a->mu);
+}
+
+/* The live cut: the VM's network held, then its switch, with no stop.  1
+ * when nothing was held (QEMU refused): the caller stops the VM as on the
+ * redirect path.  0 otherwise: cut (j->t0/t1 are the switch, th0 when the
+ * hold began), cut in the pause (the switch refused: stopped, and held
+ * until its resume all the same), or failed (rc, err; what may be held
+ * is released by the resume: the reaper's retry when QEMU did not
+ * answer). */
+static int
+live_cut(struct txn_vm_prep *j, struct qmp_err *err)
+{
+    struct vm *v = j->vm;
+
+    /* marked before the hold, so that any resume turns it off */
+    set_held(j, 1, 1);
+    j->th0 = j->t0;
+    if (hold_on(v, j->stop_timeout_ms, err) < 0) {
+        if (err->kind == QMP_E_ERROR) {
+            set_held(j, 0, 0);
+            j->live = 0;
+            snprintf(j->rd_why, sizeof(j->rd_why), "network not held: %s",
+                     err->msg);
+            log_warnx("event=pause_path txn=%s vm=%s path=redirect "
+                      "why=\"%s\"", j->txn, v->cfg->name, j->rd_why);
+            return 1;
+        }
+        j->rc = -1;
+        j->t1 = mono_ms();
+        return 0;
+    }
+    j->tsw0 = j->t0 = mono_ms();
+    j->rc = vm_qmp(v, "transaction", redirect_switch_args(v),
+                   j->stop_timeout_ms, NULL, err);
+    j->tsw1 = j->t1 = mono_ms();
+    if (j->rc == 0) {
+        j->redirect = RD_SWITCHED;
+        return 0;
+    }
+    if (err->kind != QMP_E_ERROR)
+        return 0;       /* no answer: may switch later; the merge reads */
+    /* The switch refused: held, on its bases: cut in the pause. */
+    j->live = 0;
+    snprintf(j->rd_why, sizeof(j->rd_why), "switch: %s", err->msg);
+    log_warnx("event=pause_path txn=%s vm=%s path=in_pause why=\"%s\"",
+              j->txn, v->cfg->name, j->rd_why);
+    set_held(j, 1, 0);
+    j->t0 = mono_ms();
+    j->rc = vm_stop(v, j->stop_timeout_ms, err);
+    j->t1 = mono_ms();
+    if (j->rc < 0 && err->kind == QMP_E_ERROR) {
+        struct qmp_err e2;
+
+        /* not stopped, runs: its network must not stay held */
+        if (hold_off(v, 0, j->stop_timeout_ms, &e2) == 0)
+            set_held(j, 0, 0);
+        else
+            *err = e2;      /* the reaper's retry releases it */
+    }
+    return 0;
 }
 
 void *
@@ -75,7 +159,9 @@ txn_vm_pause(void *arg)
         return NULL;
     }
     j->t0 = mono_ms();
-    if (j->redirect == RD_READY) {
+    if (j->redirect == RD_READY && j->live && live_cut(j, &err) == 0) {
+        /* cut with its vCPUs running (or failed: rc) */
+    } else if (j->redirect == RD_READY) {
         /* The cut: stop, then one transaction, atomic over the VM's disks,
          * sent together so that QEMU switches right after the stop with no
          * round trip to us in the pause.  A refused switch switched
@@ -228,8 +314,18 @@ commit_report(struct txn_vm_commit *j)
                        "paused_ms", j->tc1 - x->t_stop0[j->vmidx],
                        "method", j->vm->snap->name, "disks", disks,
                        "resumed", j->resumed);
-    json_object_set_new(j->out, "pause_path",
-                        json_string(redirect_path_name(j->rd == RD_SWITCHED)));
+    if (x->cut_live[j->vmidx]) {
+        /* never stopped: the guest waited only for its switch (its block
+         * I/O); its sent packets waited from the hold until the resume */
+        json_object_set_new(j->out, "paused_ms", json_real(
+            x->t_stop1[j->vmidx] - x->t_stop0[j->vmidx]));
+        json_object_set_new(j->out, "held_ms", json_real(
+            j->tc1 - x->t_hold0[j->vmidx]));
+        json_object_set_new(j->out, "pause_path", json_string("live"));
+    } else {
+        json_object_set_new(j->out, "pause_path", json_string(
+            redirect_path_name(j->rd == RD_SWITCHED)));
+    }
     if ((j->rd == RD_READY || j->rd == RD_SWITCHED) && !j->merge_bg) {
         json_object_set_new(j->out, "merge_ms", json_real(j->merge_ms));
         if (j->merge_err[0])

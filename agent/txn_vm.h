@@ -33,6 +33,10 @@ struct txn_vm_prep {
     int redirect;
     int skip;                   /* not stopped: rc, code and msg say why */
     double tsw0, tsw1;          /* the switch, start and end */
+    /* the live cut (hold.h): 1 to try (no stop; the network held from th0
+     * until the resume), 0 after a fall back to the stop */
+    int live;
+    double th0;
     char rd_why[512];
     enum qmp_errkind qmp_kind;
     const char *code;           /* when rc < 0 */

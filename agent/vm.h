@@ -166,6 +166,8 @@ const struct vm_ops *vm_driver_find(const char *name);
 const struct vm_ops *vm_driver_at(int i);
 
 #define VM_MAX_DRIVERS 8
+/* NIC backends (netdevs) per VM that the live cut can hold (hold.h). */
+#define VM_MAX_NICS 8
 
 /* This agent's hypervisor connections, one slot per row of the table. */
 struct vm_host {
@@ -217,6 +219,17 @@ struct vm {
     int bound_ms;                      /* 0 none, -1 no limit */
     double bound_at;                   /* mono_ms when looked up, 0 never */
     char bound_why[400];
+    /* the live cut's network hold (hold.h): v's filters, set up by
+     * hold_ready (used by prepare, which owns the VM) */
+    int hold_state;                    /* 0 not looked at, 1 ready, -1 not
+                                          usable (hold_why) */
+    int nhold;
+    char hold_id[VM_MAX_NICS][96];     /* the filters' QOM ids */
+    char hold_why[256];
+    double hold_at;                    /* mono_ms of the look, 0 never */
+    /* guarded by agent mu: held, its filters may be on (a resume turns
+     * them off); hold_only, held without a stop (a resume sends no cont) */
+    int held, hold_only;
 };
 
 /* Sets v up for cfg with the driver cfg->driver names (no I/O). */

@@ -356,8 +356,9 @@ class MemberSnapshot(Base):
     freeze_ms: Mapped[float | None] = mapped_column(Float, default=None)
     thaw_ms: Mapped[float | None] = mapped_column(Float, default=None)
     freeze_error: Mapped[str | None] = mapped_column(Text, default=None)
-    # How the agent cut the member's VM: "redirect" (disks switched onto
-    # overlays in the pause, the snapshot after `cont`) or "in_pause"
+    # How the agent cut the member's VM: "live" (disks switched onto
+    # overlays with the VM running, its network held), "redirect" (that
+    # switch in the pause, the snapshot after `cont`) or "in_pause"
     # (agent-protocol §5.1; migration 0013).
     pause_path: Mapped[str | None] = mapped_column(String(16), default=None)
     # Why a VM that can take the redirect cut was cut in the pause (its

@@ -9,8 +9,9 @@ from cutpoint.coordinator.txlog import COMMITTED, TxnRecord
 
 VM_TIMING_FIELDS = ("stop_ms", "barrier_ms", "snapshot_ms", "cont_ms", "paused_ms")
 # Reported by the agent but not kept in the transaction log: the redirect
-# cut's switch inside the pause (prepare reply, agent-protocol §5.1).
-VM_TIMING_EXTRA = ("switch_ms",)
+# cut's switch inside the pause (prepare reply, agent-protocol §5.1), and
+# on the live cut how long the VM's network was held (commit reply).
+VM_TIMING_EXTRA = ("switch_ms", "held_ms")
 # The quiesce facts of a VM (agent-protocol §4.3, §4.4): times, then the
 # level reached and the reason a freeze fell back to crash.
 VM_QUIESCE_TIMES = ("freeze_ms", "thaw_ms")
@@ -30,14 +31,18 @@ class VMTiming:
     cont_ms: float | None = None
     paused_ms: float | None = None
     method: str | None = None
-    # How the agent cut the VM (agent-protocol §5.1): "redirect" (disks
-    # switched onto overlays in the pause, RBD snapshots after `cont`) or
-    # "in_pause" (RBD snapshots inside the pause); None when no reply said.
+    # How the agent cut the VM (agent-protocol §5.1): "live" (disks switched
+    # onto overlays with the vCPUs running, the network held until the
+    # resume: paused_ms is the switch, held_ms the hold), "redirect" (that
+    # switch in a pause, RBD snapshots after `cont`) or "in_pause" (RBD
+    # snapshots inside the pause); None when no reply said.
     pause_path: str | None = None
-    # Why a VM that can take the redirect cut was cut in the pause (the
-    # prepare reply's pause_path_why): its pause followed the backend.
+    # Why a VM was not cut live (agent pause_path = live), or was cut in the
+    # pause (the prepare reply's pause_path_why): its pause followed the
+    # backend.
     pause_path_why: str | None = None
     switch_ms: float | None = None
+    held_ms: float | None = None
     disks: list[dict[str, Any]] = field(default_factory=list)
     # Level reached ("crash" | "fs-freeze", as the agent replied); None when
     # no agent reply said (e.g. the VM's agent was unreachable).
@@ -55,7 +60,7 @@ class VMTiming:
         """Coordination overhead: the pause minus the backend snapshot time
         spent inside it (none on the redirect path: snapshot_ms is then the
         time of the snapshots after `cont`)."""
-        if self.pause_path == "redirect":
+        if self.pause_path in ("live", "redirect"):
             return self.paused_ms
         if self.paused_ms is None or self.snapshot_ms is None:
             return None
@@ -68,12 +73,15 @@ class VMTiming:
                 setattr(self, k, float(v))
         if isinstance(d.get("method"), str):
             self.method = d["method"]
-        if d.get("pause_path") in ("redirect", "in_pause"):
+        if d.get("pause_path") in ("live", "redirect", "in_pause"):
+            # A reason belongs to its path: why a VM was not cut live
+            # (agent pause_path = live), or was cut in the pause.  The
+            # commit reply names the path again without it.
+            if d["pause_path"] != self.pause_path or d["pause_path"] == "live":
+                self.pause_path_why = None
             self.pause_path = d["pause_path"]
             why = d.get("pause_path_why")
-            if d["pause_path"] == "redirect":
-                self.pause_path_why = None
-            elif isinstance(why, str) and why:
+            if d["pause_path"] != "live" and isinstance(why, str) and why:
                 self.pause_path_why = why
         for k in VM_QUIESCE_TIMES:
             v = d.get(k)

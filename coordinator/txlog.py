@@ -115,9 +115,10 @@ coord_txn_vm = Table(
     Column("thaw_ms", Float, nullable=True),
     Column("freeze_error", Text, nullable=True),
     Column("thaw_error", Text, nullable=True),
-    # how the agent cut the VM: "redirect" or "in_pause" (agent-protocol §5.1)
+    # how the agent cut the VM: "live", "redirect" or "in_pause" (agent-protocol §5.1)
     Column("pause_path", String(16), nullable=True),
-    # why a VM that can take the redirect cut was cut in the pause
+    # why a VM that can take the redirect cut was cut in the pause (or, on
+    # agents set to live, why it was stopped for its switch)
     Column("pause_path_why", Text, nullable=True),
     UniqueConstraint("txn", "vm", name="uq_coord_txn_vm_txn_vm"),
 )

@@ -64,7 +64,7 @@ test_full(void **state)
     assert_string_equal(cfg.vms[1].uid, "vm-b.1:x");
 }
 
-/* pause_path (agent-protocol §5.1): redirect unless in_pause is set. */
+/* pause_path (agent-protocol §5.1): redirect unless in_pause or live is set. */
 static void
 test_pause_path(void **state)
 {
@@ -79,6 +79,11 @@ test_pause_path(void **state)
     assert_int_equal(load("[agent]\nhost = h1\npause_path = redirect\n" TLS, err,
                           sizeof(err)), 0);
     assert_int_equal(cfg.pause_in_pause, 0);
+    assert_int_equal(cfg.pause_live, 0);
+    assert_int_equal(load("[agent]\nhost = h1\npause_path = live\n" TLS, err,
+                          sizeof(err)), 0);
+    assert_int_equal(cfg.pause_in_pause, 0);
+    assert_int_equal(cfg.pause_live, 1);
     assert_int_equal(load("[agent]\nhost = h1\npause_path = fast\n" TLS, err,
                           sizeof(err)), -1);
     assert_non_null(strstr(err, "pause_path"));

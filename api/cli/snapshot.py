@@ -96,7 +96,9 @@ def print_result(console: Console, r: GroupSnapshotResult) -> None:
     for v in r.vms:
         if v.freeze_error:       # asked for fs-freeze, fell back to crash
             console.print(f"{v.vm}: fs-freeze fell back to crash: {v.freeze_error}")
-        if v.pause_path_why:     # could take the redirect cut; paused for the backend
+        if v.pause_path_why and v.pause_path == "redirect":   # could be cut live
+            console.print(f"{v.vm}: stopped for its switch: {v.pause_path_why}")
+        elif v.pause_path_why:   # could take the redirect cut; paused for the backend
             console.print(f"{v.vm}: cut inside the pause: {v.pause_path_why}")
         if v.thaw_error:         # the snapshot stands; the guest may be frozen
             console.print(f"[bold red]{v.vm}: thaw failed, the guest may still be frozen "

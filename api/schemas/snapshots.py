@@ -28,14 +28,16 @@ class MemberSnapshotPublic(Public):
         default=None, description="Why the thaw after the snapshot failed (the guest may "
         "still be frozen, its writes blocked); null if it succeeded or none was due")
     pause_path: str | None = Field(
-        default=None, description="How the agent cut the member's VM: \"redirect\" (its "
-        "disks switched onto overlays inside the pause, the snapshot taken after it) or "
+        default=None, description="How the agent cut the member's VM: \"live\" (its "
+        "disks switched onto overlays with the VM running, its network held until the "
+        "commit), \"redirect\" (that switch inside a pause, the snapshot taken after it) or "
         "\"in_pause\" (the snapshot taken inside the pause); null if no agent said")
     pause_path_why: str | None = Field(
         default=None, description="Why the agent cut this member's VM inside the pause "
         "although it can take the redirect cut (its overlays were still being made, "
         "could not be made, or the switch was refused): its pause then followed the "
-        "backend's snapshot latency; null otherwise")
+        "backend's snapshot latency; or, on agents set to the live cut, why the VM was "
+        "stopped for its switch (its network could not be held); null otherwise")
 
 
 class SnapshotPublic(Public):
