@@ -79,7 +79,8 @@ class PauseConfig:
     # per value (cutpoint.lab.backend_latency); 0 = the lab's tuned mon.
     backend_latency_ms: list[int] = field(default_factory=lambda: [0])
     # The agents' [agent] pause_path, one set of rows each (agents restarted
-    # between): "redirect" (the default cut where a VM can take it) or
+    # between): "live" (the switch with the vCPUs running, the network held
+    # until COMMIT), "redirect" (the default cut where a VM can take it) or
     # "in_pause" (snapshots inside the pause: the path before redirect).
     pause_paths: list[str] = field(default_factory=lambda: ["redirect"])
 
@@ -94,9 +95,9 @@ class PauseConfig:
 def redirect_driver(pause_paths: list[str]) -> dict[str, Any]:
     """The lab's VM driver for rows of these pause paths: only the agent's
     qmp driver takes the redirect cut (agent-protocol §5.1; a libvirt domain
-    keeps the cut in the pause), so a bench asked for `redirect` runs raw
-    QEMU VMs; otherwise the lab's default driver."""
-    return {"driver": "qemu"} if "redirect" in pause_paths else {}
+    keeps the cut in the pause), so a bench asked for `redirect` or `live`
+    runs raw QEMU VMs; otherwise the lab's default driver."""
+    return {"driver": "qemu"} if {"redirect", "live"} & set(pause_paths) else {}
 
 
 def spread_vms(status: dict[str, Any], n: int) -> list[str]:
@@ -153,6 +154,9 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                    "pause_ms": [], "snapshot_ms": [],
                                    "overhead_ms": [], "total_ms": [],
                                    "stop_ms": [], "cont_ms": [], "paths": {},
+                                   # live cut: how long each VM's sent
+                                   # packets were held (until its resume)
+                                   "held_ms": [],
                                    # the pause's parts (agent-protocol §3.6,
                                    # §5.1): the switch inside it, the wait
                                    # for COMMIT, and the coordinator's
@@ -184,6 +188,7 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
                                          ("stop_ms", v.stop_ms),
                                          ("cont_ms", v.cont_ms),
                                          ("switch_ms", v.switch_ms),
+                                         ("held_ms", v.held_ms),
                                          ("barrier_ms", v.barrier_ms)):
                             if val is not None:
                                 row[key].append(val)
@@ -200,7 +205,7 @@ async def _pause_rows(status: dict[str, Any], cfg: PauseConfig, certs: Path,
             finally:
                 await pool.close()
             for key in ("pause_ms", "snapshot_ms", "overhead_ms", "total_ms",
-                        "stop_ms", "cont_ms", "switch_ms", "barrier_ms",
+                        "stop_ms", "cont_ms", "switch_ms", "held_ms", "barrier_ms",
                         "log_commit_ms", "prepare_ms", "prestop_ms", "journal_ms",
                         "agent_skew_ms"):
                 row[key] = {"samples": row[key], **summary(row[key])}
@@ -263,13 +268,15 @@ def pause_table(doc: dict[str, Any]) -> str:
     lines += ["", ("Where the pause goes (per VM: stop, switch, stop done to COMMIT, "
               "cont; per agent: its time before its first stop, of which its journal "
               "write; per group: the prepare round, the spread of the agents' PREPARED, "
-              "the COMMITTING write):"), "",
+              "the COMMITTING write; on the live path there is no stop: its stop and "
+              "pause are the switch, and the guest's sent packets are held until "
+              "COMMIT, the last column):"), "",
               ("| backend latency | path | stop p50 / p99 (ms) | switch p50 / p99 (ms) | "
               "stop done to COMMIT p50 / p99 (ms) | cont p50 / p99 (ms) | "
               "agent before stops p50 / p99 (ms) | agent journal p50 / p99 (ms) | "
               "prepare round p50 / p99 (ms) | agents' PREPARED spread p50 / p99 (ms) | "
-              "COMMITTING write p50 / p99 (ms) |"),
-              "|" + "---|" * 11]
+              "COMMITTING write p50 / p99 (ms) | live: network held p50 / p99 (ms) |"),
+              "|" + "---|" * 12]
     for r in doc["rows"]:
         def duo(k: str, r: dict[str, Any] = r) -> str:
             s = r.get(k) or {}
@@ -278,7 +285,7 @@ def pause_table(doc: dict[str, Any]) -> str:
                      f"{duo('stop_ms')} | {duo('switch_ms')} | {duo('barrier_ms')} | "
                      f"{duo('cont_ms')} | {duo('prestop_ms')} | {duo('journal_ms')} | "
                      f"{duo('prepare_ms')} | {duo('agent_skew_ms')} | "
-                     f"{duo('log_commit_ms')} |")
+                     f"{duo('log_commit_ms')} | {duo('held_ms')} |")
     return "\n".join(lines)
 
 

@@ -19,6 +19,16 @@ member snapshots straight from Ceph with the checker
     takes long enough for the ring to write several records.
 (d) 20 consecutive group snapshots under load, every one prefix-consistent,
     and the prefixes grow.
+(e) (d) on the live cut (agents' `pause_path = live`, agent-protocol §5.1):
+    no VM is stopped; each switches onto its overlays with its vCPUs
+    running, and the ring's packets a VM sends after its switch are held in
+    QEMU until COMMIT.  Without that hold a record sent after a VM's cut
+    could reach the other VM before its cut: the gap (c) shows the checker
+    finds.
+(f) the negative control of (e): the test bed cuts the two VMs live
+    itself, 300 ms apart, with no agent running
+    (dr-tests/bench/live_cut_control.py).  Without the hold a gap must show
+    in one of N trials; with it the same skew must be consistent.
 """
 
 from __future__ import annotations
@@ -101,13 +111,15 @@ def wait_writer(status: dict[str, Any], at_least: int, timeout: float = 240) -> 
 class Group:
     """Agents on every lab host and a group file for every primary VM."""
 
-    def __init__(self, status: dict[str, Any], tmp: Path) -> None:
+    def __init__(self, status: dict[str, Any], tmp: Path, pause_path: str = "") -> None:
         from cutpoint.lab.agents import start_agents
         from cutpoint.lab.groupfile import write_group_file
         self.status = status
         self.certs = Path(status["state_dir"]) / "certs"
-        # The agents' default: the redirect cut (agent-protocol §5.1), proved here.
-        self.agents = start_agents(status, self.certs)
+        # The agents' default: the redirect cut (agent-protocol §5.1), proved
+        # here; (e) sets the live cut.
+        extra = f"\n[agent]\npause_path = {pause_path}\n" if pause_path else ""
+        self.agents = start_agents(status, self.certs, extra=extra)
         self.file = tmp / "group.yaml"
         write_group_file(status, self.file, certs_dir=self.certs, group="writer")
         self.db = f"sqlite:///{tmp / 'coordinator.db'}"
@@ -138,6 +150,15 @@ class Group:
 @pytest.fixture
 def group(lab: dict[str, Any], tmp_path: Path) -> Iterator[Group]:
     g = Group(lab, tmp_path)
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+@pytest.fixture
+def live_group(lab: dict[str, Any], tmp_path: Path) -> Iterator[Group]:
+    g = Group(lab, tmp_path, pause_path="live")
     try:
         yield g
     finally:
@@ -251,3 +272,89 @@ def test_d_consecutive_group_snapshots_under_load(group: Group) -> None:
                 if v.get("paused_ms") is not None)
     print(f"\n(d) {CONSECUTIVE} consecutive group snapshots, all prefix-consistent: "
           f"p = {ps}; worst pause {worst:.1f} ms")
+
+
+@pytest.mark.lab_config(**LAB_B)
+def test_e_consecutive_live_cuts_under_load(live_group: Group) -> None:
+    group = live_group
+    wait_writer(group.status, 60)
+    results = group.snapshot(count=CONSECUTIVE)
+    ps = []
+    for r in results:
+        paths = {v["vm"]: v.get("pause_path") for v in r["vms"]}
+        assert set(paths.values()) == {"live"}, paths
+        v = wr.scan_specs(group.members(r))
+        assert v.ok, f"txn {r['txn']}: {v.summary()}"
+        ps.append(v.p)
+    assert ps == sorted(ps), ps
+    assert ps[-1] > ps[0], f"the writer made no progress across the snapshots: {ps}"
+    switch = [v["paused_ms"] for r in results for v in r["vms"]]
+    held = [v["held_ms"] for r in results for v in r["vms"]]
+    print(f"\n(e) {CONSECUTIVE} consecutive live cuts, all prefix-consistent: p = {ps}; "
+          f"switch (the guest's only wait) worst {max(switch):.1f} ms; network held "
+          f"worst {max(held):.1f} ms")
+
+
+LIVE_SKEW_MS = 300
+
+
+def live_cut_by_hand(status: dict[str, Any], snap: str, hold: bool) -> dict[str, Any]:
+    """The test bed's own live cut of every VM, LIVE_SKEW_MS apart, with or
+    without the hold (dr-tests/bench/live_cut_control.py); no agent runs."""
+    site = status["sites"]["primary"]
+    plans = [{"qmp": vm["qmp"], "conf": site["ceph_conf"], "client_id": site["client_id"],
+              "keyring": site["keyring"],
+              "qemu_conf": site.get("qemu_conf") or site["ceph_conf"],
+              "pool": vm["disks"][0]["pool"], "hold": {"netdev": "net0"},
+              "disks": [{"node": d["node"], "image": d["image"], "size_mb": d["size_mb"]}
+                        for d in vm["disks"]]}
+             for vm in sorted(status["vms"], key=lambda v: v["index"])]
+    script = Path(__file__).resolve().parents[1] / "bench" / "live_cut_control.py"
+    res = subprocess.run(["/usr/bin/python3", str(script)],
+                         input=json.dumps({"vms": plans, "skew_ms": LIVE_SKEW_MS,
+                                           "hold": hold, "snap": snap}),
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out: dict[str, Any] = json.loads(res.stdout)
+    return out
+
+
+def scan_and_remove(status: dict[str, Any], snap: str) -> wr.Verdict:
+    from cutpoint.lab.ceph import rbd_cmd
+    site = status["sites"]["primary"]
+    specs: list[wr.Spec] = [wr.RbdSpec(d["pool"], d["image"], snap, site["ceph_conf"],
+                                       site.get("client_id", "admin"), site.get("keyring"))
+                            for vm in status["vms"] for d in vm["disks"]]
+    try:
+        return wr.scan_specs(specs)
+    finally:
+        for vm in status["vms"]:
+            for d in vm["disks"]:
+                subprocess.run(rbd_cmd(site, "snap", "rm", f"{d['pool']}/{d['image']}@{snap}"),
+                               capture_output=True, check=False, timeout=60)
+
+
+@pytest.mark.lab_config(**LAB_B)
+def test_f_live_cut_needs_its_hold(lab: dict[str, Any]) -> None:
+    """The negative control of (e): the same live cut, by the test bed, the
+    two VMs cut LIVE_SKEW_MS apart.  Without the hold the checker must find
+    a gap (a record sent after the first VM's cut, in the second one's
+    snapshot); with it, the same skew is consistent."""
+    wait_writer(lab, 60)
+    found = None
+    for trial in range(1, NEGATIVE_TRIALS + 1):
+        snap = f"livenohold.{trial}"
+        live_cut_by_hand(lab, snap, hold=False)
+        v = scan_and_remove(lab, snap)
+        assert (v.torn, v.corrupt, v.duplicates) == (0, 0, 0), v.summary()
+        print(f"\n(f) no hold, trial {trial}: {v.summary()[:300]}")
+        if v.gaps:
+            found = (trial, v)
+            break
+    assert found is not None, f"no gap in {NEGATIVE_TRIALS} live cuts without the hold"
+    held = live_cut_by_hand(lab, "livehold", hold=True)
+    v = scan_and_remove(lab, "livehold")
+    assert v.ok, v.summary()
+    print(f"(f) without the hold: gap in trial {found[0]}: p={found[1].p}, "
+          f"{found[1].missing} missing; with it, the same {LIVE_SKEW_MS} ms skew: "
+          f"p={v.p}, consistent (held {[round(h) for h in held['held_ms']]} ms)")

@@ -13,7 +13,9 @@ does five things:
    another with `rbd snap create` and no pause, replicated, and the DR
    copies are checked. The checker must fail.
 2. Group snapshots under load, through the real agents and coordinator
-   (`cutpoint snapshot --group-file`). The newest one is replicated with
+   (`cutpoint snapshot --group-file`), on the live cut (agents'
+   `pause_path = live`: no guest stopped, its sent packets held until
+   COMMIT; the shared log's drill takes the default redirect cut). The newest one is replicated with
    full verification; every member must be verified at DR (invariant 5).
    Its DR copies are exported and checked offline: every invariant holds.
 3. Restore: clones of the DR member snapshots, made on the DR cluster,
@@ -54,9 +56,9 @@ CLI = [str(Path(sys.executable).parent / "cutpoint")]
 LAB_CLI = [str(Path(sys.executable).parent / "cutpoint-lab")]
 DISK_MB = 32
 PARTS = 8
-# Raw QEMU: this drill and the shared log's prove the redirect cut on the
-# guest stores (issue 19, goal 1), and a libvirt domain takes the redirect
-# cut only through tainting raw QMP, so there it falls back to in_pause.
+# Raw QEMU: this drill proves the live cut on the guest stores, the shared
+# log's the redirect cut (issue 19, goal 1); a libvirt domain takes them
+# only through tainting raw QMP, so there it falls back to in_pause.
 LAB = {"hosts": 2, "vms_per_host": 2, "disks": 1, "workload": "kvstore",
        "disk_size_mb": DISK_MB, "driver": "qemu"}
 
@@ -72,7 +74,8 @@ def cutpoint(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 class Drill:
     """One store on the lab: snapshots, exports, restored copies."""
 
-    def __init__(self, status: dict[str, Any], tmp: Path, group: str) -> None:
+    def __init__(self, status: dict[str, Any], tmp: Path, group: str,
+                 pause_path: str = "redirect") -> None:
         from cutpoint.lab.agents import start_agents
         from cutpoint.lab.groupfile import write_group_file
         self.status = status
@@ -80,7 +83,11 @@ class Drill:
         self.group = group
         self.site = status["sites"]["primary"]
         self.certs = Path(status["state_dir"]) / "certs"
-        self.agents = start_agents(status, self.certs)
+        # The cut the agents take (agent-protocol §5.1): the shared log's
+        # drill proves the default redirect cut, this store's the live cut.
+        self.pause_path = pause_path
+        self.agents = start_agents(status, self.certs,
+                                   extra=f"\n[agent]\npause_path = {pause_path}\n")
         self.file = tmp / "group.yaml"
         write_group_file(status, self.file, certs_dir=self.certs, group=group)
         self.db = f"sqlite:///{tmp / 'coordinator.db'}"
@@ -136,9 +143,8 @@ class Drill:
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         doc, _ = json.JSONDecoder().raw_decode(res.stdout, res.stdout.index("{"))
         assert doc["state"] == "committed", doc
-        # qmp VMs on RBD: the agents' default redirect cut (agent-protocol
-        # §5.1), so this drill (and the shared log's) proves it
-        assert {v.get("pause_path") for v in doc["vms"]} == {"redirect"}, doc["vms"]
+        # qmp VMs on RBD take the cut the agents are set to
+        assert {v.get("pause_path") for v in doc["vms"]} == {self.pause_path}, doc["vms"]
         txn = doc["txn"]
         snaps = json.loads(self.rbd("snap", "ls", "--format", "json",
                                     self.image(self.vms[0])))
@@ -399,7 +405,7 @@ class Drill:
 
 @pytest.mark.lab_config(**LAB)
 def test_kvstore_drill(lab: dict[str, Any], tmp_path: Path) -> None:
-    d = Drill(lab, tmp_path, "kvstore")
+    d = Drill(lab, tmp_path, "kvstore", pause_path="live")
     try:
         d.wait_console(r"serving on", 1)
         d.wait_console(r"client \d+: op \d+", 1)

@@ -71,15 +71,16 @@ def pause(
              "(0 = the lab's tuned mon; N = mon paxos_propose_interval N ms)")] = "0",
     pause_path: Annotated[str, typer.Option(
         "--pause-path",
-        help="the agents' pause_path, one set of rows each: redirect, in_pause or "
-             "redirect,in_pause")] = "redirect",
+        help="the agents' pause_path, one set of rows each: live, redirect, in_pause "
+             "or a list, e.g. live,redirect")] = "redirect",
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
 ) -> None:
     """Pause, backend time, overhead and group total per VM count (GCVM Fig. 4.14)."""
     from cutpoint.bench import groupsnap as gs
     paths = [p.strip() for p in pause_path.split(",") if p.strip()]
-    if not paths or any(p not in ("redirect", "in_pause") for p in paths):
-        _fail(gs.BenchError(f"--pause-path: redirect and/or in_pause, got {pause_path!r}"))
+    if not paths or any(p not in ("live", "redirect", "in_pause") for p in paths):
+        _fail(gs.BenchError(f"--pause-path: live, redirect and/or in_pause, "
+                            f"got {pause_path!r}"))
     cfg = gs.PauseConfig(vms=_ints(vms, "--vms"), disks=disks, hosts=hosts,
                          rounds=rounds, workload=workload,
                          backend_latency_ms=_latencies(backend_latency),
