@@ -247,7 +247,9 @@ hold_off(struct vm *v, int discover, int timeout_ms, struct qmp_err *err)
 
     if (!is_qmp(v))
         return 0;
-    if (discover) {
+    /* this run has not made them (a restart's recovery, or its retry):
+     * they are found by name */
+    if (discover || v->hold_state != 1) {
         if (find_filters(v, timeout_ms, found, &n, err) < 0)
             return err->kind == QMP_E_IO ? 0 : -1;  /* no QEMU: none on */
         ids = found;

@@ -47,9 +47,9 @@ int hold_ready(struct vm *v, int timeout_ms, char *why, size_t len);
  * refused and none is left on; otherwise (no answer) some may be on. */
 int hold_on(struct vm *v, int timeout_ms, struct qmp_err *err);
 
-/* Turns v's filters off (those hold_ready made; with discover, those
- * found under /objects: after a restart of the agent).  0 when none is
- * left on. */
+/* Turns v's filters off: those hold_ready made, or with discover (or
+ * when this run has not made them: after a restart of the agent) those
+ * found under /objects.  0 when none is left on. */
 int hold_off(struct vm *v, int discover, int timeout_ms,
              struct qmp_err *err);
 

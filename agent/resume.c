@@ -28,11 +28,11 @@ resume_one(void *arg)
      * holding its network.  At recovery the previous run's filters are
      * found by name.  A VM held without a stop needs no cont. */
     j->rc = 0;
-    if (held || (j->why && strcmp(j->why, "journal") == 0))
+    if (held || (j->why && strcmp(j->why, "journal") == 0)) {
         j->rc = hold_off(j->vm, !held, a->cfg.qmp_timeout_ms, &j->err);
-    if (j->rc == 0 && held) {
+        /* not released: held until a retry releases it (a recovery's too) */
         pthread_mutex_lock(&a->mu);
-        j->vm->held = 0;
+        j->vm->held = j->rc < 0;
         pthread_mutex_unlock(&a->mu);
     }
     if (j->rc == 0 && !hold_only)
