@@ -157,15 +157,15 @@ def overhead(
         "--warmup", help="the writer runs this long untimed before the first phase")] = "30s",
     pause_path: Annotated[str | None, typer.Option(
         "--pause-path",
-        help="the agents' pause_path: redirect or in_pause (default: the agent's own "
-             "default, not set in their config)")] = None,
+        help="the agents' pause_path: live, redirect or in_pause (default: the agent's "
+             "own default, not set in their config)")] = None,
     json_out: Annotated[str | None, typer.Option("--json", help="write JSON here")] = None,
 ) -> None:
     """Guest writer throughput without and with periodic group snapshots."""
     from cutpoint.api.cli.snapshot import parse_duration
     from cutpoint.bench import groupsnap as gs
-    if pause_path is not None and pause_path not in ("redirect", "in_pause"):
-        _fail(gs.BenchError(f"--pause-path: redirect or in_pause, got {pause_path!r}"))
+    if pause_path is not None and pause_path not in ("live", "redirect", "in_pause"):
+        _fail(gs.BenchError(f"--pause-path: live, redirect or in_pause, got {pause_path!r}"))
     cfg = gs.OverheadConfig(interval_s=parse_duration(interval),
                             phase_s=parse_duration(phase), cycles=cycles,
                             warmup_s=parse_duration(warmup),
