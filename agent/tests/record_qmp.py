@@ -6,6 +6,10 @@ blockdev node named disk0, talks raw QMP over its UNIX socket and writes each
 scenario as lines:  `> {json sent}` and `< {json received}` (verbatim).
 The C test test_qmp.c replays the `<` lines over a socketpair.
 
+       record_qmp.py OUTDIR --hold
+records what the live cut's network hold (agent/hold.c) asks QEMU
+(test_hold.c): hold-*.txt.
+
 Usage: record_qmp.py OUTDIR   (needs qemu-system-x86_64 and qemu-img)
 
        record_qmp.py OUTDIR --bound [--rbd CONF POOL/IMAGE USER]
@@ -112,8 +116,83 @@ def record_bound(out: Path, rbd: list[str]) -> int:
     return 0
 
 
+def record_hold(out: Path) -> int:
+    """What the live cut's hold (agent/hold.c) asks: a VM with one NIC (id
+    nic0, netdev net0) and one device without a netdev, then one with an
+    ivshmem device (a channel past QEMU's network layer)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="cp-qmp-rec-"))
+    base = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nographic", "-nodefaults",
+            "-m", "64", "-display", "none", "-serial", "null"]
+    nic = ["-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0,id=nic0",
+           "-device", "virtio-rng-pci"]
+    ivshmem = ["-object", "memory-backend-ram,id=shm0,size=1M",
+               "-device", "ivshmem-plain,memdev=shm0"]
+    fid = "cutpoint-hold-net0"
+    for name, extra in (("nic", nic), ("ivshmem", nic + ivshmem)):
+        sock = tmp / "qmp.sock"
+        q = subprocess.Popen(base + ["-qmp", f"unix:{sock},server=on,wait=off"] + extra)
+        try:
+            _wait_sock(sock)
+            c = Raw(str(sock))
+            c.recv()
+            c.call({"execute": "qmp_capabilities", "id": 1})
+            c.log = []
+            n = 2
+            usable = True
+            # hold_ready: the devices, with and without an id, and their netdev
+            for root in ("/machine/peripheral", "/machine/peripheral-anon"):
+                kids = c.call({"execute": "qom-list", "id": n, "arguments": {"path": root}})
+                n += 1
+                for k in kids["return"]:
+                    if not k["type"].startswith("child<"):
+                        continue
+                    if "ivshmem" in k["type"]:
+                        usable = False
+                        break
+                    c.call({"execute": "qom-get", "id": n, "arguments": {
+                        "path": f"{root}/{k['name']}", "property": "netdev"}})
+                    n += 1
+                if not usable:
+                    break
+            c.dump(out / f"hold-list-{name}.txt")
+            if not usable:
+                continue
+            c.call({"execute": "object-add", "id": n, "arguments": {
+                "qom-type": "filter-buffer", "id": fid, "netdev": "net0", "queue": "rx",
+                "interval": 4294967295, "status": "off"}})
+            c.dump(out / "hold-add.txt")
+            for st in ("on", "off"):
+                c.call({"execute": "qom-set", "id": 20, "arguments": {
+                    "path": f"/objects/{fid}", "property": "status", "value": st}})
+            c.dump(out / "hold-on-off.txt")
+            c.call({"execute": "qom-list", "id": 22, "arguments": {"path": "/objects"}})
+            c.call({"execute": "qom-set", "id": 23, "arguments": {
+                "path": f"/objects/{fid}", "property": "status", "value": "off"}})
+            c.dump(out / "hold-discover.txt")
+            # a second run of the agent finds the filter there: taken over
+            c.call({"execute": "object-add", "id": 24, "arguments": {
+                "qom-type": "filter-buffer", "id": fid, "netdev": "net0", "queue": "rx",
+                "interval": 4294967295, "status": "off"}})
+            c.call({"execute": "qom-set", "id": 25, "arguments": {
+                "path": f"/objects/{fid}", "property": "status", "value": "off"}})
+            c.dump(out / "hold-taken-over.txt")
+            # a QEMU started since has no such filter
+            c.call({"execute": "qom-set", "id": 26, "arguments": {
+                "path": "/objects/cutpoint-hold-gone", "property": "status",
+                "value": "on"}})
+            c.dump(out / "hold-gone.txt")
+        finally:
+            _stop(q)
+            sock.unlink(missing_ok=True)
+    tmp.rmdir()
+    return 0
+
+
 def main() -> int:
     out = Path(sys.argv[1])
+    if "--hold" in sys.argv:
+        return record_hold(out)
     if "--bound" in sys.argv:
         rbd = sys.argv[sys.argv.index("--rbd") + 1:][:3] if "--rbd" in sys.argv else []
         return record_bound(out, rbd)
