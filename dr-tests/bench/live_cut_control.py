@@ -57,15 +57,7 @@ def main() -> int:
             pr._hold("off")
             out["held_ms"].append((time.perf_counter() - t) * 1000.0)
         for pr, ovs in zip(probes, overlays):
-            for k, ov in enumerate(ovs):
-                pr.q.cmd("block-commit", **{"job-id": f"commit{k}"}, device=ov)
-            for k in range(len(ovs)):
-                pr.q.wait_event("BLOCK_JOB_READY", f"commit{k}")
-                pr.q.cmd("block-job-complete", device=f"commit{k}")
-            for k in range(len(ovs)):
-                e = pr.q.wait_event("BLOCK_JOB_COMPLETED", f"commit{k}")
-                if e["data"].get("error"):
-                    raise RuntimeError(f"commit{k}: {e['data']['error']}")
+            pr.merge_back(ovs)
             for k in range(len(ovs)):
                 pr._drop(k, "ov")
     finally:

@@ -250,6 +250,17 @@ class Probe:
         t2 = time.perf_counter()
         snap_all(self.images, snap)
         t3 = time.perf_counter()
+        self.merge_back(ovs)
+        t4 = time.perf_counter()
+        for k in range(len(ovs)):
+            self._drop(k, "ov")
+        self._unsnap(snap)
+        r.update(prepare_ms=ms(t0, t1), backend_ms=ms(t2, t3), commit_ms=ms(t3, t4))
+        return r
+
+    def merge_back(self, ovs: list[str]) -> None:
+        """An active block-commit of each switched overlay back onto its
+        base (ready, then completed); its nodes stay for _drop."""
         for k, ov in enumerate(ovs):
             self.q.cmd("block-commit", **{"job-id": f"commit{k}"}, device=ov)
         for k in range(len(ovs)):
@@ -259,12 +270,6 @@ class Probe:
             e = self.q.wait_event("BLOCK_JOB_COMPLETED", f"commit{k}")
             if e["data"].get("error"):
                 raise QmpError(f"commit{k}: {e['data']['error']}")
-        t4 = time.perf_counter()
-        for k in range(len(ovs)):
-            self._drop(k, "ov")
-        self._unsnap(snap)
-        r.update(prepare_ms=ms(t0, t1), backend_ms=ms(t2, t3), commit_ms=ms(t3, t4))
-        return r
 
     def _hold(self, status: str) -> None:
         """The filter on or off; the negative control ("control": true)
