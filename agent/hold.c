@@ -239,7 +239,7 @@ find_filters(struct vm *v, int timeout_ms, char ids[][96], int *n,
 }
 
 int
-hold_off(struct vm *v, int discover, int timeout_ms, struct qmp_err *err)
+hold_off(struct vm *v, int timeout_ms, struct qmp_err *err)
 {
     char found[VM_MAX_NICS][96];
     char (*ids)[96] = v->hold_id;
@@ -249,7 +249,7 @@ hold_off(struct vm *v, int discover, int timeout_ms, struct qmp_err *err)
         return 0;
     /* this run has not made them (a restart's recovery, or its retry):
      * they are found by name */
-    if (discover || v->hold_state != 1) {
+    if (v->hold_state != 1) {
         if (find_filters(v, timeout_ms, found, &n, err) < 0)
             return err->kind == QMP_E_IO ? 0 : -1;  /* no QEMU: none on */
         ids = found;

@@ -21,7 +21,8 @@
  *                refusal turns back off what it turned on.
  *   hold_off     `qom-set status off` per filter: QEMU sends what it held,
  *                in order (filter-buffer flushes when disabled).  After a
- *                restart of the agent the filters are found by name under
+ *                restart of the agent (recovery marks every VM of a
+ *                `paused` entry held) the filters are found by name under
  *                /objects.  A filter gone with its QEMU counts as off.
  *
  * The filter's release timer (`interval`) is set to its largest value, so
@@ -47,10 +48,9 @@ int hold_ready(struct vm *v, int timeout_ms, char *why, size_t len);
  * refused and none is left on; otherwise (no answer) some may be on. */
 int hold_on(struct vm *v, int timeout_ms, struct qmp_err *err);
 
-/* Turns v's filters off: those hold_ready made, or with discover (or
- * when this run has not made them: after a restart of the agent) those
- * found under /objects.  0 when none is left on. */
-int hold_off(struct vm *v, int discover, int timeout_ms,
-             struct qmp_err *err);
+/* Turns v's filters off: those hold_ready made, or, when this run has
+ * not made them (after a restart of the agent), those found by name under
+ * /objects.  0 when none is left on. */
+int hold_off(struct vm *v, int timeout_ms, struct qmp_err *err);
 
 #endif

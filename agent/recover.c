@@ -108,6 +108,11 @@ recover_vm(struct agent *a, struct vm *v, const struct journal_entry *p,
         struct resume_job j = {.a = a, .vm = v, .why = "journal",
                                .txn = p->txn};
 
+        /* The previous run may have cut it live: its network may be held
+         * (hold.h), and it may be stopped too (the resume sends cont). */
+        pthread_mutex_lock(&a->mu);
+        v->held = 1;
+        pthread_mutex_unlock(&a->mu);
         resume_one(&j);     /* cont, then quiesce_thaw if v->guest is open */
         atomic_fetch_add(&a->resumed_by_journal, j.rc == 0);
         log_info("event=journal_resume txn=%s vm=%s result=%s", p->txn,

@@ -25,11 +25,10 @@ resume_one(void *arg)
     hold_only = j->vm->hold_only;
     pthread_mutex_unlock(&a->mu);
     /* The live cut's hold first (hold.h): a VM it held is never left
-     * holding its network.  At recovery the previous run's filters are
-     * found by name.  A VM held without a stop needs no cont. */
+     * holding its network.  A VM held without a stop needs no cont. */
     j->rc = 0;
-    if (held || (j->why && strcmp(j->why, "journal") == 0)) {
-        j->rc = hold_off(j->vm, !held, a->cfg.qmp_timeout_ms, &j->err);
+    if (held) {
+        j->rc = hold_off(j->vm, a->cfg.qmp_timeout_ms, &j->err);
         /* not released: held until a retry releases it (a recovery's too) */
         pthread_mutex_lock(&a->mu);
         j->vm->held = j->rc < 0;

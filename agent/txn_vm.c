@@ -128,7 +128,7 @@ live_cut(struct txn_vm_prep *j, struct qmp_err *err)
         struct qmp_err e2;
 
         /* not stopped, runs: its network must not stay held */
-        if (hold_off(v, 0, j->stop_timeout_ms, &e2) == 0)
+        if (hold_off(v, j->stop_timeout_ms, &e2) == 0)
             set_held(j, 0, 0);
         else
             *err = e2;      /* the reaper's retry releases it */

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -76,6 +78,26 @@ def _stop(q: subprocess.Popen[bytes]) -> None:
         q.wait()
 
 
+@contextmanager
+def _monitor(tmp: Path, extra: list[str]) -> Iterator[Raw]:
+    """A guest-less QEMU with extra arguments, its monitor past
+    qmp_capabilities (nothing logged yet); stopped after the block."""
+    sock = tmp / "qmp.sock"
+    q = subprocess.Popen(["qemu-system-x86_64", "-machine", "accel=tcg", "-nographic",
+                          "-nodefaults", "-m", "64", "-display", "none", "-serial", "null",
+                          "-qmp", f"unix:{sock},server=on,wait=off", *extra])
+    try:
+        _wait_sock(sock)
+        c = Raw(str(sock))
+        c.recv()
+        c.call({"execute": "qmp_capabilities", "id": 1})
+        c.log = []
+        yield c
+    finally:
+        _stop(q)
+        sock.unlink(missing_ok=True)
+
+
 def record_bound(out: Path, rbd: list[str]) -> int:
     """query-named-block-nodes of a qcow2 VM, and of an rbd node if asked."""
     out.mkdir(parents=True, exist_ok=True)
@@ -92,25 +114,10 @@ def record_bound(out: Path, rbd: list[str]) -> int:
                      [(f"driver=rbd,node-name=disk0,pool={pool},image={name},"
                        f"conf={conf},user={user}")]))
     for fixture, blockdevs in runs:
-        sock = tmp / "qmp.sock"
-        argv = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nographic", "-nodefaults",
-                "-m", "64", "-display", "none", "-serial", "null",
-                "-qmp", f"unix:{sock},server=on,wait=off"]
-        for b in blockdevs:
-            argv += ["-blockdev", b]
-        q = subprocess.Popen(argv)
-        try:
-            _wait_sock(sock)
-            c = Raw(str(sock))
-            c.recv()
-            c.call({"execute": "qmp_capabilities", "id": 1})
-            c.log = []
+        with _monitor(tmp, [a for b in blockdevs for a in ("-blockdev", b)]) as c:
             c.call({"execute": "query-named-block-nodes", "id": 2,
                     "arguments": {"flat": True}})
             c.dump(out / fixture)
-        finally:
-            _stop(q)
-            sock.unlink(missing_ok=True)
     disk.unlink()
     tmp.rmdir()
     return 0
@@ -122,22 +129,13 @@ def record_hold(out: Path) -> int:
     ivshmem device (a channel past QEMU's network layer)."""
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="cp-qmp-rec-"))
-    base = ["qemu-system-x86_64", "-machine", "accel=tcg", "-nographic", "-nodefaults",
-            "-m", "64", "-display", "none", "-serial", "null"]
     nic = ["-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0,id=nic0",
            "-device", "virtio-rng-pci"]
     ivshmem = ["-object", "memory-backend-ram,id=shm0,size=1M",
                "-device", "ivshmem-plain,memdev=shm0"]
     fid = "cutpoint-hold-net0"
     for name, extra in (("nic", nic), ("ivshmem", nic + ivshmem)):
-        sock = tmp / "qmp.sock"
-        q = subprocess.Popen(base + ["-qmp", f"unix:{sock},server=on,wait=off"] + extra)
-        try:
-            _wait_sock(sock)
-            c = Raw(str(sock))
-            c.recv()
-            c.call({"execute": "qmp_capabilities", "id": 1})
-            c.log = []
+        with _monitor(tmp, extra) as c:
             n = 2
             usable = True
             # hold_ready: the devices, with and without an id, and their netdev
@@ -182,9 +180,6 @@ def record_hold(out: Path) -> int:
                 "path": "/objects/cutpoint-hold-gone", "property": "status",
                 "value": "on"}})
             c.dump(out / "hold-gone.txt")
-        finally:
-            _stop(q)
-            sock.unlink(missing_ok=True)
     tmp.rmdir()
     return 0
 

@@ -112,7 +112,7 @@ test_on_then_off(void **state)
     start(files);
     assert_int_equal(hold_ready(&v, 1000, why, sizeof(why)), 1);
     assert_int_equal(hold_on(&v, 1000, &err), 0);
-    assert_int_equal(hold_off(&v, 0, 1000, &err), 0);
+    assert_int_equal(hold_off(&v, 1000, &err), 0);
     finish();
 }
 
@@ -125,7 +125,7 @@ test_after_a_restart_the_filters_are_found_by_name(void **state)
     (void)state;
     start(files);
     /* this run made none (hold_state 0): listed under /objects */
-    assert_int_equal(hold_off(&v, 1, 1000, &err), 0);
+    assert_int_equal(hold_off(&v, 1000, &err), 0);
     finish();
 }
 
