@@ -40,6 +40,8 @@ from cutpoint.lab.debian_image import build
 LAB = {"hosts": 2, "vms_per_host": 0, "driver": "libvirt"}
 VMS = ("cass-node1", "cass-node2")
 OPLOG = "/srv/clog/oplog"
+# Both nodes Up/Normal in node 1's view, now (one try).
+UN_BOTH_NOW = "[ \"$(nodetool status 2>/dev/null | grep -c '^UN')\" = 2 ]"
 UN_BOTH = ("n=0; until [ \"$(nodetool status 2>/dev/null | grep -c '^UN')\" = 2 ]; do "
            "n=$((n + 1)); sleep 5; done; nodetool status")
 
@@ -78,6 +80,24 @@ def oplog_records(bed: DbDrillBed, vm: DbVM) -> int:
     return int(r.stdout.strip() or 0) // 33 if r.exitcode == 0 else 0
 
 
+def wait_both(bed: DbDrillBed, vms: list[DbVM], timeout_s: float, what: str,
+              script: str = UN_BOTH_NOW) -> None:
+    """bed.wait_guest on node 1; on timeout the error adds node 1's
+    `nodetool status` and node 2's console tail."""
+    from cutpoint.coordinator.dr.guest import GuestError
+
+    try:
+        bed.wait_guest(vms[0], script, timeout_s, what)
+    except TimeoutError as exc:
+        try:
+            status = bed.guest(vms[0], "nodetool status 2>&1 | tail -8", 120).stdout
+        except (GuestError, OSError) as e:  # the guest agent itself may be the problem
+            status = f"(not read: {e})"
+        raise TimeoutError(f"{exc}\nnodetool status on {vms[0].name}: {status}\n"
+                           f"{vms[1].name} console tail: "
+                           f"{bed.console(vms[1].name)[-2500:]}") from None
+
+
 def run(status: dict[str, Any], workdir: Path, interval: float = 20.0) -> dict[str, Any]:
     """One coordinated snapshot of both nodes under the writer, replicated and
     drilled through the control plane; the report is also written to
@@ -99,13 +119,19 @@ def run(status: dict[str, Any], workdir: Path, interval: float = 20.0) -> dict[s
         bed.start_agents()
         bed.control_plane()
         bed.wait_guest(vms[0], "cqlsh -e 'SELECT release_version FROM system.local' "
-                       ">/dev/null 2>&1", 1800, "node 1's CQL")
+                       ">/dev/null 2>&1", 900, "node 1's CQL")
         primary["boot_to_cql_s"] = round(time.monotonic() - t0, 1)
+        # The writer writes at ALL: until node 2 is UN in node 1's view every
+        # write is refused, so wait for that first, and show both nodes if
+        # it does not come (a CI run spent 1200 s on refused writes, with
+        # only node 1's console to show for it).
+        wait_both(bed, vms, 900, "both nodes UN in node 1's nodetool status")
+        primary["boot_to_both_un_s"] = round(time.monotonic() - t0, 1)
         r = bed.guest(vms[0], "setsid /usr/local/sbin/cp-writer </dev/null >/dev/console 2>&1 &"
                       " echo started", 60)
         if r.exitcode != 0:
             raise RuntimeError(f"starting the writer failed: {r.as_dict()}")
-        bed.wait_guest(vms[0], f"test -s {OPLOG}", 1200, "the operation log's first record")
+        wait_both(bed, vms, 300, "the operation log's first record", f"test -s {OPLOG}")
         primary["boot_to_writer_s"] = round(time.monotonic() - t0, 1)
         time.sleep(interval)
         res = bed.snapshot_coordinated()
