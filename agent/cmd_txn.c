@@ -10,7 +10,7 @@
  *            expires) ─► each VM's commit in parallel (txn_vm.c) ─►
  *            COMMITTED or FAILED
  *   abort    claim ─► resume (if still paused) ─► merge the overlays of
- *            the redirect cut back (redirect.c) ─► delete the member
+ *            the redirect cut back (redirect_merge.c) ─► delete the member
  *            snapshots (one thread per VM) ─► ABORTED
  *   resume   cont the named VMs
  *

@@ -67,6 +67,15 @@ int redirect_usable(const struct agent *a, const struct vm *v, char *why,
 int redirect_make(struct agent *a, struct vm *v, const char *id, int *hung,
                   char *err, size_t errlen);
 
+/* In the pause, the switch of every disk of v onto its overlay, atomic:
+ * the arguments of its QMP `transaction` (a new object).  txn_vm.c sends
+ * it together with the stop (vm_stop_then): QEMU switches right after the
+ * stop, with no round trip to the agent between. */
+json_t *redirect_switch_args(const struct vm *v);
+/* <image>.cutpoint-ov.<id> of v's disk d into buf. */
+void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,
+                            const char *id);
+
 /* ---- redirect_bg.c: overlays made ahead, merges in the background ---- */
 
 /* The overlays of v's cut in txn: those made ahead if ready (no journal
@@ -76,11 +85,7 @@ int redirect_prepare(struct agent *a, struct vm *v, const char *txn,
 /* 1 when v's overlays for its next cut are ready (made ahead). */
 int redirect_ahead_ready(struct agent *a, const struct vm *v);
 
-/* In the pause, the switch of every disk of v onto its overlay, atomic:
- * the arguments of its QMP `transaction` (a new object).  txn_vm.c sends
- * it together with the stop (vm_stop_then): QEMU switches right after the
- * stop, with no round trip to the agent between. */
-json_t *redirect_switch_args(const struct vm *v);
+/* ---- redirect_merge.c: the overlays merged back and removed ---- */
 
 /* Merges v's overlays of txn back and removes them, whatever step was
  * reached; logs it (why: commit, abort, recovery...).  With v's QEMU gone,
@@ -89,6 +94,8 @@ json_t *redirect_switch_args(const struct vm *v);
  * goes; on -1 (or RD_KEPT: an overlay kept) it stays and err says why. */
 int redirect_merge(struct agent *a, struct vm *v, const char *txn,
                    const char *why, char *err, size_t errlen);
+
+/* ---- redirect_bg.c (continued) ---- */
 
 /* Starts the merge of v's overlays of txn in a thread of its own, unless
  * one runs for v already; 1 when one runs. */
@@ -141,11 +148,7 @@ double redirect_ahead_wait_ms(void);
 /* A commit took ms to create one VM's RBD snapshots (txn_vm.c). */
 void redirect_note_snapshot_ms(double ms);
 
-/* <image>.cutpoint-ov.<id> of v's disk d into buf. */
-void redirect_overlay_image(char *buf, size_t len, const struct vm *v, int d,
-                            const char *id);
-
-/* ---- state of the background half (redirect_bg.c) ---- */
+/* ---- redirect_turn.c: a step of making and a stop take turns ---- */
 
 /* QEMU 7.2 aborts (block-backend.c blk_unref: Assertion `blk->refcnt ==
  * 1') when `stop` arrives while a blockdev-create job runs: seen in the
@@ -169,6 +172,8 @@ int redirect_step_begin(struct agent *a, const struct vm *v, double deadline);
 void redirect_step_end(struct agent *a, const struct vm *v);
 int redirect_stop_begin(struct agent *a, const struct vm *v, double deadline);
 void redirect_resumed(struct agent *a, const struct vm *v);
+
+/* ---- state of the background half (redirect_bg.c) ---- */
 
 /* Waits up to max_ms until no overlays of v are being made ahead and no
  * merge of v runs in the background; -1 when they still do. */

@@ -45,9 +45,6 @@ static char kept_msg[CFG_MAX_VMS][512];
 static unsigned char commit_try[CFG_MAX_VMS], bg_done[CFG_MAX_VMS];
 static int bg_rc[CFG_MAX_VMS];
 static double bg_ms[CFG_MAX_VMS], bg_t_done[CFG_MAX_VMS];
-/* a step of redirect_make running; the VM stopped (or being stopped) by
- * the agent, until its cont (redirect.h) */
-static unsigned char step_running[CFG_MAX_VMS], held[CFG_MAX_VMS];
 static char bg_err[CFG_MAX_VMS][512];
 static unsigned long ahead_seq;
 /* a moving average of one VM's RBD snapshot time, and whether it has one */
@@ -397,55 +394,6 @@ redirect_settle(struct agent *a, struct vm *v, double deadline,
     if (!err[0])
         snprintf(err, errlen, "the merge of txn %s is retried", id);
     return -1;
-}
-
-/* Waits until deadline for busy[idx] to clear, then sets mark[idx] in
- * the same lock: 0; -1 when it did not clear.  A step of making overlays
- * and a stop of the VM take turns this way (redirect.h). */
-static int
-take_turn(int idx, const unsigned char *busy, unsigned char *mark,
-          double deadline)
-{
-    for (;;) {
-        pthread_mutex_lock(&bg_mu);
-        if (!busy[idx]) {
-            mark[idx] = 1;
-            pthread_mutex_unlock(&bg_mu);
-            return 0;
-        }
-        pthread_mutex_unlock(&bg_mu);
-        if (mono_ms() > deadline)
-            return -1;
-        nap_ms(1);
-    }
-}
-
-int
-redirect_step_begin(struct agent *a, const struct vm *v, double deadline)
-{
-    return take_turn(idx_of(a, v), held, step_running, deadline);
-}
-
-void
-redirect_step_end(struct agent *a, const struct vm *v)
-{
-    pthread_mutex_lock(&bg_mu);
-    step_running[idx_of(a, v)] = 0;
-    pthread_mutex_unlock(&bg_mu);
-}
-
-int
-redirect_stop_begin(struct agent *a, const struct vm *v, double deadline)
-{
-    return take_turn(idx_of(a, v), step_running, held, deadline);
-}
-
-void
-redirect_resumed(struct agent *a, const struct vm *v)
-{
-    pthread_mutex_lock(&bg_mu);
-    held[idx_of(a, v)] = 0;
-    pthread_mutex_unlock(&bg_mu);
 }
 
 int
