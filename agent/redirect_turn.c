@@ -48,6 +48,15 @@ take_turn(int idx, const unsigned char *busy, unsigned char *mark,
     }
 }
 
+/* mark[idx] = 0, in the lock. */
+static void
+clear_mark(int idx, unsigned char *mark)
+{
+    pthread_mutex_lock(&turn_mu);
+    mark[idx] = 0;
+    pthread_mutex_unlock(&turn_mu);
+}
+
 int
 redirect_step_begin(struct agent *a, const struct vm *v, double deadline)
 {
@@ -57,9 +66,7 @@ redirect_step_begin(struct agent *a, const struct vm *v, double deadline)
 void
 redirect_step_end(struct agent *a, const struct vm *v)
 {
-    pthread_mutex_lock(&turn_mu);
-    step_running[idx_of(a, v)] = 0;
-    pthread_mutex_unlock(&turn_mu);
+    clear_mark(idx_of(a, v), step_running);
 }
 
 int
@@ -71,7 +78,5 @@ redirect_stop_begin(struct agent *a, const struct vm *v, double deadline)
 void
 redirect_resumed(struct agent *a, const struct vm *v)
 {
-    pthread_mutex_lock(&turn_mu);
-    held[idx_of(a, v)] = 0;
-    pthread_mutex_unlock(&turn_mu);
+    clear_mark(idx_of(a, v), held);
 }

@@ -270,3 +270,71 @@ def test_read_oplog_replays_the_ext4_journal(tmp_path: Path) -> None:
                            capture_output=True, check=False).stdout
     assert plain != log          # without the replay: stale or absent
     assert cassdrill.read_oplog_raw(copy) == log
+
+
+STATUS_HEAD = ("Datacenter: datacenter1\n=======================\n"
+               "Status=Up/Down\n|/ State=Normal/Leaving/Joining/Moving\n"
+               "--  Address       Load        Tokens  Owns (effective)  Host ID  Rack\n")
+
+
+@pytest.mark.parametrize("states,ok", [(("UN", "UN"), True), (("UN", "DN"), False),
+                                       (("UN", "UJ"), False), ((), False)])
+def test_both_nodes_un_check_runs_in_a_shell(tmp_path: Path, states: tuple[str, ...],
+                                               ok: bool) -> None:
+    """cassproduct.UN_BOTH_NOW in /bin/sh, with a `nodetool` on PATH that
+    prints a status with those node states (or fails, for none): it exits
+    0 only when both nodes are UN."""
+    tool = tmp_path / "nodetool"
+    if states:
+        body = STATUS_HEAD + "".join(f"{s}  10.77.101.{i + 1}   1 KiB  16  100.0%  id{i}  rack1\n"
+                                     for i, s in enumerate(states))
+        tool.write_text(f"#!/bin/sh\ncat <<'X'\n{body}X\n")
+    else:
+        tool.write_text("#!/bin/sh\necho 'nodetool: Failed to connect' >&2\nexit 1\n")
+    tool.chmod(0o755)
+    r = subprocess.run(["/bin/sh", "-c", cassproduct.UN_BOTH_NOW],
+                       env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=False)
+    assert (r.returncode == 0) is ok
+
+
+class _Bed:
+    """What wait_both reads of a DbDrillBed: wait_guest, guest, console."""
+
+    def __init__(self, times_out: bool, status_error: bool = False) -> None:
+        self.times_out, self.status_error = times_out, status_error
+        self.waits: list[tuple[str, float, str]] = []
+
+    def wait_guest(self, vm: Any, script: str, timeout_s: float, what: str) -> None:
+        self.waits.append((script, timeout_s, what))
+        if self.times_out:
+            raise TimeoutError(f"{vm.name}: {what} not after {timeout_s:.0f} s")
+
+    def guest(self, vm: Any, script: str, timeout_s: float) -> Any:
+        from cutpoint.coordinator.dr.guest import GuestError
+
+        if self.status_error:
+            raise GuestError("TIMEOUT", "qemu-ga did not answer")
+        return subprocess.CompletedProcess([], 0, stdout="UN  10.77.101.1\nDN  10.77.101.2\n")
+
+    def console(self, name: str) -> str:
+        return "x" * 5000 + f"{name}: INFO Startup complete"
+
+
+def test_wait_both_shows_node_2_when_it_times_out() -> None:
+    vms = [cassproduct.node(0, "primary-h1"), cassproduct.node(1, "primary-h2")]
+    bed = _Bed(times_out=False)
+    cassproduct.wait_both(bed, vms, 900, "both UN")  # type: ignore[arg-type]
+    assert bed.waits == [(cassproduct.UN_BOTH_NOW, 900, "both UN")]
+
+    with pytest.raises(TimeoutError) as exc:
+        cassproduct.wait_both(_Bed(times_out=True), vms, 300, "the first record",  # type: ignore[arg-type]
+                              "test -s /srv/clog/oplog")
+    msg = str(exc.value)
+    assert msg.startswith("cass-node1: the first record not after 300 s")
+    assert "nodetool status on cass-node1: UN  10.77.101.1\nDN  10.77.101.2" in msg
+    assert msg.endswith("cass-node2: INFO Startup complete")
+    assert "x" * 2600 not in msg      # the console's tail, not all of it
+
+    with pytest.raises(TimeoutError) as exc:
+        cassproduct.wait_both(_Bed(times_out=True, status_error=True), vms, 1, "w")  # type: ignore[arg-type]
+    assert "(not read: TIMEOUT: qemu-ga did not answer)" in str(exc.value)
