@@ -42,8 +42,7 @@ VMS = ("cass-node1", "cass-node2")
 OPLOG = "/srv/clog/oplog"
 # Both nodes Up/Normal in node 1's view, now (one try).
 UN_BOTH_NOW = "[ \"$(nodetool status 2>/dev/null | grep -c '^UN')\" = 2 ]"
-UN_BOTH = ("n=0; until [ \"$(nodetool status 2>/dev/null | grep -c '^UN')\" = 2 ]; do "
-           "n=$((n + 1)); sleep 5; done; nodetool status")
+UN_BOTH = f"n=0; until {UN_BOTH_NOW}; do n=$((n + 1)); sleep 5; done; nodetool status"
 
 PLAN = {"boot_groups": [{
     "name": "cassandra",
