@@ -30,7 +30,12 @@ def group_replication(group: GroupRef, session: SessionDep, _: Viewer,
     g = groups.resolve(session, group)
     snaps = list(session.scalars(select(GroupSnapshot).where(GroupSnapshot.group_id == g.id)
                                  .order_by(GroupSnapshot.id.desc()).limit(limit)))
-    newest = next((s for s in snaps if s.dr_verified_at is not None), None)
+    # The newest recovery point of the group, whatever `limit` lists: with
+    # captures queued behind a slow copy, none of the newest few may be
+    # verified yet, and the group still has a recovery point at DR.
+    newest = session.scalar(select(GroupSnapshot).where(
+        GroupSnapshot.group_id == g.id, GroupSnapshot.dr_verified_at.is_not(None))
+        .order_by(GroupSnapshot.cut_at.desc(), GroupSnapshot.id.desc()).limit(1))
     fe = session.scalar(select(FencingEpoch).where(FencingEpoch.group_id == g.id)
                         .order_by(FencingEpoch.epoch.desc()).limit(1))
     tgt = g.policy.replication_target if g.policy else None

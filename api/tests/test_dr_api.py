@@ -85,3 +85,23 @@ def test_dr_policy_and_refusals(api: Any, dr_snapshot: Callable[..., int]) -> No
     assert r.status_code == 404 and r.json()["code"] == "no_recovery_point"
     r = api.post("/v1/groups/app/drills", json={"checks": ["nosuch"]})
     assert r.status_code == 400 and r.json()["code"] == "unknown_check"
+
+
+def test_newest_recovery_point_whatever_the_listing_limit(api: Any, session_factory: Any,
+                                                          dr_snapshot: Callable[..., int]) \
+        -> None:
+    """Captures queued behind a slow copy are newer than every point at DR:
+    the group's newest recovery point is still the verified one, whether or
+    not the listing's `limit` reaches it (a `?limit=1` poll once saw none
+    while 115 points were verified)."""
+    snap_id = dr_snapshot(disks=(0,), dr_verified_after_s=5)
+    with session_factory() as s:
+        first = s.get(GroupSnapshot, snap_id)
+        for i in (2, 3):
+            s.add(GroupSnapshot(group_id=first.group_id, txn=f"t{i}", state=first.state,
+                                cut_at=first.cut_at + dt.timedelta(seconds=10 * i)))
+        s.commit()
+    for limit in (1, 2, 20):
+        doc = api.get(f"/v1/groups/app/replication?limit={limit}").json()
+        assert [x["txn"] for x in doc["snapshots"]] == ["t3", "t2", "t1"][:limit]
+        assert doc["newest_recovery_point"] == "t1", (limit, doc)
