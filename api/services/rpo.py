@@ -17,6 +17,18 @@ where duration is the longest request-to-cut time of the last few captures
 (queue wait + worker pickup + PREPARE), so a busy worker starts captures
 earlier instead of missing.
 
+A group that replicates is not due while one of its copies waits for the
+copy before it (`replication_waiting`): every committed snapshot is
+replicated, one at a time per group (invariant 7, tasks_dr.replicate), so a
+capture taken then only lengthens the queue.  Without that hold a copy
+slower than the capture interval (the first, full one; a slow DR site)
+made every tick capture, each capture queued one more copy, and the queue
+never drained: in a lab run at a 5 s RPO the DR point lagged its cut by
+39 s after 8 minutes while points were cut every 1.7 s.  A waiting copy
+queued more than REPLICATION_HOLD_S ago no longer holds captures back (a
+lost message, a copy of many minutes): then one capture goes through per
+that time.
+
 A group's first capture (it has no recovery point yet; its RPO counts from
 its creation) is due at `created_at + offset`, the offset a deterministic
 share of that same window (`first_capture_offset_s`): groups created
@@ -34,6 +46,8 @@ from typing import Any, NamedTuple
 from cutpoint.api.models import (
     Group,
     GroupSnapshot,
+    Job,
+    JobState,
     Policy,
     RpoMiss,
     SnapState,
@@ -47,6 +61,10 @@ from sqlalchemy.orm import Session
 
 DEFAULT_DURATION_S = 2.0
 HISTORY = 5
+# How long a queued copy holds the group's next capture back (see above):
+# longer than the copy of a 1 s-RPO group's point on a slow link, short
+# enough that a lost replicate message costs a few captures, not all.
+REPLICATION_HOLD_S = 30.0
 # The golden ratio's fractional part: the step of first_capture_offset_s.
 SPREAD_STEP = 0.6180339887498949
 
@@ -61,6 +79,9 @@ class Assessment:
     lag_s: float
     due_at: dt.datetime | None
     in_flight: GroupSnapshot | None
+    # The id of a copy of this group waiting for the copy before it, queued
+    # less than REPLICATION_HOLD_S ago: no capture while there is one.
+    replication_waiting: str | None = None
 
     @property
     def compliant(self) -> bool | None:
@@ -69,7 +90,8 @@ class Assessment:
         return self.achieved_s is not None and self.achieved_s <= self.rpo_seconds
 
     def due(self, now: dt.datetime) -> bool:
-        return self.due_at is not None and now >= self.due_at and self.in_flight is None
+        return (self.due_at is not None and now >= self.due_at and self.in_flight is None
+                and self.replication_waiting is None)
 
 
 class Sched(NamedTuple):
@@ -141,6 +163,7 @@ def assess_many(session: Session, gs: list[Sched], now: dt.datetime, margin_s: f
         .group_by(GroupSnapshot.group_id)).all())
     dr_ids = [g.id for g in gs if g.replication_target_id is not None]
     newest_dr: dict[int, dt.datetime | None] = {}
+    waiting: dict[int, str] = {}
     lags: dict[int, list[Any]] = {}
     if dr_ids:
         verified = GroupSnapshot.dr_verified_at.is_not(None)
@@ -150,6 +173,13 @@ def assess_many(session: Session, gs: list[Sched], now: dt.datetime, margin_s: f
             .group_by(GroupSnapshot.group_id)).all())
         lags = _recent(session, (GroupSnapshot.cut_at, GroupSnapshot.dr_verified_at),
                        verified, dr_ids)
+        hold_from = now - dt.timedelta(seconds=REPLICATION_HOLD_S)
+        for gid, job_id in session.execute(
+                select(Job.group_id, func.min(Job.id))
+                .where(Job.kind == "replicate", Job.state == JobState.queued,
+                       Job.group_id.in_(dr_ids), Job.created_at >= hold_from)
+                .group_by(Job.group_id)):
+            waiting[gid] = job_id
     # Lead time = request to cut (queueing, worker pickup, PREPARE), the
     # longest of the last few: under load the queue wait dominates the
     # protocol itself, and starting late is what makes a miss.
@@ -186,7 +216,7 @@ def assess_many(session: Session, gs: list[Sched], now: dt.datetime, margin_s: f
                 due_at = as_utc(g.created_at) + dt.timedelta(
                     seconds=first_capture_offset_s(g, window))
         out[g.id] = Assessment(g.id, g.rpo_seconds, nc, achieved, duration, lag, due_at,
-                               inflight.get(g.id))
+                               inflight.get(g.id), waiting.get(g.id))
     return out
 
 
@@ -217,6 +247,10 @@ def miss_reason(session: Session, g: Group, a: Assessment) -> tuple[str, str]:
     if a.in_flight is not None:
         return ("snapshot_in_flight",
                 f"snapshot {a.in_flight.id} ({a.in_flight.state.value}) has not finished")
+    if a.replication_waiting is not None:
+        return ("replication_behind",
+                (f"replicate job {a.replication_waiting} waits for the group's copy before"
+                 " it; no capture until it runs"))
     if not g.enabled:
         return "group_disabled", "the group is disabled"
     return "scheduler_late", "no capture finished in time"

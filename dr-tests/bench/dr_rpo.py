@@ -165,6 +165,7 @@ def timeline(sf: Any, group: str, t_from: dt.datetime, t_to: dt.datetime) -> dic
             m_end = max((_aware(m.finished_at) for m in ms if m.finished_at), default=None)
             rows.append({
                 "txn": x.txn, "trigger": x.trigger, "members": len(ms),
+                "cut_at": _aware(x.cut_at).isoformat(), "reached_dr_at": reached[x.id].isoformat(),
                 "attempts": last,
                 "capture_s": _r(_s(x.requested_at, x.cut_at)),
                 "commit_s": _r(_s(x.cut_at, x.finished_at)),

@@ -1,0 +1,63 @@
+"""The RPO scheduler holds a DR group's next capture while one of its copies
+waits for the copy before it (services/rpo.py, `replication_waiting`).
+
+Every committed snapshot is replicated, one copy at a time per group; a lab
+run at a 5 s RPO, without this hold, cut a point every 1.7 s behind a slow
+first copy and its DR point lagged the cut by 39 s eight minutes later.
+Real databases (SQLite and PostgreSQL), the scheduler's own assessment,
+with the clock given.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from cutpoint.api.models import Group, GroupSnapshot, Job, JobState, utcnow
+from cutpoint.api.services import rpo
+from sqlalchemy import select
+
+
+def test_a_waiting_copy_holds_the_next_capture(api: Any, session_factory: Any,
+                                               dr_snapshot: Callable[..., int]) -> None:
+    snap_id = dr_snapshot(disks=(0,), dr_verified_after_s=1)  # cut 30 s ago
+    r = api.request("PATCH", "/v1/groups/app/policy", json={"rpo_seconds": 10})
+    assert r.status_code == 200, r.text
+    now = utcnow()
+    with session_factory() as s:
+        g = s.scalar(select(Group).where(Group.name == "app"))
+        snap = s.get(GroupSnapshot, snap_id)
+        snap.requested_at = snap.cut_at - dt.timedelta(seconds=0.2)  # asked, then cut
+        s.commit()
+        a = rpo.assess(s, g, now, 2.0)
+        assert a.due(now) and a.replication_waiting is None  # its DR point is 30 s old
+
+        def copy(state: JobState, age_s: float) -> Job:
+            job = Job(id=f"job-{state.value}-{age_s:g}", kind="replicate", state=state,
+                      group_id=g.id, snapshot_id=snap_id,
+                      created_at=now - dt.timedelta(seconds=age_s))
+            s.add(job)
+            s.commit()
+            return job
+
+        # A copy running alone does not hold the next capture: it is the one
+        # the next capture's copy will wait for.
+        copy(JobState.running, 3)
+        assert rpo.assess(s, g, now, 2.0).due(now)
+        # A copy queued behind it does.
+        waiting = copy(JobState.queued, 2)
+        a = rpo.assess(s, g, now, 2.0)
+        assert not a.due(now) and a.replication_waiting == waiting.id
+        assert rpo.miss_reason(s, g, a)[0] == "replication_behind"
+        # Queued longer than the hold (a lost message): captures go on.
+        waiting.created_at = now - dt.timedelta(seconds=rpo.REPLICATION_HOLD_S + 1)
+        s.commit()
+        a = rpo.assess(s, g, now, 2.0)
+        assert a.due(now) and a.replication_waiting is None
+        # A finished copy holds nothing, nor does another kind of job.
+        waiting.state = JobState.succeeded
+        s.add(Job(id="job-retention", kind="retention", state=JobState.queued, group_id=g.id,
+                  created_at=now))
+        s.commit()
+        assert rpo.assess(s, g, now, 2.0).due(now)
