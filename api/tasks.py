@@ -386,7 +386,12 @@ def inventory_sync(ctx: Ctx) -> dict[str, Any] | None:
         return {"host": host.name, **counts}
 
 
-@cutpoint_task("retention")
+# A run that yields to a waiting capture (services/retention.py) comes back
+# this much later, for the rest: time for the capture to take the group.
+RETENTION_YIELD_S = 2.0
+
+
+@cutpoint_task("retention", max_retries=None)
 def retention(ctx: Ctx) -> dict[str, Any] | None:
     from cutpoint.api.services import retention as ret
 
@@ -400,22 +405,32 @@ def retention(ctx: Ctx) -> dict[str, Any] | None:
     lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s)
     if not lock.acquire():
         raise ctx.task.retry(countdown=5)
+    def waiting(s: Session) -> bool:
+        return ret.capture_waiting(s, group_id)
+
     try:
         fsf = ctx.hold(lock)
-        out = ret.apply(fsf, ctx.settings, group_id)
+        out = ret.apply(fsf, ctx.settings, group_id, stop=waiting)
         # DR retention (its own policy) after the primary's, in the same job.
         from cutpoint.api.services import replication
 
-        try:
-            dr = replication.dr_apply(fsf, group_id)
-        except replication.ReplicationFailed as exc:
-            dr = {"deleted": [], "failed": [f"{exc.code}: {exc}"]}
+        dr: dict[str, Any] = {"deleted": []}
+        if not out.get("yielded"):
+            try:
+                dr = replication.dr_apply(fsf, group_id, stop=waiting)
+            except replication.ReplicationFailed as exc:
+                dr = {"deleted": [], "failed": [f"{exc.code}: {exc}"]}
         out["dr_deleted"] = dr["deleted"]
         if dr.get("failed"):
             out["dr_failed"] = dr["failed"]
-        return out
     finally:
         lock.release()
+    if out.get("yielded") or dr.get("yielded"):
+        log.info("job=%s group_id=%s event=retention_yielded deleted=%s dr_deleted=%d: a capture"
+                 " waits; the rest in %.0f s", ctx.job_id, group_id, out["deleted"],
+                 len(dr["deleted"]), RETENTION_YIELD_S)
+        raise ctx.task.retry(countdown=RETENTION_YIELD_S)
+    return out
 
 
 @cutpoint_task("scheduler_tick", job=False)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Callable
 from typing import Any
 
 from cutpoint.api.models import (
@@ -387,8 +388,13 @@ class _Sessions:
             conn.close()
 
 
-def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
-    """Delete the DR copies `dr_plan` selects (their snapshots at the target site)."""
+def dr_apply(sf: Any, group_id: int, stop: Callable[[Session], bool] | None = None) \
+        -> dict[str, Any]:
+    """Delete the DR copies `dr_plan` selects (their snapshots at the target site).
+
+    After each group snapshot's copies, `stop(session)` true ends the run
+    early (`yielded` in the result; the next run plans again), as
+    `retention.apply` does for a capture that waits."""
     from cutpoint.coordinator.dr.ceph_errors import CephError, CephNotFound
 
     deleted, failed = [], []
@@ -401,7 +407,10 @@ def dr_apply(sf: Any, group_id: int) -> dict[str, Any]:
             return {"deleted": []}
         ceph = _Sessions(s)
         try:
-            for snap in doomed:
+            for i, snap in enumerate(doomed):
+                if i and stop is not None and stop(s):
+                    return {"deleted": deleted, "yielded": True,
+                            **({"failed": failed} if failed else {})}
                 rows = list(s.scalars(select(MemberReplication).where(
                     MemberReplication.group_snapshot_id == snap.id,
                     MemberReplication.state == "verified")))

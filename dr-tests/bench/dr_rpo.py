@@ -132,7 +132,9 @@ def timeline(sf: Any, group: str, t_from: dt.datetime, t_to: dt.datetime) -> dic
             raise DrRpoError(f"no group {group} in the database")
         snaps = list(s.scalars(select(GroupSnapshot).where(GroupSnapshot.group_id == g.id)
                                .order_by(GroupSnapshot.id)))
-        committed = [x for x in snaps if x.state == SnapState.committed and x.cut_at
+        # Committed, whatever retention did to them since.
+        was_committed = (SnapState.committed, SnapState.deleting, SnapState.deleted)
+        committed = [x for x in snaps if x.state in was_committed and x.cut_at
                      and x.finished_at]
         reached = {x.id: t for x in committed
                    if (t := _reached_dr(x, s.scalars(select(MemberReplication).where(
@@ -180,7 +182,9 @@ def timeline(sf: Any, group: str, t_from: dt.datetime, t_to: dt.datetime) -> dic
                 "bytes_changed": sum(m.bytes_changed for m in ms),
             })
         n_committed = sum(1 for x in committed if in_window(x.finished_at))
-        n_failed = sum(1 for x in snaps if x.state != SnapState.committed
+        # Retention deletes committed snapshots during the run: they were
+        # committed, not failed.
+        n_failed = sum(1 for x in snaps if x.state not in was_committed
                        and in_window(x.finished_at))
         rep_failed = s.scalars(select(Job).where(Job.kind == "replicate", Job.group_id == g.id,
                                                  Job.state == JobState.failed)).all()
