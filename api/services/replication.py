@@ -372,7 +372,12 @@ class _Sessions:
             raise self.refused[name]
         if name not in self.open:
             try:
-                conn = CephConnection(site_of(self.s, name))
+                site = site_of(self.s, name)
+                # End the read before the network: on SQLite an open
+                # transaction holds the database's write lock, and every
+                # other writer (captures, the scheduler) waits behind it.
+                self.s.commit()
+                conn = CephConnection(site)
                 conn.connect()
             except CephError as exc:
                 self.refused[name] = ReplicationFailed(exc.code, str(exc))
@@ -414,6 +419,7 @@ def dr_apply(sf: Any, group_id: int, stop: Callable[[Session], bool] | None = No
                 rows = list(s.scalars(select(MemberReplication).where(
                     MemberReplication.group_snapshot_id == snap.id,
                     MemberReplication.state == "verified")))
+                s.commit()  # no transaction open across Ceph's calls (see _Sessions.get)
                 ok = True
                 for r in rows:
                     try:

@@ -99,9 +99,16 @@ def apply(sf: Any, settings: Any, group_id: int,
             for m in snap.members:
                 if m.state != "deleted":
                     by_host.setdefault(m.host, []).append(m)
+            hosts = {h: s.scalar(select(Host).where(Host.name == h)) for h in by_host}
+            # End the read before the agents' calls: on SQLite an open
+            # transaction holds the database's write lock, so a run that
+            # kept one across its deletes (0.5 s and more each) held back
+            # every capture and the scheduler's own writes (sessions keep
+            # their objects loaded after a commit).
+            s.commit()
             ok = True
             for host_name, members in by_host.items():
-                host = s.scalar(select(Host).where(Host.name == host_name))
+                host = hosts[host_name]
                 if host is None:
                     ok = False
                     failed.append(f"{snap.txn}: host {host_name} is gone")
