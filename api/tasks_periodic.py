@@ -211,17 +211,14 @@ def drill_tick(ctx: Ctx) -> dict[str, Any] | None:
 
 @cutpoint_task("retention_tick", job=False)
 def retention_tick(ctx: Ctx) -> dict[str, Any] | None:
-    """Queue a retention job for each group that has something to delete."""
-    from cutpoint.api.services import jobs, queue, replication
+    """Queue a retention job for each group that has something to delete
+    and none queued or running (services/retention.py `groups_to_run`)."""
+    from cutpoint.api.services import jobs, queue
     from cutpoint.api.services import retention as ret
 
     n = 0
-    now = utcnow()
     with ctx.sf() as s:
-        for g in list(s.scalars(select(Group))):
-            if not (ret.plan(s, g, now) or ret.pending_deletes(s, g)
-                    or replication.dr_plan(s, g, now)):
-                continue
+        for g in ret.groups_to_run(s, utcnow()):
             job = jobs.create(s, "retention", actor="scheduler", group_id=g.id,
                               params={"group_id": g.id})
             queue.enqueue(s, ctx.settings, job)

@@ -71,3 +71,44 @@ def test_a_run_stops_for_a_waiting_capture_and_the_next_finishes(
         assert out == {"deleted": 2}, out
         assert states() == ["deleted", "deleted", "deleted", "committed"]
         assert peer.vms[vm].snapshots["disk0"] == {"cp.g.t4"}
+
+
+def test_the_tick_queues_no_second_job_for_a_group(
+        db_url: str, local_services: services_local.Endpoints, tmp_path: Path) -> None:
+    """A group with a retention job queued or running gets no other from the
+    tick; one queued longer than RUNNING_JOB_FRESH_S ago is taken for lost."""
+    from cutpoint.api.models import Job, JobState
+
+    with PeerGroup(db_url, local_services.redis_url, tmp_path,
+                   {"h1": {"vm1": ["disk0"]}}) as pg:
+        now = utcnow()
+        with pg.sf() as s:
+            pol = s.get(Policy, pg.gid)
+            assert pol is not None
+            pol.keep_last = 1
+            for i in (1, 2):
+                s.add(GroupSnapshot(group_id=pg.gid, txn=f"t{i}-{pg.tag}",
+                                    state=SnapState.committed,
+                                    cut_at=now - dt.timedelta(minutes=10 - i)))
+            s.commit()
+
+            def mine() -> bool:
+                return pg.gid in [g.id for g in retention.groups_to_run(s, now)]
+
+            assert mine()  # t1 is to go
+            job = Job(id=f"ret-{pg.tag}", kind="retention", state=JobState.queued,
+                      group_id=pg.gid, created_at=now - dt.timedelta(seconds=10))
+            s.add(job)
+            s.commit()
+            assert not mine()
+            job.state = JobState.running
+            s.commit()
+            assert not mine()
+            job.created_at = now - dt.timedelta(seconds=retention.RUNNING_JOB_FRESH_S + 1)
+            s.commit()
+            assert mine()
+            job.created_at, job.state = now, JobState.succeeded
+            s.commit()
+            assert mine()
+            s.delete(job)
+            s.commit()
