@@ -15,7 +15,11 @@ the configured margin plus one scheduler tick).
 
 where duration is the longest request-to-cut time of the last few captures
 (queue wait + worker pickup + PREPARE), so a busy worker starts captures
-earlier instead of missing.
+earlier instead of missing, and lag, for the same reason, the longest
+cut-to-verified-at-DR time of the last few DR points (`lag_s`, shown as the
+replication lag, is their mean).  With the mean, a lab run at a 5 s RPO
+kept the DR RPO under 5 s at p50 and not at p99: the points whose copy
+took longer than the mean arrived late.
 
 A group that replicates is not due while one of its copies waits for the
 copy before it (`replication_waiting`): every committed snapshot is
@@ -189,12 +193,13 @@ def assess_many(session: Session, gs: list[Sched], now: dt.datetime, margin_s: f
         GroupSnapshot.inflight_group_id.in_(ids)))}
     out = {}
     for g in gs:
-        lag = 0.0
+        lag = lag_max = 0.0
         if g.replication_target_id is not None:
             nc = newest_dr.get(g.id)
             ls = [(as_utc(v) - as_utc(c)).total_seconds() for c, v in lags.get(g.id, [])
                   if c and v]
             lag = sum(ls) / len(ls) if ls else 0.0
+            lag_max = max(ls, default=0.0)
         else:
             nc = newest.get(g.id)
         nc = as_utc(nc)
@@ -204,7 +209,7 @@ def assess_many(session: Session, gs: list[Sched], now: dt.datetime, margin_s: f
         achieved = (now - nc).total_seconds() if nc else None
         due_at = None
         if g.rpo_seconds is not None and g.enabled:
-            window = g.rpo_seconds - duration - lag - margin_s
+            window = g.rpo_seconds - duration - lag_max - margin_s
             if nc is not None:
                 due_at = nc + dt.timedelta(seconds=window)
             else:
