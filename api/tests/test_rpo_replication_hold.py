@@ -21,16 +21,26 @@ from cutpoint.api.services import rpo
 from sqlalchemy import select
 
 
+def _dr_point(api: Any, dr_snapshot: Callable[..., int], rpo_s: int) -> int:
+    """Group "app" replicating to "dr" with RPO `rpo_s` and one DR point, cut
+    30 s ago (asked 0.2 s before) and verified 1 s after; its id."""
+    snap_id = dr_snapshot(disks=(0,), dr_verified_after_s=1)
+    r = api.request("PATCH", "/v1/groups/app/policy", json={"rpo_seconds": rpo_s})
+    assert r.status_code == 200, r.text
+    return snap_id
+
+
+def _asked_before_cut(snap: GroupSnapshot) -> None:
+    snap.requested_at = snap.cut_at - dt.timedelta(seconds=0.2)
+
+
 def test_a_waiting_copy_holds_the_next_capture(api: Any, session_factory: Any,
                                                dr_snapshot: Callable[..., int]) -> None:
-    snap_id = dr_snapshot(disks=(0,), dr_verified_after_s=1)  # cut 30 s ago
-    r = api.request("PATCH", "/v1/groups/app/policy", json={"rpo_seconds": 10})
-    assert r.status_code == 200, r.text
+    snap_id = _dr_point(api, dr_snapshot, 10)
     now = utcnow()
     with session_factory() as s:
         g = s.scalar(select(Group).where(Group.name == "app"))
-        snap = s.get(GroupSnapshot, snap_id)
-        snap.requested_at = snap.cut_at - dt.timedelta(seconds=0.2)  # asked, then cut
+        _asked_before_cut(s.get(GroupSnapshot, snap_id))
         s.commit()
         a = rpo.assess(s, g, now, 2.0)
         assert a.due(now) and a.replication_waiting is None  # its DR point is 30 s old
@@ -70,14 +80,12 @@ def test_the_next_capture_is_due_by_the_longest_recent_lag(
     """Two DR points, copied 1 s and 5 s after their cuts: the next capture
     is due early enough for the 5 s one (the mean, 3 s, made the slow copies
     miss a 5 s RPO at p99); the status still shows the mean lag."""
-    snap_id = dr_snapshot(disks=(0,), dr_verified_after_s=1)  # cut 30 s ago
-    r = api.request("PATCH", "/v1/groups/app/policy", json={"rpo_seconds": 20})
-    assert r.status_code == 200, r.text
+    snap_id = _dr_point(api, dr_snapshot, 20)
     now = utcnow()
     with session_factory() as s:
         g = s.scalar(select(Group).where(Group.name == "app"))
         first = s.get(GroupSnapshot, snap_id)
-        first.requested_at = first.cut_at - dt.timedelta(seconds=0.2)
+        _asked_before_cut(first)
         cut = first.cut_at + dt.timedelta(seconds=10)
         s.add(GroupSnapshot(group_id=g.id, txn="t2", state=first.state,
                             requested_at=cut - dt.timedelta(seconds=0.2), cut_at=cut,
