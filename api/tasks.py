@@ -405,6 +405,7 @@ def retention(ctx: Ctx) -> dict[str, Any] | None:
     lock = GroupLock(ctx.redis, group_id, ctx.settings.group_lock_ttl_s)
     if not lock.acquire():
         raise ctx.task.retry(countdown=5)
+
     def waiting(s: Session) -> bool:
         return ret.capture_waiting(s, group_id)
 

@@ -13,8 +13,9 @@ idempotent: an absent snapshot is ok).  The row goes committed → deleting →
 deleted, so a crash mid-way is finished by the next run.
 
 A run holds the group lock, so no capture of the group starts while it
-deletes.  Each delete is an RBD snapshot removal, a mon round trip per
-member (0.5-0.7 s per group snapshot of 10 disks on the lab's tuned mon),
+deletes.  Each delete is an RBD snapshot removal per member (0.5-0.7 s
+per group snapshot of 10 disks at both sites, `cutpoint-lab bench dr-rpo`
+on the lab's tuned mon),
 and at a short RPO a run has many to delete: in a lab run at a 5 s RPO,
 runs of 10-28 s held the group's captures back, and the DR RPO peaked at
 34 s.  So a run stops after a group snapshot when a capture of the group
